@@ -1,0 +1,142 @@
+"""The model interface every algorithm codes against, and the registry of model factories.
+
+Every model is a :class:`FedModel`: ``forward(x) = classifier(features(x))``. Algorithms rely on the
+split: FedAF and distribution matching (DM) embed images with ``features`` (all layers before the last
+linear layer), FedGen, FedBN and MOON work on the ``classifier`` head. Model families register a factory
+``f(*, in_channels, num_classes, image_size, **options) -> FedModel`` in :data:`MODELS`;
+:func:`create_model` builds one by name and rejects options the factory does not take.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Collection
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedskew.core.errors import ConfigError
+from fedskew.core.registry import Registry
+
+norm_layer_types: tuple[type[nn.Module], ...] = (
+    nn.BatchNorm1d,
+    nn.BatchNorm2d,
+    nn.GroupNorm,
+    nn.LayerNorm,
+    nn.InstanceNorm2d,
+)
+"""Normalisation module classes; FedBN keeps modules of these types local to each client."""
+
+_DIMENSIONS = ("in_channels", "num_classes", "image_size")
+
+
+class FedModel(nn.Module):
+    """A classifier split into a feature extractor and a linear head.
+
+    Parameters
+    ----------
+    features
+        Maps a batch ``(B, C, H, W)`` to flat embeddings ``(B, embed_dim)``: every layer before the last
+        linear layer, as the feature extractor ``h_w`` of FedAF/DM is defined.
+    classifier
+        The last linear layer (the "head").
+
+    Attributes
+    ----------
+    embed_dim
+        Width of the embedding, ``classifier.in_features``.
+    """
+
+    features: nn.Module
+    classifier: nn.Linear
+    embed_dim: int
+
+    def __init__(self, features: nn.Module, classifier: nn.Linear) -> None:
+        super().__init__()
+        self.features = features
+        self.classifier = classifier
+        self.embed_dim = classifier.in_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Return the logits ``classifier(features(x))``."""
+        return self.classifier(self.features(x))
+
+
+MODELS: Registry[Callable[..., FedModel]] = Registry("model")
+"""Model factories by name; each takes ``in_channels``, ``num_classes``, ``image_size`` and its options."""
+
+
+def model_options(name: str) -> dict[str, Any]:
+    """Return the options of model ``name`` with their defaults (read from the factory's signature).
+
+    Raises
+    ------
+    ConfigError
+        If ``name`` is not a registered model.
+    """
+    params = inspect.signature(MODELS.get(name)).parameters.values()
+    return {p.name: p.default for p in params if p.name not in _DIMENSIONS}
+
+
+def create_model(
+    name: str, *, in_channels: int, num_classes: int, image_size: int, **options: Any
+) -> FedModel:
+    """Build the registered model ``name`` for square images of side ``image_size``.
+
+    Parameters
+    ----------
+    name
+        A name in ``MODELS.names()``.
+    in_channels, num_classes, image_size
+        Input channels, number of classes and image side in pixels (positive integers).
+    **options
+        Model-specific options (see :func:`model_options`).
+
+    Raises
+    ------
+    ConfigError
+        For an unknown name, an option the model does not take, or an invalid value.
+    """
+    factory = MODELS.get(name)
+    for key, value in zip(_DIMENSIONS, (in_channels, num_classes, image_size), strict=True):
+        require_positive_int(name, key, value)
+    allowed = model_options(name)
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"unknown option(s) {', '.join(map(repr, unknown))} for model {name!r}; "
+            f"allowed: {', '.join(allowed) or 'none'}"
+        )
+    return factory(in_channels=in_channels, num_classes=num_classes, image_size=image_size, **options)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Return the number of scalar parameters of ``model`` (buffers such as BN statistics excluded)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def require_positive_int(model: str, option: str, value: object) -> None:
+    """Raise a :class:`ConfigError` naming the option unless ``value`` is an integer >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"model {model!r}: {option} must be a positive integer, got {value!r}")
+
+
+def require_choice(model: str, option: str, value: object, allowed: Collection[str]) -> None:
+    """Raise a :class:`ConfigError` listing ``allowed`` unless ``value`` is one of them."""
+    if not isinstance(value, str) or value not in allowed:
+        raise ConfigError(f"model {model!r}: {option} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def norm2d(model: str, kind: str, channels: int, num_groups: int) -> nn.Module:
+    """Return the 2-d normalisation layer ``kind`` ("batchnorm" or "groupnorm") for VGG/ResNet.
+
+    "groupnorm" uses ``num_groups`` groups: Hsieh et al. (2020, "The non-IID data quagmire of
+    decentralized machine learning") replace BatchNorm by GroupNorm because batch statistics differ
+    across non-IID clients.
+    """
+    if kind == "batchnorm":
+        return nn.BatchNorm2d(channels)
+    if channels % num_groups:
+        raise ConfigError(f"model {model!r}: num_groups={num_groups} does not divide {channels} channels")
+    return nn.GroupNorm(num_groups, channels)
