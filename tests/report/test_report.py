@@ -1,0 +1,164 @@
+"""Tests of the report on small, hand-checkable fake run folders (2 labels x 2 seeds, 5 rounds)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from fedskew.core.errors import FedskewError
+from fedskew.metrics import class_variance, summarize_run
+from fedskew.report import (
+    comparison_table,
+    find_runs,
+    format_table,
+    load_run,
+    write_report,
+    write_table,
+)
+
+CURVES = {
+    ("fedavg", 0): [0.10, 0.30, 0.20, 0.45, 0.50],
+    ("fedavg", 1): [0.10, 0.30, 0.25, 0.50, 0.54],
+    ("feddc", 0): [0.20, 0.25, 0.30, 0.35, 0.40],
+    ("feddc", 1): [0.20, 0.30, 0.30, 0.35, 0.40],
+}
+
+
+def _write_run(folder: Path, algorithm: str, seed: int, acc: list[float]) -> None:
+    """A run folder shaped like the engine's: config.toml, metrics.jsonl, summary.json."""
+    folder.mkdir(parents=True)
+    records = []
+    for r, a in enumerate(acc, start=1):
+        per_class = [min(1.0, a + 0.1), max(0.0, a - 0.1), a if r > 1 else None]
+        records.append(
+            {
+                "round": r,
+                "accuracy": a,
+                "loss": 2.0 - a,
+                "per_class_accuracy": per_class,
+                "class_variance": class_variance(per_class),
+                "bytes_server_to_client": 1_000_000,
+                "bytes_client_to_server": 500_000,
+                "bytes_client_to_client": 0,
+                "clients": [0, 3],
+                "samples": 128,
+            }
+        )
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in records))
+    summary = summarize_run(records, target=0.3, at_rounds=[3])
+    summary.update(algorithm=algorithm, label=algorithm, seed=seed)
+    (folder / "summary.json").write_text(json.dumps(summary))
+    (folder / "config.toml").write_text(
+        f'algorithm = "{algorithm}"\nseed = {seed}\nrounds = 5\nlr = {0.01 if algorithm == "fedavg" else 0.05}\n'
+        "\n[data]\nalpha = 0.05\nclients = 50\n"
+    )
+
+
+@pytest.fixture
+def experiment(tmp_path: Path) -> Path:
+    root = tmp_path / "exp"
+    for (algorithm, seed), acc in CURVES.items():
+        _write_run(root / f"{algorithm}_s{seed}", algorithm, seed, acc)
+    return root
+
+
+def test_find_runs_recursive_and_sorted(experiment: Path) -> None:
+    runs = find_runs([experiment])
+    assert [p.name for p in runs] == ["fedavg_s0", "fedavg_s1", "feddc_s0", "feddc_s1"]
+    assert find_runs([experiment / "feddc_s1", experiment]) == runs  # a run folder given directly
+
+
+def test_find_runs_errors_name_the_paths(tmp_path: Path) -> None:
+    with pytest.raises(FedskewError, match="empty"):
+        find_runs([tmp_path / "empty"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FedskewError, match="empty"):
+        find_runs([tmp_path / "empty"])
+
+
+def test_load_run_label_and_records(experiment: Path) -> None:
+    run = load_run(experiment / "fedavg_s1")
+    assert run.label == "fedavg"
+    assert [r["round"] for r in run.records] == [1, 2, 3, 4, 5]
+    assert run.config["data"]["alpha"] == 0.05
+    summary = json.loads((experiment / "fedavg_s1" / "summary.json").read_text())
+    del summary["label"]
+    (experiment / "fedavg_s1" / "summary.json").write_text(json.dumps(summary))
+    assert load_run(experiment / "fedavg_s1").label == "fedavg_s1"  # falls back to the folder name
+
+
+def test_missing_or_corrupt_files_raise_naming_the_file(experiment: Path) -> None:
+    (experiment / "fedavg_s0" / "summary.json").unlink()
+    with pytest.raises(FedskewError, match=r"summary\.json"):
+        load_run(experiment / "fedavg_s0")
+    # an interrupted run (metrics, no summary) is not silently left out of a report
+    with pytest.raises(FedskewError, match=r"summary\.json"):
+        write_report([experiment])
+    with (experiment / "feddc_s0" / "metrics.jsonl").open("a") as f:
+        f.write('{"round": 6, "accur\n')
+    with pytest.raises(FedskewError, match=r"metrics\.jsonl, line 6"):
+        load_run(experiment / "feddc_s0")
+    (experiment / "feddc_s1" / "summary.json").write_text('{"algorithm": "feddc"}')
+    with pytest.raises(FedskewError, match="lacks rounds"):
+        load_run(experiment / "feddc_s1")
+
+
+def test_comparison_table_aggregates_seeds_by_hand(experiment: Path) -> None:
+    rows = comparison_table([load_run(p) for p in find_runs([experiment])])
+    assert [r["label"] for r in rows] == ["fedavg", "feddc"]
+    fedavg, feddc = rows
+    assert fedavg["n"] == feddc["n"] == 2
+    assert fedavg["rounds"] == 5
+    # final 50 and 54 %: mean 52, sample std sqrt((2^2 + 2^2) / 1) = 2.83
+    assert fedavg["final_acc"] == 52.0 and fedavg["final_acc_std"] == 2.83
+    assert fedavg["best_acc"] == 52.0
+    assert feddc["final_acc"] == 40.0 and feddc["final_acc_std"] == 0.0
+    # accuracy at round 3: 20 and 25 %
+    assert fedavg["acc@3"] == 22.5 and fedavg["acc@3_std"] == 3.54
+    # largest drops -10 and -5 points; fedavg rises: (20+25+5)/3 and (20+25+4)/3
+    assert fedavg["max_drop"] == -7.5
+    assert fedavg["mean_drop"] == -7.5
+    assert fedavg["mean_rise"] == pytest.approx((50 / 3 + 49 / 3) / 2, abs=0.005)
+    assert feddc["max_drop"] == 0.0
+    # 5 rounds x 1 MB down and 0.5 MB up, identical for every seed
+    assert (fedavg["mb_server_to_client"], fedavg["mb_client_to_server"]) == (5.0, 2.5)
+    # seeds reach 30 % at rounds 2 and 2 (fedavg) / 3 and 2 (feddc); 1.5 MB per round
+    assert fedavg["rounds_to_target"] == 2.0 and fedavg["mb_to_target"] == 3.0
+    assert feddc["rounds_to_target"] == 2.5 and feddc["mb_to_target"] == 3.75
+
+
+def test_single_run_has_no_std(experiment: Path) -> None:
+    (row,) = comparison_table([load_run(experiment / "feddc_s0")])
+    assert row["n"] == 1 and row["final_acc"] == 40.0 and row["final_acc_std"] is None
+
+
+def test_tables_written_and_formatted(experiment: Path, tmp_path: Path) -> None:
+    rows = comparison_table([load_run(p) for p in find_runs([experiment])])
+    text = format_table(rows)
+    assert "52.00 ± 2.83" in text and "feddc" in text
+    lines = text.splitlines()
+    assert len(lines) == 4 and len({len(line) for line in lines[:2]}) == 1
+    md, csv_path = write_table(rows, tmp_path / "out")
+    assert md.read_text().startswith("| label |") and "52.00 ± 2.83" in md.read_text()
+    with csv_path.open() as f:
+        read = list(csv.DictReader(f))
+    assert [r["n"] for r in read] == ["2", "2"]
+    assert float(read[0]["final_acc_std"]) == 2.83
+
+
+def test_write_report(experiment: Path) -> None:
+    html_path = write_report([experiment])
+    out = experiment / "report"
+    assert html_path == out / "report.html"
+    for name in ("accuracy", "class_variance", "bytes", "per_class_fedavg", "per_class_feddc"):
+        png = out / f"{name}.png"
+        assert png.read_bytes().startswith(b"\x89PNG") and png.stat().st_size > 1000
+    assert (out / "results.md").is_file() and (out / "results.csv").is_file()
+    page = html_path.read_text()
+    assert page.count("data:image/png;base64,") == 5
+    assert "fedavg" in page and "feddc" in page
+    assert "<th>lr</th><" in page and "<td>data.alpha</td>" in page  # differing and shared config values
+    assert page.count("<th>seed</th>") == 1  # config keys shown from the summary are not repeated
