@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Set up (if needed), then lint, type-check and run the test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+# Tests that read real datasets look here (skipped when absent).
+if [ -z "${FEDSKEW_DATA:-}" ] && [ -d ../shared/datasets ]; then
+  export FEDSKEW_DATA="$(cd ../shared/datasets && pwd)"
+fi
+.venv/bin/ruff check src tests benchmarks
+.venv/bin/mypy src/fedskew
+.venv/bin/python -m pytest "$@"

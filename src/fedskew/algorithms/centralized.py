@@ -1,0 +1,68 @@
+"""Centralised training: the upper bound the papers compare against.
+
+Every client uploads its raw data once (counted in the ledger: this is what centralisation costs in
+bytes and in privacy); each round the server then trains the global model on the pooled data for
+``epochs_per_round`` epochs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fedskew.components.trainer import LocalConfig, train_local
+from fedskew.core.algorithm import Algorithm, ClientContext, ServerContext, register_algorithm
+from fedskew.core.message import Message
+from fedskew.core.params import check
+
+
+@register_algorithm("centralized")
+class Centralized(Algorithm):
+    """Pooled-data training, one "round" = ``epochs_per_round`` epochs."""
+
+    @dataclass
+    class Params(Algorithm.Params):
+        epochs_per_round: int = 1
+        batch_size: int = 64
+        lr: float = 0.01
+        momentum: float = 0.0
+        weight_decay: float = 0.0
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            check(self.epochs_per_round >= 1, "epochs_per_round", self.epochs_per_round, "at least 1")
+            check(self.lr > 0, "lr", self.lr, "> 0")
+
+    params: Params
+
+    def setup(self, server: ServerContext) -> None:
+        self._pool(server, counted=True)
+
+    def restore(self, server: ServerContext) -> None:
+        # The pooled data is not checkpointed (it can be large); fetch it again, off the ledger,
+        # since the run already paid for it once.
+        self._pool(server, counted=False)
+
+    def _pool(self, server: ServerContext, counted: bool) -> None:
+        msgs = [(cid, Message()) for cid in range(self.fed.num_clients)]
+        if counted:
+            replies = server.exchange("upload_data", msgs)
+        else:
+            replies = server.exchange("upload_data", msgs, down=None, up=None)
+        server.state["_x"] = torch.cat([m.arrays["x"] for _, m in replies])
+        server.state["_y"] = torch.cat([m.arrays["y"] for _, m in replies])
+
+    def round(self, server: ServerContext) -> None:
+        p = self.params
+        res = train_local(
+            server.model, server.state["_x"], server.state["_y"],
+            LocalConfig(p.epochs_per_round, p.batch_size, p.lr, p.momentum, p.weight_decay),
+            server.generator("train"),
+        )
+        server.metrics.update(samples=res.num_samples, train_loss=res.mean_loss)
+
+    def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
+        if task != "upload_data":
+            return super().client_step(task, msg, client)
+        return Message(arrays={"x": client.x.clone(), "y": client.y.clone()})

@@ -1,0 +1,80 @@
+"""FedAvg (McMahan et al., AISTATS 2017, "Communication-Efficient Learning of Deep Networks from
+Decentralized Data"): sampled clients run local SGD from the global model; the server averages the
+returned models weighted by the clients' sample counts |D_k| (FedDC paper, Eq. 2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedskew.components.aggregate import weighted_mean
+from fedskew.components.selection import uniform_sample
+from fedskew.components.trainer import GradHook, LocalConfig, LocalResult, LossTerm, train_local
+from fedskew.core.algorithm import Algorithm, ClientContext, Replies, ServerContext, register_algorithm
+from fedskew.core.message import Message, state_to_arrays
+from fedskew.core.params import check
+
+
+@register_algorithm("fedavg")
+class FedAvg(Algorithm):
+    """Federated averaging; the base that most methods extend."""
+
+    @dataclass
+    class Params(Algorithm.Params):
+        local_epochs: int = 1  # E, local epochs per round
+        batch_size: int = 64  # local mini-batch size (FedDC: not given, SPEC default 64)
+        lr: float = 0.01  # local SGD learning rate (FedDC Eq. 3: 0.01)
+        momentum: float = 0.0  # local SGD momentum
+        weight_decay: float = 0.0  # local SGD weight decay (FedDC uses 1e-3)
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            check(self.local_epochs >= 1, "local_epochs", self.local_epochs, "at least 1")
+            check(self.batch_size >= 1, "batch_size", self.batch_size, "at least 1")
+            check(self.lr > 0, "lr", self.lr, "> 0")
+            check(0 <= self.momentum < 1, "momentum", self.momentum, "in [0, 1)")
+            check(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
+
+    params: Params
+
+    # ---- server ------------------------------------------------------------------------------
+    def select(self, server: ServerContext) -> list[int]:
+        """Clients for this round: ``clients_per_round`` drawn uniformly."""
+        return uniform_sample(self.fed.num_clients, self.params.clients_per_round, server.rng("select"))
+
+    def configure(self, server: ServerContext) -> list[tuple[int, Message]]:
+        msg = Message(arrays=state_to_arrays(server.model.state_dict()))
+        return [(cid, msg) for cid in self.select(server)]
+
+    def aggregate(self, server: ServerContext, replies: Replies) -> None:
+        states = [m.arrays for _, m in replies]
+        weights = [m.metrics["num_samples"] for _, m in replies]
+        server.model.load_state_dict(weighted_mean(states, weights))
+
+    # ---- client ------------------------------------------------------------------------------
+    def local_config(self) -> LocalConfig:
+        p = self.params
+        return LocalConfig(p.local_epochs, p.batch_size, p.lr, p.momentum, p.weight_decay)
+
+    def local_train(
+        self,
+        msg: Message,
+        client: ClientContext,
+        terms: list[LossTerm] | None = None,
+        grad_hooks: list[GradHook] | None = None,
+    ) -> tuple[LocalResult, Message]:
+        """Load the global model, train locally, and build the standard reply (weights + counts)."""
+        model = client.model(msg.arrays)
+        res = train_local(
+            model, client.x, client.y, self.local_config(), client.generator("train"),
+            terms or [], grad_hooks or [],
+        )
+        reply = Message(
+            arrays=state_to_arrays(model.state_dict()),
+            metrics={"num_samples": float(res.num_samples), "steps": float(res.steps), "train_loss": res.mean_loss},
+        )
+        return res, reply
+
+    def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
+        if task != "train":
+            return super().client_step(task, msg, client)
+        return self.local_train(msg, client)[1]

@@ -1,0 +1,168 @@
+"""The ``fedskew`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from fedskew.core.errors import FedskewError
+
+EPILOG = """examples:
+  fedskew run                                   the default experiment (digits, FedAvg vs centralised)
+  fedskew run experiments/fmnist_fedavg.toml rounds=5 partition.alpha=0.5
+  fedskew run --resume runs/default/FedAvg-seed0 rounds=50
+  fedskew partition experiments/fmnist_fedavg.toml
+  fedskew report runs/default
+  fedskew list
+"""
+
+
+def _data_dir(args: argparse.Namespace) -> str | None:
+    return args.data_dir or os.environ.get("FEDSKEW_DATA") or None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from fedskew.config import parse_overrides, read_config, resolve
+    from fedskew.engine.experiment import choose_parent, resume_run, run_experiment
+    from fedskew.report import format_table, write_report
+
+    overrides = parse_overrides(args.overrides)
+    progress = not args.no_progress
+    if args.resume:
+        res = resume_run(Path(args.resume), overrides, data_dir=_data_dir(args), progress=progress)
+        parents = [res.run_dir]
+    else:
+        source = args.config
+        if source is not None and "=" in source and not Path(source).exists():
+            overrides = parse_overrides([source, *args.overrides])  # `fedskew run rounds=5`
+            source = None
+        raw = read_config(source)
+        runs = resolve(raw, overrides, where=str(source or "default"))
+        if args.only:
+            runs = [r for r in runs if r.label in args.only]
+            if not runs:
+                raise FedskewError(f"--only {args.only}: no run has that label")
+        parent = choose_parent(args.out, runs[0].config.get("name", "experiment"), runs, args.force)
+        print(f"fedskew: {len(runs)} run(s) -> {parent}", file=sys.stderr)
+        run_experiment(runs, parent, data_dir=_data_dir(args), progress=progress)
+        parents = [parent]
+    html = write_report(parents)
+    from fedskew.report import comparison_table, find_runs, load_run
+
+    rows = comparison_table([load_run(p) for p in find_runs(parents)])
+    print(format_table(rows))
+    print(f"\nrun folder: {parents[0]}\nreport:     {html}")
+    return 0
+
+
+def cmd_partition(args: argparse.Namespace) -> int:
+    from fedskew.config import parse_overrides, read_config, resolve
+    from fedskew.data.partition import summarize
+    from fedskew.data.partition_plot import bubble_plot
+    from fedskew.engine.federation import build_federation
+
+    spec = resolve(read_config(args.config), parse_overrides(args.overrides), where=str(args.config))[0]
+    cfg = spec.config
+    fed = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), _data_dir(args))
+    from fedskew.data.partition import Partition
+
+    labels = fed.y.numpy()
+    part = Partition(indices=[__import__("numpy").arange(fed.offsets[k], fed.offsets[k + 1])
+                              for k in range(fed.info.num_clients)])
+    print(summarize(part, labels, fed.info.num_classes))
+    out = Path(args.out or f"partition-{cfg['partition']['name']}.png")
+    title = f"{cfg['dataset']['name']}: {cfg['partition']['name']} " + ", ".join(
+        f"{k}={v}" for k, v in cfg["partition"].items() if k != "name"
+    )
+    bubble_plot(fed.counts, out, title=title, class_names=fed.class_names)
+    print(f"\nbubble plot: {out}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from fedskew.report import comparison_table, find_runs, format_table, load_run, write_report
+
+    paths = [Path(p) for p in args.runs]
+    html = write_report(paths, Path(args.out) if args.out else None)
+    print(format_table(comparison_table([load_run(p) for p in find_runs(paths)])))
+    print(f"\nreport: {html}")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    import fedskew.algorithms  # noqa: F401
+    from fedskew.config import builtin_configs
+    from fedskew.core.algorithm import ALGORITHMS
+    from fedskew.core.params import params_doc
+    from fedskew.data import DATASETS
+    from fedskew.data.partition import PARTITIONERS
+    from fedskew.models import MODELS
+
+    print("algorithms:")
+    for name in ALGORITHMS.names():
+        doc = ", ".join(f"{n}={d!r}" for n, _, d in params_doc(ALGORITHMS.get(name).Params))
+        print(f"  {name:<14} {doc}")
+    print("models:       " + ", ".join(MODELS.names()))
+    print("datasets:     " + ", ".join(DATASETS.names()))
+    print("partitioners: " + ", ".join(PARTITIONERS.names()))
+    print("configs:      " + ", ".join(builtin_configs()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fedskew",
+        description="Federated learning on skewed (non-IID) client data.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"fedskew {__import__('fedskew').__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    data_help = "folder laid out like shared/datasets (default: $FEDSKEW_DATA, else ~/.cache/fedskew/data)"
+    r = sub.add_parser("run", help="run an experiment (default: the built-in default experiment)")
+    r.add_argument("config", nargs="?", help="TOML config file or built-in config name (default: default)")
+    r.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rounds=5 partition.alpha=0.5")
+    r.add_argument("--out", help="experiment folder (default: runs/<name>, numbered if taken)")
+    r.add_argument("--data-dir", help=data_help)
+    r.add_argument("--resume", metavar="RUN_DIR", help="continue a run folder from its last checkpoint")
+    r.add_argument("--only", nargs="+", metavar="LABEL", help="run only the variants with these labels")
+    r.add_argument("--force", action="store_true", help="overwrite runs already in --out")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.set_defaults(func=cmd_run)
+
+    pa = sub.add_parser("partition", help="print per-client class counts and save a bubble plot")
+    pa.add_argument("config", help="TOML config file or built-in config name")
+    pa.add_argument("overrides", nargs="*", help="dotted overrides, e.g. partition.alpha=0.5")
+    pa.add_argument("--out", help="PNG path (default: partition-<name>.png)")
+    pa.add_argument("--data-dir", help=data_help)
+    pa.set_defaults(func=cmd_partition)
+
+    rp = sub.add_parser("report", help="plots, comparison table and report.html for run folders")
+    rp.add_argument("runs", nargs="+", help="run folders or their parents")
+    rp.add_argument("--out", help="output folder (default: <common parent>/report)")
+    rp.set_defaults(func=cmd_report)
+
+    ls = sub.add_parser("list", help="registered algorithms, models, datasets, partitioners, configs")
+    ls.set_defaults(func=cmd_list)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except FedskewError as e:
+        print(f"fedskew: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fedskew: interrupted; a run continues from its last checkpoint with "
+              "`fedskew run --resume RUN_DIR`", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Pieces that methods compose: local training with loss terms, aggregators, client selectors."""

@@ -1,0 +1,98 @@
+"""Local training on preloaded tensors.
+
+Methods differ from FedAvg's client mostly by a term added to the loss (FedProx, MOON, FedDyn) or a
+correction applied to the gradients (SCAFFOLD). :func:`train_local` runs plain mini-batch SGD and takes
+such pieces as arguments, so a method says only what it adds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+LossTerm = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""``term(model, x, y, logits) -> scalar`` added to the cross-entropy loss."""
+
+GradHook = Callable[[nn.Module], None]
+"""Called after ``backward`` and before the optimiser step; may edit ``p.grad`` in place."""
+
+
+@dataclass
+class LocalConfig:
+    """Local SGD settings."""
+
+    epochs: int = 1
+    batch_size: int = 64
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    max_steps: int | None = None
+
+
+@dataclass
+class LocalResult:
+    """What a client reports about its training."""
+
+    num_samples: int
+    steps: int
+    mean_loss: float
+
+
+def batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """One epoch of shuffled index batches (the last one may be smaller)."""
+    perm = torch.randperm(n, generator=generator)
+    return list(perm.split(batch_size))
+
+
+def train_local(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    cfg: LocalConfig,
+    generator: torch.Generator,
+    terms: Sequence[LossTerm] = (),
+    grad_hooks: Sequence[GradHook] = (),
+) -> LocalResult:
+    """Train ``model`` in place with SGD on ``(x, y)``.
+
+    Parameters
+    ----------
+    model
+        Trained in place.
+    x, y
+        The client's data (already normalised).
+    cfg
+        Epochs, batch size and optimiser settings.
+    generator
+        Drives the shuffling, so the run is reproducible whatever process executes it.
+    terms, grad_hooks
+        Method-specific additions, see :data:`LossTerm` and :data:`GradHook`.
+    """
+    model.train()
+    opt = torch.optim.SGD(
+        model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+    )
+    n = int(y.shape[0])
+    steps = 0
+    loss_sum = 0.0
+    for _ in range(cfg.epochs):
+        for idx in batches(n, cfg.batch_size, generator):
+            if cfg.max_steps is not None and steps >= cfg.max_steps:
+                break
+            xb, yb = x[idx], y[idx]
+            logits = model(xb)
+            loss = F.cross_entropy(logits, yb)
+            for term in terms:
+                loss = loss + term(model, xb, yb, logits)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            for hook in grad_hooks:
+                hook(model)
+            opt.step()
+            steps += 1
+            loss_sum += float(loss.detach())
+    return LocalResult(num_samples=n, steps=steps, mean_loss=loss_sum / max(steps, 1))

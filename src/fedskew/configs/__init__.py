@@ -1,0 +1,1 @@
+"""Configs shipped with fedskew (``fedskew run default``)."""

@@ -1,0 +1,224 @@
+"""The algorithm protocol.
+
+A federated method is one class that says only what is new about it. Its server half (``setup``,
+``configure``, ``aggregate``, or a whole ``round``) runs where the global model is; its client half
+(``client_step``) runs where a client's data is. The two halves talk only through
+:class:`~fedskew.core.message.Message` objects handed over by an engine (the in-process simulator or
+Flower), which owns the round loop, evaluation, logging, checkpoints and the byte ledger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+import torch
+
+from fedskew.core.errors import ConfigError
+from fedskew.core.message import Message
+from fedskew.core.params import check
+from fedskew.core.registry import Registry
+from fedskew.core.seeding import numpy_rng, seeded_init, torch_generator
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How to build the federation's model; small and picklable, so both sides can build it."""
+
+    name: str
+    in_channels: int
+    num_classes: int
+    image_size: int
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def build(self) -> torch.nn.Module:
+        """A freshly initialised model (initialised from the global torch RNG)."""
+        from fedskew.models import create_model
+
+        return create_model(
+            self.name,
+            in_channels=self.in_channels,
+            num_classes=self.num_classes,
+            image_size=self.image_size,
+            **dict(self.options),
+        )
+
+
+@dataclass(frozen=True)
+class FederationInfo:
+    """What both halves of an algorithm know about the federation (no client data)."""
+
+    num_clients: int
+    num_classes: int
+    model: ModelSpec
+    seed: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    image_shape: tuple[int, int, int]
+
+
+Replies = list[tuple[int, Message]]
+
+
+class Exchange(Protocol):
+    """Engine call that sends each message to its client and returns the replies in the same order."""
+
+    def __call__(
+        self,
+        task: str,
+        messages: list[tuple[int, Message]],
+        down: str | None = "server_to_client",
+        up: str | None = "client_to_server",
+    ) -> Replies: ...
+
+
+@dataclass
+class ServerContext:
+    """The server side as an algorithm sees it.
+
+    Attributes
+    ----------
+    fed
+        Federation facts.
+    model
+        The global model; the engine evaluates it after every round.
+    state
+        The algorithm's server state (tensors, numbers, lists); checkpointed by the engine.
+    round
+        The current round, from 1.
+    exchange
+        Send messages to clients and get their replies (see :class:`Exchange`); ``down`` and ``up``
+        name the ledger direction each way (``None``: not on the wire).
+    metrics
+        Extra scalars the algorithm reports for this round (merged into ``metrics.jsonl``).
+    """
+
+    fed: FederationInfo
+    model: torch.nn.Module
+    exchange: Exchange
+    state: dict[str, Any] = field(default_factory=dict)
+    round: int = 0
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    def rng(self, purpose: str) -> np.random.Generator:
+        """Numpy stream for (server, round, purpose)."""
+        return numpy_rng(self.fed.seed, "server", self.round, purpose)
+
+    def generator(self, purpose: str) -> torch.Generator:
+        """Torch stream for (server, round, purpose)."""
+        return torch_generator(self.fed.seed, "server", self.round, purpose)
+
+
+@dataclass
+class ClientContext:
+    """One client as its algorithm half sees it: its data, its persistent state, its random streams.
+
+    ``state`` persists across rounds on the client side (SCAFFOLD's control variate, MOON's previous
+    model, FedAF's condensed set); the server never sees it.
+    """
+
+    cid: int
+    round: int
+    x: torch.Tensor
+    y: torch.Tensor
+    fed: FederationInfo
+    state: dict[str, Any] = field(default_factory=dict)
+    model_cache: dict[ModelSpec, torch.nn.Module] = field(default_factory=dict)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.y.shape[0])
+
+    def class_counts(self) -> torch.Tensor:
+        """Samples per class (length ``num_classes``)."""
+        return torch.bincount(self.y, minlength=self.fed.num_classes)
+
+    def generator(self, purpose: str) -> torch.Generator:
+        """Torch stream for (client, round, purpose)."""
+        return torch_generator(self.fed.seed, "client", self.cid, self.round, purpose)
+
+    def rng(self, purpose: str) -> np.random.Generator:
+        """Numpy stream for (client, round, purpose)."""
+        return numpy_rng(self.fed.seed, "client", self.cid, self.round, purpose)
+
+    def model(self, arrays: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
+        """The process's reusable model instance, loaded with ``arrays`` (a full state dict).
+
+        Building a model every round costs more than loading weights into one kept per process.
+        """
+        spec = self.fed.model
+        m = self.model_cache.get(spec)
+        if m is None:
+            m = seeded_init(spec.build, self.fed.seed, "client-model")
+            self.model_cache[spec] = m
+        if arrays is not None:
+            m.load_state_dict(arrays, strict=True)
+        m.train()
+        return m
+
+
+class Algorithm:
+    """Base class of every federated method.
+
+    Subclasses define ``Params`` (a dataclass of hyper-parameters, defaults from the paper) and
+    override the hooks they change. The default round is: ``configure`` chooses clients and builds
+    their messages, the engine runs ``client_step("train", ...)`` on each, ``aggregate`` makes the new
+    global state.
+    """
+
+    name: ClassVar[str] = ""
+
+    @dataclass
+    class Params:
+        clients_per_round: int = 10
+
+        def __post_init__(self) -> None:
+            check(self.clients_per_round >= 1, "clients_per_round", self.clients_per_round, "at least 1")
+
+    def __init__(self, params: Any, fed: FederationInfo) -> None:
+        self.params = params
+        self.fed = fed
+
+    # ---- server side -------------------------------------------------------------------------
+    def init_model(self) -> torch.nn.Module:
+        """The initial global model (seeded, identical on every engine)."""
+        return seeded_init(self.fed.model.build, self.fed.seed, "global-init")
+
+    def setup(self, server: ServerContext) -> None:
+        """One-time phase before round 1 (clustering, a census ...). Default: nothing."""
+
+    def restore(self, server: ServerContext) -> None:
+        """Re-create transient server state (``state`` keys starting with ``_``) after a resume."""
+
+    def round(self, server: ServerContext) -> None:
+        """One round: configure, exchange ``train`` messages, aggregate."""
+        replies = server.exchange("train", self.configure(server))
+        self.aggregate(server, replies)
+
+    def configure(self, server: ServerContext) -> list[tuple[int, Message]]:
+        """Choose this round's clients and the message each gets."""
+        raise NotImplementedError
+
+    def aggregate(self, server: ServerContext, replies: Replies) -> None:
+        """Make the new global state from the replies."""
+        raise NotImplementedError
+
+    # ---- client side -------------------------------------------------------------------------
+    def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
+        """Run ``task`` on a client's data and return the reply."""
+        raise ConfigError(f"{self.name}: unknown client task {task!r}")
+
+
+ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
+
+
+def register_algorithm(name: str) -> Callable[[type[Algorithm]], type[Algorithm]]:
+    """Class decorator: register an algorithm under ``name`` (also sets ``cls.name``)."""
+
+    def deco(cls: type[Algorithm]) -> type[Algorithm]:
+        cls.name = name
+        return ALGORITHMS.register(name)(cls)
+
+    return deco

@@ -1,0 +1,112 @@
+"""Typed hyper-parameters from plain config tables.
+
+Each algorithm declares its hyper-parameters as a dataclass whose defaults are the paper's values. This
+module turns a config table into that dataclass, rejecting unknown keys and values of the wrong type with
+a :class:`ConfigError` that names the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from fedskew.core.errors import ConfigError
+
+P = TypeVar("P")
+
+
+def _coerce(key: str, value: Any, annotation: Any) -> Any:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(key, value, arg)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{key}: invalid value {value!r}")
+    if origin is typing.Literal:
+        if value not in args:
+            allowed = ", ".join(repr(a) for a in args)
+            raise ConfigError(f"{key} must be one of {allowed}, got {value!r}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        inner = args[0] if args else Any
+        return [_coerce(f"{key}[{i}]", v, inner) for i, v in enumerate(value)]
+    if origin is dict or annotation is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key} must be a table, got {value!r}")
+        return dict(value)
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+        return value
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+        return float(value)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} must be a string, got {value!r}")
+        return value
+    return value
+
+
+def build_params(cls: type[P], table: Mapping[str, Any], prefix: str = "") -> P:
+    """Instantiate the dataclass ``cls`` from ``table``.
+
+    Parameters
+    ----------
+    cls
+        A dataclass type; its field annotations drive type checking.
+    table
+        Key -> value, as read from a config file.
+    prefix
+        Printed before each key in error messages (``"algorithm."``).
+    """
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in fields:
+            allowed = ", ".join(sorted(fields))
+            raise ConfigError(f"unknown key {prefix + key!r}; allowed: {allowed}")
+        kwargs[key] = _coerce(prefix + key, value, hints[key])
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        raise ConfigError(f"{prefix}{e}") from None
+
+
+def check(ok: bool, key: str, value: Any, allowed: str) -> None:
+    """Raise a ConfigError ``"<key> must be <allowed>, got <value>"`` unless ``ok``."""
+    if not ok:
+        raise ConfigError(f"{key} must be {allowed}, got {value!r}")
+
+
+def params_doc(cls: type) -> list[tuple[str, str, Any]]:
+    """(name, type, default) of each field, for ``fedskew list`` and the docs."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
+        )
+        out.append((f.name, getattr(hints[f.name], "__name__", str(hints[f.name])), default))
+    return out

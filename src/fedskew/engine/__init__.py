@@ -1,0 +1,1 @@
+"""Engines that run an algorithm: the in-process simulator (and, optionally, Flower)."""

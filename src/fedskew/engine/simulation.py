@@ -1,0 +1,245 @@
+"""The in-process simulator: owns the round loop, evaluation, logging, checkpoints and the ledger.
+
+A run writes one folder::
+
+    config.toml       the resolved configuration of this run
+    metrics.jsonl     one JSON object per round (deterministic: no wall-clock times)
+    timing.jsonl      seconds per round (kept apart, so metrics.jsonl is byte-identical across runs)
+    summary.json      per-run figures (best/final accuracy, stability, bytes, rounds to target)
+    checkpoints/      the last checkpoint, for ``fedskew run --resume``
+    plots/            learning curves of this run
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from fedskew.components.evaluate import EvalCounts, chunk_bounds
+from fedskew.core.algorithm import ALGORITHMS, Algorithm, Replies, ServerContext
+from fedskew.core.errors import FedskewError
+from fedskew.core.message import Message, state_to_arrays
+from fedskew.core.params import build_params
+from fedskew.engine.checkpoint import load_checkpoint, save_checkpoint
+from fedskew.engine.federation import Federation, build_federation
+from fedskew.engine.workers import ClientJob, Workers, default_workers
+from fedskew.metrics import Ledger, class_variance, summarize_run
+
+EVAL_CHUNK = 500
+
+
+@dataclass
+class RunResult:
+    """What a finished (or stopped) run leaves behind."""
+
+    run_dir: Path
+    summary: dict[str, Any]
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+
+def make_algorithm(algorithm_cfg: dict[str, Any], fed_info: Any) -> Algorithm:
+    """Instantiate the configured algorithm with validated, typed parameters."""
+    table = dict(algorithm_cfg)
+    name = table.pop("name")
+    cls = ALGORITHMS.get(name)
+    params = build_params(cls.Params, table, prefix="algorithm.")
+    return cls(params, fed_info)
+
+
+class Simulation:
+    """Runs one configured algorithm on one federation, round by round."""
+
+    def __init__(
+        self,
+        cfg: dict[str, Any],
+        run_dir: Path,
+        *,
+        data_dir: str | None = None,
+        progress: bool = True,
+        federation: Federation | None = None,
+        on_round: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.progress = progress
+        self.on_round = on_round
+        self.fed = federation or build_federation(
+            cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), data_dir
+        )
+        self.algorithm = make_algorithm(cfg["algorithm"], self.fed.info)
+        self.ledger = Ledger()
+        self.client_states: dict[int, dict[str, Any]] = {}
+        self.round = 0
+        self._round_clients: list[int] = []
+        self._round_samples = 0.0
+        self._workers: Workers | None = None
+        self.server = ServerContext(fed=self.fed.info, model=self.algorithm.init_model(), exchange=self.exchange)
+
+    # ---- the exchange the algorithm calls ---------------------------------------------------------
+    def exchange(
+        self,
+        task: str,
+        messages: list[tuple[int, Message]],
+        down: str | None = "server_to_client",
+        up: str | None = "client_to_server",
+    ) -> Replies:
+        """Deliver each message to its client, run ``client_step`` there, return replies in order."""
+        assert self._workers is not None
+        jobs = []
+        for cid, msg in messages:
+            if not 0 <= cid < self.fed.info.num_clients:
+                raise FedskewError(f"{self.algorithm.name} addressed client {cid}, which does not exist")
+            if down is not None:
+                self.ledger.add(down, msg.nbytes(), self.round)
+            jobs.append(ClientJob(task, cid, self.round, msg, self.client_states.get(cid, {})))
+        results = self._workers.run_clients(jobs)
+        replies: Replies = []
+        for (cid, _), (reply, state) in zip(messages, results, strict=True):
+            if up is not None:
+                self.ledger.add(up, reply.nbytes(), self.round)
+            self.client_states[cid] = state
+            replies.append((cid, reply))
+            if cid not in self._round_clients:
+                self._round_clients.append(cid)
+            self._round_samples += float(reply.metrics.get("num_samples", 0.0))
+        return replies
+
+    # ---- evaluation --------------------------------------------------------------------------------
+    def evaluate(self) -> EvalCounts:
+        assert self._workers is not None
+        state = state_to_arrays(self.server.model.state_dict())
+        parts = self._workers.evaluate(state, chunk_bounds(int(self.fed.y_test.shape[0]), EVAL_CHUNK))
+        total = parts[0]
+        for p in parts[1:]:
+            total = total + p
+        return total
+
+    # ---- checkpoints -------------------------------------------------------------------------------
+    def _checkpoint(self, records: list[dict[str, Any]]) -> None:
+        save_checkpoint(
+            self.run_dir / "checkpoints",
+            {
+                "round": self.round,
+                "model": self.server.model.state_dict(),
+                "server_state": {k: v for k, v in self.server.state.items() if not k.startswith("_")},
+                "client_states": {str(k): v for k, v in self.client_states.items()},
+                "ledger": self.ledger.state_dict(),
+                "records": json.dumps(records),
+            },
+        )
+
+    def _restore(self) -> list[dict[str, Any]]:
+        ck = load_checkpoint(self.run_dir / "checkpoints")
+        self.round = int(ck["round"])
+        self.server.model.load_state_dict(ck["model"])
+        self.server.state.update(ck["server_state"])
+        self.client_states = {int(k): v for k, v in ck["client_states"].items()}
+        self.ledger.load_state_dict(ck["ledger"])
+        records: list[dict[str, Any]] = json.loads(ck["records"])
+        return records
+
+    # ---- the loop ----------------------------------------------------------------------------------
+    def run(self, resume: bool = False) -> RunResult:
+        """Run all rounds (continuing from the last checkpoint when ``resume``)."""
+        cfg = self.cfg
+        rounds = int(cfg["rounds"])
+        workers = int(cfg.get("workers", 1)) or default_workers()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        records: list[dict[str, Any]] = []
+        self._workers = Workers(self.fed, cfg["algorithm"]["name"], self.algorithm.params, workers)
+        try:
+            if resume:
+                records = self._restore()
+                self.algorithm.restore(self.server)
+            else:
+                self._round_clients, self._round_samples = [], 0.0
+                self.server.round = 0
+                self.algorithm.setup(self.server)
+            self._rewrite_metrics(records)
+            bar = tqdm(
+                total=rounds, initial=self.round, desc=f"{cfg.get('label', cfg['algorithm']['name'])}",
+                unit="round", disable=not self.progress, leave=False,
+            )
+            with bar, open(self.run_dir / "timing.jsonl", "a") as timing:
+                while self.round < rounds:
+                    self.round += 1
+                    t0 = time.perf_counter()
+                    rec = self._one_round(rounds)
+                    records.append(rec)
+                    with open(self.run_dir / "metrics.jsonl", "a") as f:
+                        f.write(json.dumps(rec) + "\n")
+                    timing.write(json.dumps({"round": self.round, "seconds": time.perf_counter() - t0}) + "\n")
+                    timing.flush()
+                    every = int(cfg.get("checkpoint_every", 10))
+                    if every > 0 and (self.round % every == 0 or self.round == rounds):
+                        self._checkpoint(records)
+                    if rec.get("accuracy") is not None:
+                        bar.set_postfix(acc=f"{100 * rec['accuracy']:.1f}%")
+                    bar.update(1)
+                    if self.on_round is not None:
+                        self.on_round(rec)
+        finally:
+            self._workers.close()
+            self._workers = None
+        summary = self._summary(records)
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        torch.save(self.server.model.state_dict(), self.run_dir / "model.pt")
+        return RunResult(self.run_dir, summary, records)
+
+    def _one_round(self, rounds: int) -> dict[str, Any]:
+        self._round_clients, self._round_samples = [], 0.0
+        server = self.server
+        server.round = self.round
+        server.metrics = {}
+        self.algorithm.round(server)
+        rec: dict[str, Any] = {"round": self.round}
+        every = max(int(self.cfg.get("eval_every", 1)), 1)
+        if self.round % every == 0 or self.round == rounds:
+            ev = self.evaluate()
+            per_class = ev.per_class()
+            rec.update(
+                accuracy=ev.accuracy, loss=ev.loss, per_class_accuracy=per_class,
+                class_variance=class_variance(per_class),
+            )
+        else:
+            rec.update(accuracy=None, loss=None, per_class_accuracy=None, class_variance=None)
+        rec.update(self.ledger.round_totals(self.round))
+        if self.round == 1:  # setup traffic (round 0) is charged to the first round
+            for k, v in self.ledger.round_totals(0).items():
+                rec[k] += v
+        rec["clients"] = list(self._round_clients)
+        rec["samples"] = int(server.metrics.pop("samples", self._round_samples))
+        for k, v in server.metrics.items():
+            rec[k] = v
+        return rec
+
+    def _rewrite_metrics(self, records: list[dict[str, Any]]) -> None:
+        """metrics.jsonl holds exactly the records so far (a resumed run drops rounds after the checkpoint)."""
+        with open(self.run_dir / "metrics.jsonl", "w") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+
+    def _summary(self, records: list[dict[str, Any]]) -> dict[str, Any]:
+        cfg = self.cfg
+        evaluated = [r for r in records if r.get("accuracy") is not None]
+        summary = summarize_run(
+            evaluated, target=cfg.get("target_accuracy"), at_rounds=cfg.get("at_rounds", [])
+        )
+        summary.update(
+            algorithm=cfg["algorithm"]["name"], label=cfg.get("label", cfg["algorithm"]["name"]),
+            seed=int(cfg["seed"]), rounds=len(records), dataset=cfg["dataset"]["name"],
+            model=cfg["model"]["name"], partition=cfg["partition"]["name"],
+            num_clients=self.fed.info.num_clients,
+            bytes_per_round_mb=(
+                sum(summary[k] for k in ("bytes_server_to_client", "bytes_client_to_server", "bytes_client_to_client"))
+                / max(len(records), 1) / 1e6
+            ),
+        )
+        return summary

@@ -1,0 +1,123 @@
+"""Where client work and evaluation chunks run: inline, or in a pool of worker processes.
+
+Every task runs on one intra-op thread (see :mod:`fedskew.core.threads`), and tasks are returned in
+submission order, so results are bit-identical for any number of workers. Worker processes receive the
+federation's tensors once, through shared memory, at start-up.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.multiprocessing as tmp
+
+from fedskew.components.evaluate import EvalCounts, evaluate_chunk
+from fedskew.core.algorithm import ALGORITHMS, Algorithm, ClientContext, ModelSpec
+from fedskew.core.message import Message
+from fedskew.core.threads import num_threads
+from fedskew.engine.federation import Federation
+
+
+@dataclass
+class ClientJob:
+    task: str
+    cid: int
+    round: int
+    msg: Message
+    state: dict[str, Any]
+
+
+class _Runtime:
+    """Per-process state: the federation, the algorithm's client half, reusable models."""
+
+    def __init__(self, fed: Federation, algo_name: str, params: Any) -> None:
+        import fedskew.algorithms  # noqa: F401  (registers the algorithms in spawned workers)
+
+        self.fed = fed
+        self.algo: Algorithm = ALGORITHMS.get(algo_name)(params, fed.info)
+        self.models: dict[ModelSpec, torch.nn.Module] = {}
+        self.eval_model: torch.nn.Module | None = None
+
+    def run_client(self, job: ClientJob) -> tuple[Message, dict[str, Any]]:
+        x, y = self.fed.client_data(job.cid)
+        ctx = ClientContext(
+            cid=job.cid, round=job.round, x=x, y=y, fed=self.fed.info, state=job.state,
+            model_cache=self.models,
+        )
+        with num_threads(1):
+            reply = self.algo.client_step(job.task, job.msg, ctx)
+        return reply, ctx.state
+
+    def run_eval(self, model_state: dict[str, torch.Tensor], start: int, stop: int) -> EvalCounts:
+        if self.eval_model is None:
+            self.eval_model = self.fed.info.model.build()
+        self.eval_model.load_state_dict(model_state)
+        with num_threads(1):
+            return evaluate_chunk(
+                self.eval_model, self.fed.x_test[start:stop], self.fed.y_test[start:stop],
+                self.fed.info.num_classes,
+            )
+
+
+_RUNTIME: _Runtime | None = None
+
+
+def _init_worker(fed: Federation, algo_name: str, params: Any) -> None:
+    global _RUNTIME
+    torch.set_num_threads(1)
+    _RUNTIME = _Runtime(fed, algo_name, params)
+
+
+def _client_task(job: ClientJob) -> tuple[Message, dict[str, Any]]:
+    assert _RUNTIME is not None
+    return _RUNTIME.run_client(job)
+
+
+def _eval_task(args: tuple[dict[str, torch.Tensor], int, int]) -> EvalCounts:
+    assert _RUNTIME is not None
+    return _RUNTIME.run_eval(*args)
+
+
+class Workers:
+    """Runs client jobs and evaluation chunks, inline (``workers=1``) or in a process pool."""
+
+    def __init__(self, fed: Federation, algo_name: str, params: Any, workers: int) -> None:
+        self.workers = workers
+        self._pool: Any = None
+        self._inline: _Runtime | None = None
+        if workers <= 1:
+            self._inline = _Runtime(fed, algo_name, params)
+        else:
+            fed.share_memory()
+            ctx = tmp.get_context("spawn")
+            self._pool = ctx.Pool(workers, initializer=_init_worker, initargs=(fed, algo_name, params))
+
+    def run_clients(self, jobs: list[ClientJob]) -> list[tuple[Message, dict[str, Any]]]:
+        if self._inline is not None:
+            return [self._inline.run_client(j) for j in jobs]
+        return list(self._pool.map(_client_task, jobs, chunksize=1))
+
+    def evaluate(self, model_state: dict[str, torch.Tensor], bounds: list[tuple[int, int]]) -> list[EvalCounts]:
+        if self._inline is not None:
+            return [self._inline.run_eval(model_state, s, e) for s, e in bounds]
+        return list(self._pool.map(_eval_task, [(model_state, s, e) for s, e in bounds], chunksize=1))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool.join()
+            self._pool = None
+
+    def terminate(self) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
+
+
+def default_workers() -> int:
+    """Worker processes to use when the config says 0 (auto): one per core, at most 2."""
+    return max(1, min(2, mp.cpu_count()))

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import pytest
+
+from fedskew.config import parse_overrides, read_config, resolve
+from fedskew.core.errors import ConfigError
+
+
+def test_default_config_expands_to_two_runs() -> None:
+    runs = resolve(read_config(None))
+    assert [r.label for r in runs] == ["FedAvg", "Centralised"]
+    assert runs[1].config["algorithm"]["name"] == "centralized"
+    # Shared hyper-parameters carry over; FedAvg-only ones are dropped for the centralised run.
+    assert runs[1].config["algorithm"]["lr"] == runs[0].config["algorithm"]["lr"]
+    assert "local_epochs" not in runs[1].config["algorithm"]
+
+
+def test_overrides_apply_to_every_variant_and_seeds_multiply() -> None:
+    runs = resolve(read_config(None), parse_overrides(["rounds=3", "partition.alpha=0.5", "seeds=[1, 2]"]))
+    assert len(runs) == 4
+    assert {r.config["seed"] for r in runs} == {1, 2}
+    assert all(r.config["rounds"] == 3 and r.config["partition"]["alpha"] == 0.5 for r in runs)
+
+
+def test_algorithm_override_replaces_variants() -> None:
+    runs = resolve(read_config(None), parse_overrides(["algorithm.name=centralized"]))
+    assert len(runs) == 1 and runs[0].config["algorithm"]["name"] == "centralized"
+
+
+@pytest.mark.parametrize(
+    ("items", "needle"),
+    [
+        (["bogus=1"], "unknown config key 'bogus'"),
+        (["rounds=0"], "rounds must be an integer >= 1, got 0"),
+        (["dataset.name=imagenet"], "unknown dataset 'imagenet'; allowed:"),
+        (["model.name=gpt"], "unknown model 'gpt'; allowed:"),
+        (["algorithm.name=fedmagic"], "unknown algorithm 'fedmagic'; allowed:"),
+        (["partition.name=zebra"], "unknown partitioner 'zebra'; allowed:"),
+        (["algorithm.lr=-1"], "algorithm.lr must be > 0, got -1.0"),
+        (["algorithm.nonsense=1"], "unknown key 'algorithm.nonsense'"),
+        (["rounds"], "must look like key=value"),
+        (["dataset.name.x=1"], "nested too deeply"),
+    ],
+)
+def test_bad_values_are_named(items: list[str], needle: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        resolve(read_config(None), parse_overrides(items))
+    assert needle in str(e.value)
+
+
+def test_missing_config_file() -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        read_config("no/such/file.toml")
