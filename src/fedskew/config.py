@@ -63,9 +63,11 @@ TOP_LEVEL: dict[str, str] = {
     "partition": "table: name = partitioner, num_clients, seed (optional), and its parameters",
     "model": "table: name = model, and its options",
     "algorithm": "table: name = algorithm, and its hyper-parameters",
+    "faults": "table: simulated failures: dropout, straggler (probabilities), max_reply_mb",
     "variants": "list of tables of dotted overrides, one run each (with a label)",
 }
-SECTIONS = ("dataset", "partition", "model", "algorithm")
+NAMED = ("dataset", "partition", "model", "algorithm")
+SECTIONS = (*NAMED, "faults")
 
 DEFAULTS: dict[str, Any] = {
     "name": "experiment",
@@ -81,6 +83,7 @@ DEFAULTS: dict[str, Any] = {
     "partition": {"name": "iid", "num_clients": 10},
     "model": {"name": "cnn"},
     "algorithm": {"name": "fedavg"},
+    "faults": {},
 }
 
 
@@ -272,7 +275,7 @@ def validate(cfg: dict[str, Any]) -> None:
         isinstance(cfg["at_rounds"], list) and all(_is_int(r) and r >= 1 for r in cfg["at_rounds"]),
         "at_rounds", cfg["at_rounds"], "a list of rounds >= 1",
     )
-    for sec in SECTIONS:
+    for sec in NAMED:
         name = cfg[sec].get("name")
         _need(isinstance(name, str), f"{sec}.name", name, "a string")
     DATASETS.get(cfg["dataset"]["name"])
@@ -283,6 +286,9 @@ def validate(cfg: dict[str, Any]) -> None:
     algo = dict(cfg["algorithm"])
     cls = ALGORITHMS.get(algo.pop("name"))
     build_params(cls.Params, algo, prefix="algorithm.")
+    from fedskew.engine.guard import Faults
+
+    build_params(Faults, cfg.get("faults", {}), prefix="faults.")
 
 
 def dump(cfg: dict[str, Any]) -> str:

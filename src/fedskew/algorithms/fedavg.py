@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from fedskew.components.aggregate import weighted_mean
 from fedskew.components.selection import uniform_sample
 from fedskew.components.trainer import GradHook, LocalConfig, LocalResult, LossTerm, train_local
@@ -45,7 +47,15 @@ class FedAvg(Algorithm):
         msg = Message(arrays=state_to_arrays(server.model.state_dict()))
         return [(cid, msg) for cid in self.select(server)]
 
+    def reply_spec(self, task: str, server: ServerContext) -> dict[str, tuple[tuple[int, ...], torch.dtype]] | None:
+        """A ``train`` reply is a full model state dict of the global model's shapes and dtypes."""
+        if task != "train":
+            return None
+        return {k: (tuple(v.shape), v.dtype) for k, v in server.model.state_dict().items()}
+
     def aggregate(self, server: ServerContext, replies: Replies) -> None:
+        if not replies:  # every client failed or was rejected: keep the global model
+            return
         states = [m.arrays for _, m in replies]
         weights = [m.metrics["num_samples"] for _, m in replies]
         server.model.load_state_dict(weighted_mean(states, weights))

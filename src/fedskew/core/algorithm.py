@@ -202,8 +202,16 @@ class Algorithm:
         raise NotImplementedError
 
     def aggregate(self, server: ServerContext, replies: Replies) -> None:
-        """Make the new global state from the replies."""
+        """Make the new global state from the replies (possibly none, if every client failed)."""
         raise NotImplementedError
+
+    def reply_spec(self, task: str, server: ServerContext) -> dict[str, tuple[tuple[int, ...], torch.dtype]] | None:
+        """The arrays a valid reply to ``task`` holds (name -> (shape, dtype)), or None for no check.
+
+        The engine rejects replies that do not match (missing, extra, wrong shape or dtype), so a
+        method whose replies carry other arrays than its parent's must override this.
+        """
+        return None
 
     # ---- client side -------------------------------------------------------------------------
     def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:

@@ -13,6 +13,7 @@ A run writes one folder::
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+import fedskew.algorithms  # noqa: F401  (registers the algorithms)
 from fedskew.components.evaluate import EvalCounts, chunk_bounds
 from fedskew.core.algorithm import ALGORITHMS, Algorithm, Replies, ServerContext
 from fedskew.core.errors import FedskewError
@@ -29,10 +31,12 @@ from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import build_params
 from fedskew.engine.checkpoint import load_checkpoint, save_checkpoint
 from fedskew.engine.federation import Federation, build_federation
+from fedskew.engine.guard import Faults, check_reply, corrupt_reply
 from fedskew.engine.workers import ClientJob, Workers, default_workers
 from fedskew.metrics import Ledger, class_variance, summarize_run
 
 EVAL_CHUNK = 500
+log = logging.getLogger("fedskew")
 
 
 @dataclass
@@ -74,11 +78,14 @@ class Simulation:
             cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), data_dir
         )
         self.algorithm = make_algorithm(cfg["algorithm"], self.fed.info)
+        self.faults = build_params(Faults, cfg.get("faults", {}), prefix="faults.")
         self.ledger = Ledger()
         self.client_states: dict[int, dict[str, Any]] = {}
         self.round = 0
         self._round_clients: list[int] = []
         self._round_samples = 0.0
+        self._round_failed: list[list[Any]] = []
+        self._round_rejected: list[list[Any]] = []
         self._workers: Workers | None = None
         self.server = ServerContext(fed=self.fed.info, model=self.algorithm.init_model(), exchange=self.exchange)
 
@@ -90,21 +97,44 @@ class Simulation:
         down: str | None = "server_to_client",
         up: str | None = "client_to_server",
     ) -> Replies:
-        """Deliver each message to its client, run ``client_step`` there, return replies in order."""
+        """Deliver each message to its client, run ``client_step`` there, return replies in order.
+
+        Clients that drop out (simulated faults) are not asked; replies that arrive late (stragglers)
+        or fail :func:`~fedskew.engine.guard.check_reply` are discarded. Each is recorded in the round's
+        ``failed`` or ``rejected`` list, and the algorithm gets the replies that remain.
+        """
         assert self._workers is not None
-        jobs = []
+        jobs, fates = [], {}
         for cid, msg in messages:
             if not 0 <= cid < self.fed.info.num_clients:
                 raise FedskewError(f"{self.algorithm.name} addressed client {cid}, which does not exist")
             if down is not None:
                 self.ledger.add(down, msg.nbytes(), self.round)
+            fates[cid] = self.faults.fate(self.fed.info.seed, self.round, cid, task)
+            if fates[cid] == "dropout":
+                self._round_failed.append([cid, "dropout"])
+                continue
             jobs.append(ClientJob(task, cid, self.round, msg, self.client_states.get(cid, {})))
         results = self._workers.run_clients(jobs)
+        spec = self.algorithm.reply_spec(task, self.server)
+        max_bytes = int(self.faults.max_reply_mb * 1e6)
         replies: Replies = []
-        for (cid, _), (reply, state) in zip(messages, results, strict=True):
-            if up is not None:
-                self.ledger.add(up, reply.nbytes(), self.round)
+        for job, (result, state) in zip(jobs, results, strict=True):
+            cid = job.cid
             self.client_states[cid] = state
+            reply: Any = result
+            if fates[cid] == "corrupt":
+                reply = corrupt_reply(result, self.faults.attack, self.fed.info.num_classes, max_bytes)
+            if up is not None and isinstance(reply, Message):
+                self.ledger.add(up, reply.nbytes(), self.round)
+            if fates[cid] == "straggler":
+                self._round_failed.append([cid, "straggler"])
+                continue
+            reason = check_reply(reply, spec, self.fed.info.num_classes, max_bytes)
+            if reason is not None:
+                log.warning("round %d: rejected the %r reply of client %d: %s", self.round, task, cid, reason)
+                self._round_rejected.append([cid, reason])
+                continue
             replies.append((cid, reply))
             if cid not in self._round_clients:
                 self._round_clients.append(cid)
@@ -195,6 +225,7 @@ class Simulation:
 
     def _one_round(self, rounds: int) -> dict[str, Any]:
         self._round_clients, self._round_samples = [], 0.0
+        self._round_failed, self._round_rejected = [], []
         server = self.server
         server.round = self.round
         server.metrics = {}
@@ -215,6 +246,8 @@ class Simulation:
             for k, v in self.ledger.round_totals(0).items():
                 rec[k] += v
         rec["clients"] = list(self._round_clients)
+        rec["failed"] = list(self._round_failed)
+        rec["rejected"] = list(self._round_rejected)
         rec["samples"] = int(server.metrics.pop("samples", self._round_samples))
         for k, v in server.metrics.items():
             rec[k] = v
