@@ -1,0 +1,275 @@
+"""Dataset condensation by distribution matching (DM; Zhao & Bilen, WACV 2023), as used by FedDM
+(Xiong et al., CVPR 2023) and FedAF (Wang et al., CVPR 2024).
+
+Each step samples a network w', embeds real and synthetic images with its feature extractor ``h_w'``
+(all layers before the last linear layer) and minimises FedAF Eq. 4 / DM Eq. 3,
+
+    L_DM = sum_c || mean_{x in real_c} h_w'(x) - mean_{s in S_c} h_w'(s) ||^2,
+
+over the synthetic images, plus an optional extra term (FedAF's lambda_loc * SWD on logits, Eq. 10).
+How w' is drawn is the caller's choice (a ``model_sampler``): a fresh random network every step (DM),
+a random point in a ball around a given model (FedDM), or an interpolation between a given model and
+a random one (FedAF Eq. 17).
+
+All classes go through ONE forward pass: the real and synthetic batches of every class are
+concatenated and the class means are segment sums (``index_add``) divided by counts. Networks run in
+training mode, as in DM, so normalisation layers use batch statistics; with BatchNorm these are pooled
+over the whole concatenated batch (real and synthetic, all classes), so synthetic features are
+normalised with the same, real-dominated statistics as real ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from fedskew.condense.augment import DSAConfig, apply_dsa, sample_dsa_params
+from fedskew.condense.synthetic import (
+    INITS,
+    ModelFactory,
+    SyntheticSet,
+    check_data,
+    class_indices,
+    fresh_model,
+    init_synthetic,
+    model_features,
+    sample_indices,
+)
+from fedskew.core.errors import ConfigError, DataError
+
+ModelSampler = Callable[[int, torch.Generator], nn.Module]
+"""``sampler(step, generator)`` returns the network used at matching step ``step``."""
+
+ExtraLoss = Callable[[nn.Module, SyntheticSet], torch.Tensor]
+"""``extra_loss(model, syn)``: a term added to L_DM; ``syn.images`` is the (un-augmented) leaf tensor
+being optimised, so gradients reach it."""
+
+
+@dataclass
+class DMConfig:
+    """Distribution-matching settings (defaults: DM, except ``iterations``: FedAF/FedDM's 1000 steps).
+
+    Attributes
+    ----------
+    iterations
+        Matching steps, one network sample each (FedAF/FedDM: 1000; DM: 20,000).
+    ipc
+        Synthetic images per class (DM: 1/10/50; FedAF: 50).
+    image_lr
+        SGD learning rate of the images (DM and FedAF CIFAR-10: 1.0).
+    momentum
+        SGD momentum (DM: 0.5; FedAF: 0.9).
+    real_batch
+        Real images per class per step, all of the class's if fewer (DM, FedAF: 256).
+    init
+        See :func:`init_synthetic` (DM: ``"real"``; FedAF: ``"mean"``).
+    dsa
+        Siamese augmentation, one draw per class shared by its real and synthetic batch (DM uses DSA;
+        ``None``: off).
+    clip_norm
+        Clip the norm of the whole image gradient (all classes together) to this value before each step
+        (FedDM: 2.0; ``None``: off, as in DM).
+    """
+
+    iterations: int = 1000
+    ipc: int = 10
+    image_lr: float = 1.0
+    momentum: float = 0.5
+    real_batch: int = 256
+    init: str = "real"
+    dsa: DSAConfig | None = None
+    clip_norm: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.init not in INITS:
+            raise ConfigError(f"init must be one of {INITS}, got {self.init!r}")
+        if self.iterations < 0:
+            raise ConfigError(f"iterations must be >= 0, got {self.iterations}")
+        if min(self.ipc, self.real_batch) < 1:
+            raise ConfigError("ipc and real_batch must be >= 1")
+        if self.clip_norm is not None and self.clip_norm <= 0:
+            raise ConfigError(f"clip_norm must be positive or None, got {self.clip_norm}")
+
+
+def dm_loss(
+    model_features: nn.Module, real_by_class: Sequence[torch.Tensor], syn_by_class: Sequence[torch.Tensor]
+) -> torch.Tensor:
+    """FedAF Eq. 4: ``sum_c || mean h(real_c) - mean h(syn_c) ||^2`` in one forward pass.
+
+    Parameters
+    ----------
+    model_features
+        The embedding network h, mapping (B, C, H, W) to (B, D).
+    real_by_class, syn_by_class
+        Per class (same order, same length), its real and synthetic images; each must be non-empty.
+    """
+    if len(real_by_class) != len(syn_by_class) or not real_by_class:
+        raise DataError(f"{len(real_by_class)} real vs {len(syn_by_class)} synthetic class batches")
+    if any(t.shape[0] == 0 for t in (*real_by_class, *syn_by_class)):
+        raise DataError("every class needs at least one real and one synthetic image")
+    num = len(real_by_class)
+    groups = [*real_by_class, *syn_by_class]
+    counts = torch.tensor([t.shape[0] for t in groups])
+    segment = torch.repeat_interleave(torch.arange(2 * num), counts)
+    emb = model_features(torch.cat([t.detach() for t in real_by_class] + list(syn_by_class)))
+    sums = torch.zeros((2 * num, emb.shape[1]), dtype=emb.dtype).index_add(0, segment, emb)
+    means = sums / counts.to(emb.dtype)[:, None]
+    return ((means[:num] - means[num:]) ** 2).sum()
+
+
+def random_model_sampler(model_factory: ModelFactory) -> ModelSampler:
+    """DM's sampler: a freshly initialised network ``model_factory()`` at every step."""
+
+    def sample(step: int, generator: torch.Generator) -> nn.Module:
+        return fresh_model(model_factory, generator)
+
+    return sample
+
+
+def _container(model: nn.Module, model_factory: ModelFactory, generator: torch.Generator) -> nn.Module:
+    """A new network with the state (parameters and buffers) of ``model``, so ``model`` is never touched."""
+    out = fresh_model(model_factory, generator)
+    out.load_state_dict(model.state_dict())
+    return out
+
+
+def perturbed_model_sampler(model: nn.Module, model_factory: ModelFactory, rho: float) -> ModelSampler:
+    """FedDM's sampler: w' drawn uniformly from the L2 ball of radius ``rho`` around w = ``model``.
+
+    The rule: all floating-point parameters form one vector of dimension D; a direction d ~ N(0, I_D)
+    is normalised, a radius ``r = rho * U^(1/D)`` with U ~ U(0, 1) is drawn (which makes w' uniform in
+    the ball; for large D, r is close to rho), and ``w' = w + r d / ||d||``. Buffers (e.g. BatchNorm
+    running statistics) are copied from ``model``. ``model_factory`` builds the container network,
+    whose own initial weights are overwritten.
+    """
+    if rho < 0:
+        raise ConfigError(f"rho must be >= 0, got {rho}")
+
+    def sample(step: int, generator: torch.Generator) -> nn.Module:
+        out = _container(model, model_factory, generator)
+        params = [p for p in out.parameters() if p.is_floating_point()]
+        if not params:
+            return out
+        directions = [torch.randn(p.shape, generator=generator, dtype=p.dtype) for p in params]
+        norm = float(torch.cat([d.flatten() for d in directions]).double().norm())
+        u = float(torch.rand((), generator=generator, dtype=torch.float64))
+        radius = rho * u ** (1.0 / sum(p.numel() for p in params))
+        with torch.no_grad():
+            for p, d in zip(params, directions, strict=True):
+                p.add_(d, alpha=radius / norm)
+        return out
+
+    return sample
+
+
+def interpolated_model_sampler(model: nn.Module, model_factory: ModelFactory, gamma: float) -> ModelSampler:
+    """FedAF's re-sampling (Eq. 17): ``w' = gamma w + (1 - gamma) w_random`` at every step.
+
+    ``w_random`` is a fresh ``model_factory()`` network. Only parameters are interpolated; buffers
+    (BatchNorm running statistics, counters) are copied from ``model``. ``gamma = 1`` returns exactly
+    the weights of ``model`` (``1 * w + 0 * w_random == w`` in floating point for finite weights);
+    ``gamma = 0`` is DM's random network. FedAF uses 0.9.
+    """
+    if not 0.0 <= gamma <= 1.0:
+        raise ConfigError(f"gamma must be in [0, 1], got {gamma}")
+    source = dict(model.named_parameters())
+
+    def sample(step: int, generator: torch.Generator) -> nn.Module:
+        out = fresh_model(model_factory, generator)
+        random_params = {name: p.detach().clone() for name, p in out.named_parameters()}
+        out.load_state_dict(model.state_dict())
+        with torch.no_grad():
+            for name, p in out.named_parameters():
+                p.copy_(gamma * source[name].detach() + (1.0 - gamma) * random_params[name])
+        return out
+
+    return sample
+
+
+def _clip_total(grad: torch.Tensor, max_norm: float) -> None:
+    """Scale ``grad`` in place to norm ``max_norm`` if it is larger (FedDM's gradient clipping)."""
+    norm = float(grad.norm())
+    if norm > max_norm:
+        grad.mul_(max_norm / norm)
+
+
+def distribution_matching(
+    x_real: torch.Tensor,
+    y_real: torch.Tensor,
+    model_sampler: ModelSampler,
+    cfg: DMConfig,
+    generator: torch.Generator,
+    init_set: SyntheticSet | None = None,
+    extra_loss: ExtraLoss | None = None,
+    progress: bool = False,
+) -> SyntheticSet:
+    """Condense ``(x_real, y_real)`` by distribution matching.
+
+    Parameters
+    ----------
+    x_real, y_real
+        Real images (N, C, H, W), normalised, and labels.
+    model_sampler
+        ``model_sampler(step, generator)`` gives the network of each step (see
+        :func:`random_model_sampler`, :func:`perturbed_model_sampler`,
+        :func:`interpolated_model_sampler`); it must have a ``features`` sub-module. It should return
+        a new network each call: the network is put in training mode with its parameters frozen.
+    cfg
+        Settings.
+    generator
+        The only source of randomness.
+    init_set
+        Start from this set (FedAF keeps S_k across rounds) instead of :func:`init_synthetic`; each of
+        its classes must have real images. Its soft labels, if any, are passed through.
+    extra_loss
+        Added to L_DM at every step, called as ``extra_loss(model, syn)`` with the step's network and
+        the current set (its images require grad), e.g. FedAF's ``lambda_loc * sum_c SWD``.
+    progress
+        Show a tqdm bar on stderr.
+
+    Returns
+    -------
+    SyntheticSet
+        With ``init_set``: its labels and order. Otherwise the classes of ``y_real`` in increasing
+        order, ``cfg.ipc`` images each.
+    """
+    check_data(x_real, y_real)
+    if init_set is None:
+        classes = sorted(set(y_real.tolist()))
+        init_set = init_synthetic(x_real, y_real, classes, cfg.ipc, cfg.init, generator)
+    else:
+        if init_set.images.shape[1:] != x_real.shape[1:]:
+            raise DataError(f"init_set images {tuple(init_set.images.shape[1:])} vs real {tuple(x_real.shape[1:])}")
+        classes = list(init_set.by_class())
+    real_indices = class_indices(y_real, classes)
+    labels = init_set.labels.clone()
+    syn_indices = [torch.nonzero(labels == c).flatten() for c in classes]
+    images = init_set.images.detach().clone().to(torch.float32).requires_grad_(True)
+    optimizer = torch.optim.SGD([images], lr=cfg.image_lr, momentum=cfg.momentum)
+    bar = tqdm(range(cfg.iterations), desc="distribution matching", disable=not progress)
+    for step in bar:
+        model = model_sampler(step, generator)
+        model.train()
+        model.requires_grad_(False)
+        real, syn = [], []
+        for r_idx, s_idx in zip(real_indices, syn_indices, strict=True):
+            x_r, x_s = x_real[sample_indices(r_idx, cfg.real_batch, generator)], images[s_idx]
+            if cfg.dsa is not None:
+                draw = sample_dsa_params(cfg.dsa, None, generator)
+                x_r, x_s = apply_dsa(x_r, draw), apply_dsa(x_s, draw)
+            real.append(x_r)
+            syn.append(x_s)
+        loss = dm_loss(model_features(model), real, syn)
+        if extra_loss is not None:
+            loss = loss + extra_loss(model, SyntheticSet(images, labels, init_set.soft_labels))
+        optimizer.zero_grad()
+        loss.backward(inputs=[images])
+        if cfg.clip_norm is not None and images.grad is not None:
+            _clip_total(images.grad, cfg.clip_norm)
+        optimizer.step()
+        bar.set_postfix(loss=float(loss.detach()), refresh=False)
+    return SyntheticSet(images.detach(), labels, init_set.soft_labels)

@@ -1,0 +1,299 @@
+"""Kernel Inducing Points (KIP; Nguyen, Chen & Lee, ICLR 2021), the distillation method of HFLDD.
+
+KIP learns a support set (X_s, y_s) such that kernel ridge regression fitted on it predicts the labels
+of real target data well; it minimises (KIP Eq. 2, HFLDD Sec. III-A)
+
+    L(X_s, y_s) = 1/2 || y_t - K_ts (K_ss + lambda I)^-1 y_s ||^2
+
+on random target batches (X_t, y_t) with Adam. As in KIP's code, the ridge is scaled by the mean
+eigenvalue of K_ss: ``lambda I`` is ``reg * trace(K_ss) / n_s * I``, which makes ``reg`` invariant to
+the kernel's scale. Kernels:
+
+- ``"ntk"``: the closed-form neural tangent kernel of an infinitely wide fully connected ReLU network
+  (:func:`ntk_fc_relu`), KIP's FC kernels.
+- ``"rf_convnet"``: ``<phi(x1), phi(x2)>`` with phi the flattened output of randomly initialised
+  ConvNets (:func:`random_feature_kernel`); the networks are redrawn at every step so the loss is an
+  unbiased estimate of the loss under the expected (NNGP-like) kernel, as random-feature KIP variants
+  do, instead of fitting one finite draw.
+
+Labels: KIP regresses mean-centred one-hot labels, ``one_hot(y) - 1/L`` (0.9 / -0.1 for L = 10), so
+that "no information" is the zero prediction of an uninformed kernel regressor. With
+``learn_labels=True`` the support labels are optimised too and returned as ``soft_labels``.
+
+Kernels and solves run in float64 (KIP's JAX code enables x64): with ``reg = 1e-6`` the regularised
+K_ss is too ill-conditioned for float32.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from fedskew.condense.synthetic import INITS, SyntheticSet, check_data, init_synthetic
+from fedskew.core.errors import ConfigError, DataError
+
+Kernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``kernel(x1, x2)`` returns the (n1, n2) kernel matrix of two image batches."""
+
+KERNELS = ("ntk", "rf_convnet")
+_COS_MARGIN_F64 = 1e-9
+_COS_MARGIN_F32 = 1e-6
+
+
+def ntk_fc_relu(
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    depth: int = 3,
+    w_std: float = math.sqrt(2.0),
+    b_std: float = 0.1,
+) -> torch.Tensor:
+    """NTK of an infinitely wide fully connected ReLU network (NTK parameterisation).
+
+    The network has ``depth`` hidden ReLU layers and a linear readout, each layer computing
+    ``w_std / sqrt(fan_in) * W h + b_std * b`` with standard normal W, b. Inputs are flattened. With
+    ``Sigma^1 = w_std^2 <x, x'> / d + b_std^2`` and ``Theta^1 = Sigma^1``, each ReLU layer applies the
+    arc-cosine recursion (Cho & Saul 2009; Jacot et al. 2018; Arora et al. 2019): with
+    ``theta = arccos(Sigma(x, x') / sqrt(Sigma(x, x) Sigma(x', x')))``,
+
+        Sigma'     = w_std^2 sqrt(Sigma(x, x) Sigma(x', x')) (sin theta + (pi - theta) cos theta) / (2 pi)
+                     + b_std^2
+        SigmaDot   = (pi - theta) / (2 pi)
+        Theta'     = Sigma' + w_std^2 SigmaDot Theta.
+
+    Defaults ``w_std = sqrt(2)``, ``b_std = 0.1`` are those of KIP's FC networks. The cosine is clipped
+    to ``1 - 1e-9`` (float64; ``1 - 1e-6`` otherwise) to keep the arccos gradient finite.
+
+    Returns
+    -------
+    torch.Tensor
+        (n1, n2) kernel in the inputs' (promoted) floating dtype.
+    """
+    if depth < 0:
+        raise ConfigError(f"depth must be >= 0, got {depth}")
+    dtype = torch.promote_types(x1.dtype, x2.dtype)
+    a, b = x1.flatten(1).to(dtype), x2.flatten(1).to(dtype)
+    if a.shape[1] != b.shape[1]:
+        raise DataError(f"inputs of {a.shape[1]} and {b.shape[1]} features")
+    w2, b2 = w_std**2, b_std**2
+    dim = a.shape[1]
+    sigma = w2 * (a @ b.T) / dim + b2
+    var1 = w2 * (a * a).sum(dim=1) / dim + b2
+    var2 = w2 * (b * b).sum(dim=1) / dim + b2
+    theta = sigma
+    margin = _COS_MARGIN_F64 if dtype == torch.float64 else _COS_MARGIN_F32
+    for _ in range(depth):
+        scale = torch.sqrt(var1[:, None] * var2[None, :])
+        cos = (sigma / scale).clamp(-1.0 + margin, 1.0 - margin)
+        angle = torch.arccos(cos)
+        sigma = w2 * scale * (torch.sin(angle) + (math.pi - angle) * cos) / (2 * math.pi) + b2
+        theta = sigma + w2 * (math.pi - angle) / (2 * math.pi) * theta
+        var1 = w2 * var1 / 2 + b2
+        var2 = w2 * var2 / 2 + b2
+    return theta
+
+
+class RandomConvFeatures(nn.Module):
+    """A randomly initialised ConvNet feature map phi, drawn from an explicit generator.
+
+    ``depth`` blocks of conv3x3 (padding 1, ``width`` channels, He-normal weights ``N(0, 2 / fan_in)``,
+    zero bias) - ReLU - 2x2 average pooling (skipped once the map is 1 pixel wide), the DC ConvNet
+    without normalisation. ``phi(x)`` is the flattened final map divided by ``sqrt(its size)``, so
+    ``<phi(x), phi(x')>`` does not grow with width or resolution. The weights are buffers, not
+    parameters: the network is a fixed random feature map.
+    """
+
+    def __init__(self, in_channels: int, width: int, depth: int, generator: torch.Generator) -> None:
+        super().__init__()
+        self.depth = depth
+        channels = in_channels
+        for i in range(depth):
+            std = math.sqrt(2.0 / (channels * 9))
+            self.register_buffer(f"w{i}", torch.randn((width, channels, 3, 3), generator=generator) * std)
+            channels = width
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Return phi(x), shape (B, D)."""
+        for i in range(self.depth):
+            weight = self.get_buffer(f"w{i}")
+            x = F.relu(F.conv2d(x.to(weight.dtype), weight, padding=1))
+            if min(x.shape[2:]) >= 2:
+                x = F.avg_pool2d(x, 2)
+        flat = x.flatten(1)
+        return flat / math.sqrt(flat.shape[1])
+
+
+def random_feature_kernel(x1: torch.Tensor, x2: torch.Tensor, networks: Sequence[nn.Module]) -> torch.Tensor:
+    """``K(x1, x2) = mean_n <phi_n(x1), phi_n(x2)>`` over random feature maps ``networks`` (float64).
+
+    Averaging over independent draws (e.g. :class:`RandomConvFeatures`) estimates the expected kernel
+    of the random network family.
+    """
+    if not networks:
+        raise ConfigError("random_feature_kernel needs at least one network")
+    total = torch.zeros((x1.shape[0], x2.shape[0]), dtype=torch.float64)
+    for net in networks:
+        total = total + net(x1).double() @ net(x2).double().T
+    return total / len(networks)
+
+
+def kip_loss(
+    x_t: torch.Tensor,
+    y_t: torch.Tensor,
+    x_s: torch.Tensor,
+    y_s: torch.Tensor,
+    kernel: Kernel,
+    reg: float,
+) -> torch.Tensor:
+    """KIP's loss ``1/2 || y_t - K_ts (K_ss + reg tr(K_ss)/n_s I)^-1 y_s ||^2`` (float64).
+
+    Parameters
+    ----------
+    x_t, y_t
+        Target (real) images and their label vectors (n_t, L).
+    x_s, y_s
+        Support (synthetic) images and label vectors (n_s, L).
+    kernel
+        ``kernel(x1, x2)``, e.g. :func:`ntk_fc_relu`; it receives float64 images.
+    reg
+        Ridge coefficient, relative to the mean eigenvalue ``tr(K_ss) / n_s`` as in KIP.
+    """
+    x_t, x_s = x_t.double(), x_s.double()
+    k_ss = kernel(x_s, x_s)
+    k_ts = kernel(x_t, x_s)
+    n_s = k_ss.shape[0]
+    ridge = reg * torch.trace(k_ss) / n_s * torch.eye(n_s, dtype=k_ss.dtype)
+    prediction = k_ts @ torch.linalg.solve(k_ss + ridge, y_s.double())
+    return 0.5 * ((y_t.double() - prediction) ** 2).sum()
+
+
+def centered_one_hot(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """KIP's regression targets ``one_hot(labels) - 1 / num_classes`` (float64)."""
+    return F.one_hot(labels.long(), num_classes).double() - 1.0 / num_classes
+
+
+@dataclass
+class KIPConfig:
+    """KIP settings (defaults: KIP's, where it gives them; HFLDD gives none).
+
+    Attributes
+    ----------
+    iterations
+        Adam steps.
+    ipc
+        Support images per class.
+    lr
+        Adam learning rate (KIP: 0.01), for images and, if learned, labels.
+    reg
+        Ridge coefficient relative to ``tr(K_ss)/n_s`` (KIP: 1e-6).
+    target_batch
+        Real target samples per step, drawn uniformly from all the data (all of it if fewer).
+    learn_labels
+        Also optimise the support labels (returned as ``soft_labels``).
+    kernel
+        ``"ntk"`` or ``"rf_convnet"`` (see the module docstring).
+    depth
+        Hidden layers of the FC NTK, or conv blocks of the random ConvNet.
+    w_std, b_std
+        Weight and bias standard deviations of the FC NTK (KIP: sqrt(2), 0.1).
+    rf_width, rf_draws
+        Channels of the random ConvNet (DC's width, 128) and networks averaged per step.
+    init
+        See :func:`init_synthetic` (KIP: ``"real"``).
+    """
+
+    iterations: int = 1000
+    ipc: int = 10
+    lr: float = 0.01
+    reg: float = 1e-6
+    target_batch: int = 256
+    learn_labels: bool = False
+    kernel: str = "ntk"
+    depth: int = 3
+    w_std: float = math.sqrt(2.0)
+    b_std: float = 0.1
+    rf_width: int = 128
+    rf_draws: int = 1
+    init: str = "real"
+
+    def __post_init__(self) -> None:
+        if self.kernel not in KERNELS:
+            raise ConfigError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
+        if self.init not in INITS:
+            raise ConfigError(f"init must be one of {INITS}, got {self.init!r}")
+        if self.iterations < 0 or self.depth < 0 or self.reg < 0:
+            raise ConfigError("iterations, depth and reg must be >= 0")
+        if min(self.ipc, self.target_batch, self.rf_width, self.rf_draws) < 1:
+            raise ConfigError("ipc, target_batch, rf_width and rf_draws must be >= 1")
+
+
+def _step_kernel(cfg: KIPConfig, in_channels: int, generator: torch.Generator) -> Kernel:
+    """The kernel of one step: the fixed NTK, or freshly drawn random ConvNet features."""
+    if cfg.kernel == "ntk":
+
+        def ntk(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return ntk_fc_relu(a, b, depth=cfg.depth, w_std=cfg.w_std, b_std=cfg.b_std)
+
+        return ntk
+    nets = [RandomConvFeatures(in_channels, cfg.rf_width, cfg.depth, generator) for _ in range(cfg.rf_draws)]
+
+    def rf(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return random_feature_kernel(a, b, nets)
+
+    return rf
+
+
+def kip(
+    x_real: torch.Tensor,
+    y_real: torch.Tensor,
+    num_classes: int,
+    cfg: KIPConfig,
+    generator: torch.Generator,
+    progress: bool = False,
+) -> SyntheticSet:
+    """Distil ``(x_real, y_real)`` with KIP.
+
+    Parameters
+    ----------
+    x_real, y_real
+        Real images (N, C, H, W), normalised, and labels in ``[0, num_classes)``.
+    num_classes
+        L, the width of the label vectors.
+    cfg
+        Settings.
+    generator
+        The only source of randomness.
+    progress
+        Show a tqdm bar on stderr.
+
+    Returns
+    -------
+    SyntheticSet
+        ``cfg.ipc`` images per class present, in increasing label order; ``soft_labels`` holds the
+        learned (centred) label vectors when ``cfg.learn_labels``, else ``None``.
+    """
+    check_data(x_real, y_real)
+    if num_classes < 1 or int(y_real.min()) < 0 or int(y_real.max()) >= num_classes:
+        raise DataError(f"labels must lie in [0, {num_classes})")
+    classes = sorted(set(y_real.tolist()))
+    syn = init_synthetic(x_real, y_real, classes, cfg.ipc, cfg.init, generator)
+    x_s = syn.images.clone().requires_grad_(True)
+    y_s = centered_one_hot(syn.labels, num_classes).requires_grad_(cfg.learn_labels)
+    targets = centered_one_hot(y_real, num_classes)
+    optimizer = torch.optim.Adam([x_s, y_s] if cfg.learn_labels else [x_s], lr=cfg.lr)
+    bar = tqdm(range(cfg.iterations), desc="KIP", disable=not progress)
+    for _ in bar:
+        idx = torch.randperm(x_real.shape[0], generator=generator)[: cfg.target_batch]
+        kernel = _step_kernel(cfg, x_real.shape[1], generator)
+        loss = kip_loss(x_real[idx], targets[idx], x_s, y_s, kernel, cfg.reg)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        bar.set_postfix(loss=float(loss.detach()), refresh=False)
+    soft = y_s.detach().float() if cfg.learn_labels else None
+    return SyntheticSet(x_s.detach(), syn.labels, soft)

@@ -1,0 +1,245 @@
+"""Synthetic (condensed) sets, their initialisation, and the seeded sampling helpers shared by the
+condensation methods.
+
+Images live in the *normalised* space ``(x / 255 - mean) / std`` in which models are trained; a set is
+sent over the network as 8-bit images (FedAF, Wang et al. CVPR 2024, App. C counts one byte per pixel
+and channel), hence :meth:`SyntheticSet.to_uint8` / :meth:`SyntheticSet.from_uint8`.
+
+Randomness: every function takes an explicit :class:`torch.Generator`. Model constructors draw their
+initial weights from torch's global generator, so :func:`fresh_model` runs the constructor inside
+:func:`torch.random.fork_rng` with a seed drawn from the caller's generator: the initialisation is
+reproducible and the global stream is left untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from fedskew.core.errors import ConfigError, DataError
+
+INITS = ("noise", "real", "mean")
+"""Ways to initialise a synthetic set, see :func:`init_synthetic`."""
+
+ModelFactory = Callable[[], nn.Module]
+"""A constructor returning a freshly, randomly initialised network (weights from the global torch RNG)."""
+
+_SEED_BOUND = 2**63 - 1
+
+
+def default_generator(generator: torch.Generator | None) -> torch.Generator:
+    """Return ``generator``, or a new generator seeded with 0 when it is ``None``.
+
+    ``None`` therefore means "deterministic", never "the global RNG": results never depend on what
+    else the process has drawn.
+    """
+    if generator is not None:
+        return generator
+    g = torch.Generator()
+    g.manual_seed(0)
+    return g
+
+
+def draw_seed(generator: torch.Generator) -> int:
+    """Draw a 63-bit seed from ``generator`` (to seed a forked global RNG or a child generator)."""
+    return int(torch.randint(0, _SEED_BOUND, (1,), generator=generator).item())
+
+
+def fresh_model(model_factory: ModelFactory, generator: torch.Generator) -> nn.Module:
+    """Build a randomly initialised network whose initial weights are determined by ``generator``.
+
+    ``model_factory()`` initialises its weights from the global RNG (as every ``nn.Module`` does); we
+    fork that RNG and seed it with a number drawn from ``generator``, so two calls with equally seeded
+    generators return identical networks and the caller's global RNG state is unchanged.
+    """
+    seed = draw_seed(generator)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return model_factory()
+
+
+def model_features(model: nn.Module) -> nn.Module:
+    """Return ``model.features``, the embedding network ``h_w`` of DM/FedAF (all but the last layer)."""
+    features = getattr(model, "features", None)
+    if not isinstance(features, nn.Module):
+        raise ConfigError(f"condensation needs a model with a `features` sub-module, got {type(model).__name__}")
+    return features
+
+
+def check_data(x: torch.Tensor, y: torch.Tensor) -> None:
+    """Raise :class:`DataError` unless ``x`` is a float (N, C, H, W) batch with N matching labels."""
+    if x.dim() != 4 or not x.is_floating_point():
+        raise DataError(f"expected float images of shape (N, C, H, W), got {tuple(x.shape)} {x.dtype}")
+    if y.dim() != 1 or y.shape[0] != x.shape[0]:
+        raise DataError(f"expected {x.shape[0]} labels of shape (N,), got {tuple(y.shape)}")
+    if y.shape[0] == 0:
+        raise DataError("no real data to condense")
+
+
+def class_indices(y: torch.Tensor, classes: Sequence[int]) -> list[torch.Tensor]:
+    """Indices of the samples of each class in ``classes``; :class:`DataError` if one has none."""
+    out = []
+    for c in classes:
+        idx = torch.nonzero(y == c).flatten()
+        if idx.numel() == 0:
+            raise DataError(f"class {c} has no real samples to condense from")
+        out.append(idx)
+    return out
+
+
+def sample_indices(idx: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
+    """``min(k, len(idx))`` entries of ``idx`` drawn without replacement."""
+    perm = torch.randperm(idx.numel(), generator=generator)[:k]
+    return idx[perm]
+
+
+def _channel_stats(values: Sequence[float] | torch.Tensor, channels: int, name: str) -> torch.Tensor:
+    """Per-channel statistics as a float64 (1, C, 1, 1) tensor."""
+    t = torch.as_tensor(values, dtype=torch.float64).flatten()
+    if t.numel() == 1:
+        t = t.expand(channels)
+    if t.numel() != channels:
+        raise ConfigError(f"{name} has {t.numel()} values for {channels} image channels")
+    return t.reshape(1, channels, 1, 1)
+
+
+@dataclass
+class UInt8Set:
+    """A synthetic set quantised to 8-bit pixels, the form in which it is transmitted.
+
+    Attributes
+    ----------
+    images
+        uint8 (N, C, H, W), pixel values in [0, 255].
+    labels
+        int64 (N,).
+    soft_labels
+        Optional float32 (N, L) learned labels (KIP label learning); sent as they are.
+    """
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    soft_labels: torch.Tensor | None = None
+
+
+@dataclass
+class SyntheticSet:
+    """A condensed dataset.
+
+    Attributes
+    ----------
+    images
+        float32 (N, C, H, W) in the normalised space ``(x / 255 - mean) / std``.
+    labels
+        int64 (N,) hard labels.
+    soft_labels
+        Optional float32 (N, L) labels (filled by KIP when it learns labels).
+    """
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    soft_labels: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        check_data(self.images, self.labels)
+        if self.soft_labels is not None and self.soft_labels.shape[0] != self.images.shape[0]:
+            raise DataError(f"{self.soft_labels.shape[0]} soft labels for {self.images.shape[0]} synthetic images")
+
+    def __len__(self) -> int:
+        return int(self.images.shape[0])
+
+    def by_class(self) -> dict[int, torch.Tensor]:
+        """Images of each class, keyed by label, in order of first appearance."""
+        return {int(c): self.images[self.labels == c] for c in dict.fromkeys(self.labels.tolist())}
+
+    def to_uint8(self, mean: Sequence[float] | torch.Tensor, std: Sequence[float] | torch.Tensor) -> UInt8Set:
+        """Quantise to 8-bit pixels: de-normalise, scale to [0, 255], clamp and round.
+
+        The arithmetic is done in float64 so that ``from_uint8(u).to_uint8(mean, std)`` returns ``u``
+        exactly: only the first quantisation loses information.
+        """
+        channels = self.images.shape[1]
+        m = _channel_stats(mean, channels, "mean")
+        s = _channel_stats(std, channels, "std")
+        pixels = (self.images.detach().to(torch.float64) * s + m) * 255.0
+        images = pixels.clamp(0.0, 255.0).round().to(torch.uint8)
+        soft = None if self.soft_labels is None else self.soft_labels.detach().clone()
+        return UInt8Set(images, self.labels.clone(), soft)
+
+    @staticmethod
+    def from_uint8(
+        u: UInt8Set, mean: Sequence[float] | torch.Tensor, std: Sequence[float] | torch.Tensor
+    ) -> SyntheticSet:
+        """Return the float set in the normalised space, ``(u / 255 - mean) / std``."""
+        channels = u.images.shape[1]
+        m = _channel_stats(mean, channels, "mean")
+        s = _channel_stats(std, channels, "std")
+        images = ((u.images.to(torch.float64) / 255.0 - m) / s).to(torch.float32)
+        soft = None if u.soft_labels is None else u.soft_labels.clone()
+        return SyntheticSet(images, u.labels.to(torch.int64).clone(), soft)
+
+
+def init_synthetic(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    classes: Sequence[int],
+    ipc: int,
+    init: str = "noise",
+    generator: torch.Generator | None = None,
+    mean_samples: int = 16,
+) -> SyntheticSet:
+    """Initialise ``ipc`` synthetic images for each class in ``classes`` (class-major order).
+
+    Parameters
+    ----------
+    x, y
+        Real images (N, C, H, W), normalised, and their labels (N,).
+    classes
+        Labels to create images for, in the order they appear in the result.
+    ipc
+        Images per class.
+    init
+        ``"noise"``: standard normal pixels in the normalised space (the FedDC default: its Fig. 7
+        images are unrecognisable; also DC's noise option). ``"real"``: distinct random real images of
+        the class (DC/DM's default; a class with fewer than ``ipc`` images repeats them, every image
+        once before any twice). ``"mean"``: each synthetic image is the average of ``mean_samples``
+        random real images of the class (all of them if fewer), FedAF Sec. 5.1 "initialize each class
+        of condensed data using the average of randomly sampled local original data".
+    generator
+        Source of randomness (``None``: a generator seeded with 0).
+    mean_samples
+        Real images averaged per synthetic image for ``init="mean"``. FedAF does not give the number;
+        16 keeps some of the class's diversity between the ``ipc`` averages while removing most of the
+        individual images' detail.
+
+    Raises
+    ------
+    ConfigError
+        For an unknown ``init`` or non-positive ``ipc`` / ``mean_samples``.
+    DataError
+        If ``init`` needs real images of a class that has none.
+    """
+    if init not in INITS:
+        raise ConfigError(f"init must be one of {INITS}, got {init!r}")
+    if ipc < 1 or mean_samples < 1:
+        raise ConfigError(f"ipc and mean_samples must be positive, got {ipc} and {mean_samples}")
+    if len(classes) == 0:
+        raise ConfigError("no classes to initialise")
+    check_data(x, y)
+    g = default_generator(generator)
+    labels = torch.tensor(list(classes), dtype=torch.int64).repeat_interleave(ipc)
+    shape = (len(classes) * ipc, *x.shape[1:])
+    if init == "noise":
+        return SyntheticSet(torch.randn(shape, generator=g, dtype=torch.float32), labels)
+    parts = []
+    for idx in class_indices(y, classes):
+        if init == "real":
+            rounds = -(-ipc // idx.numel())
+            order = torch.cat([torch.randperm(idx.numel(), generator=g) for _ in range(rounds)])
+            parts.append(x[idx[order[:ipc]]])
+        else:
+            parts.append(torch.stack([x[sample_indices(idx, mean_samples, g)].mean(dim=0) for _ in range(ipc)]))
+    return SyntheticSet(torch.cat(parts).to(torch.float32).clone(), labels)
