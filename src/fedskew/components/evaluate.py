@@ -39,10 +39,12 @@ class EvalCounts:
 
 def evaluate_chunk(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> EvalCounts:
     """Counts for one chunk (inference mode, eval-mode layers)."""
+    from fedskew.components.trainer import as_model_format, is_channels_last
+
     was_training = model.training
     model.eval()
     with torch.inference_mode():
-        logits = model(x)
+        logits = model(as_model_format(x, is_channels_last(model)))
         loss_sum = float(F.cross_entropy(logits, y, reduction="sum"))
         pred = logits.argmax(dim=1)
     if was_training:

@@ -42,6 +42,34 @@ class LocalResult:
     mean_loss: float
 
 
+CHANNELS_LAST_FLAG = "fedskew_channels_last"
+
+
+def use_channels_last(model: nn.Module) -> nn.Module:
+    """Put a convolutional model in the channels-last memory format (in place; others unchanged).
+
+    On this CPU class a single-threaded conv training step at batch 32 runs about a third faster,
+    and inference about 80% faster, in channels-last (see docs/performance.md). The model is flagged,
+    so :func:`train_local` and evaluation feed it channels-last batches.
+    """
+    if any(p.dim() == 4 for p in model.parameters()):
+        model.to(memory_format=torch.channels_last)
+        setattr(model, CHANNELS_LAST_FLAG, True)
+    return model
+
+
+def is_channels_last(model: nn.Module) -> bool:
+    """Whether :func:`use_channels_last` converted this model."""
+    return bool(getattr(model, CHANNELS_LAST_FLAG, False))
+
+
+def as_model_format(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """``x`` in the memory format of the model it is fed to."""
+    if channels_last and x.dim() == 4:
+        return x.contiguous(memory_format=torch.channels_last)
+    return x
+
+
 def batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
     """One epoch of shuffled index batches (the last one may be smaller)."""
     perm = torch.randperm(n, generator=generator)
@@ -76,6 +104,7 @@ def train_local(
     opt = torch.optim.SGD(
         model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
     )
+    cl = is_channels_last(model)
     n = int(y.shape[0])
     steps = 0
     loss_sum = 0.0
@@ -83,7 +112,7 @@ def train_local(
         for idx in batches(n, cfg.batch_size, generator):
             if cfg.max_steps is not None and steps >= cfg.max_steps:
                 break
-            xb, yb = x[idx], y[idx]
+            xb, yb = as_model_format(x[idx], cl), y[idx]
             logits = model(xb)
             loss = F.cross_entropy(logits, yb)
             for term in terms:

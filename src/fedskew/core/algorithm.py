@@ -151,7 +151,9 @@ class ClientContext:
         spec = self.fed.model
         m = self.model_cache.get(spec)
         if m is None:
-            m = seeded_init(spec.build, self.fed.seed, "client-model")
+            from fedskew.components.trainer import use_channels_last
+
+            m = use_channels_last(seeded_init(spec.build, self.fed.seed, "client-model"))
             self.model_cache[spec] = m
         if arrays is not None:
             m.load_state_dict(arrays, strict=True)

@@ -15,6 +15,7 @@ import torch
 import torch.multiprocessing as tmp
 
 from fedskew.components.evaluate import EvalCounts, evaluate_chunk
+from fedskew.components.trainer import use_channels_last
 from fedskew.core.algorithm import ALGORITHMS, Algorithm, ClientContext, ModelSpec
 from fedskew.core.message import Message
 from fedskew.core.threads import num_threads
@@ -53,7 +54,7 @@ class _Runtime:
 
     def run_eval(self, model_state: dict[str, torch.Tensor], start: int, stop: int) -> EvalCounts:
         if self.eval_model is None:
-            self.eval_model = self.fed.info.model.build()
+            self.eval_model = use_channels_last(self.fed.info.model.build())
         self.eval_model.load_state_dict(model_state)
         with num_threads(1):
             return evaluate_chunk(
@@ -86,6 +87,7 @@ class Workers:
 
     def __init__(self, fed: Federation, algo_name: str, params: Any, workers: int) -> None:
         self.workers = workers
+        self._offsets = fed.offsets
         self._pool: Any = None
         self._inline: _Runtime | None = None
         if workers <= 1:
@@ -98,7 +100,15 @@ class Workers:
     def run_clients(self, jobs: list[ClientJob]) -> list[tuple[Message, dict[str, Any]]]:
         if self._inline is not None:
             return [self._inline.run_client(j) for j in jobs]
-        return list(self._pool.map(_client_task, jobs, chunksize=1))
+        # Largest client first: the pool hands the next job to whichever worker frees up, so the
+        # round does not end with one worker still training a big client while the other idles.
+        sizes = [self._size(j.cid) for j in jobs]
+        order = sorted(range(len(jobs)), key=lambda i: -sizes[i])
+        pending = {i: self._pool.apply_async(_client_task, (jobs[i],)) for i in order}
+        return [pending[i].get() for i in range(len(jobs))]
+
+    def _size(self, cid: int) -> int:
+        return self._offsets[cid + 1] - self._offsets[cid]
 
     def evaluate(self, model_state: dict[str, torch.Tensor], bounds: list[tuple[int, int]]) -> list[EvalCounts]:
         if self._inline is not None:
