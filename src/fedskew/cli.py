@@ -17,6 +17,7 @@ EPILOG = """examples:
   fedskew partition experiments/fmnist_fedavg.toml
   fedskew report runs/default
   fedskew list
+  fedskew deploy init my-app experiments/fmnist_fedavg.toml rounds=50   a Flower App for `flwr run`
 """
 
 
@@ -49,7 +50,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"fedskew: {len(runs)} run(s) -> {parent}", file=sys.stderr)
         run_experiment(runs, parent, data_dir=_data_dir(args), progress=progress)
         parents = [parent]
-    html = write_report(parents)
+    html = write_report(parents, parents[0] / "report")
     from fedskew.report import comparison_table, find_runs, load_run
 
     rows = comparison_table([load_run(p) for p in find_runs(parents)])
@@ -67,11 +68,13 @@ def cmd_partition(args: argparse.Namespace) -> int:
     spec = resolve(read_config(args.config), parse_overrides(args.overrides), where=str(args.config))[0]
     cfg = spec.config
     fed = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), _data_dir(args))
+    # The federation holds each client's shard contiguously: offsets give the partition back.
+    import numpy as np
+
     from fedskew.data.partition import Partition
 
+    part = Partition(indices=[np.arange(fed.offsets[k], fed.offsets[k + 1]) for k in range(fed.info.num_clients)])
     labels = fed.y.numpy()
-    part = Partition(indices=[__import__("numpy").arange(fed.offsets[k], fed.offsets[k + 1])
-                              for k in range(fed.info.num_clients)])
     print(summarize(part, labels, fed.info.num_classes))
     out = Path(args.out or f"partition-{cfg['partition']['name']}.png")
     title = f"{cfg['dataset']['name']}: {cfg['partition']['name']} " + ", ".join(
@@ -89,6 +92,21 @@ def cmd_report(args: argparse.Namespace) -> int:
     html = write_report(paths, Path(args.out) if args.out else None)
     print(format_table(comparison_table([load_run(p) for p in find_runs(paths)])))
     print(f"\nreport: {html}")
+    return 0
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    from fedskew.engine.flower.app import write_app, write_shards
+
+    if args.action == "init":
+        folder = write_app(Path(args.folder), args.config, args.overrides, force=args.force)
+        print(f"Flower App: {folder}\nrun it with: flwr run {folder} <superlink-connection>  (see docs/deploy.md)")
+        return 0
+    from fedskew.config import parse_overrides, read_config, resolve
+
+    cfg = resolve(read_config(args.config), parse_overrides(args.overrides), where=str(args.config))[0].config
+    paths = write_shards(cfg, Path(args.folder), _data_dir(args))
+    print(f"{len(paths)} shard files in {args.folder}: give client-<k>.pt to the site of partition k")
     return 0
 
 
@@ -145,6 +163,15 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("runs", nargs="+", help="run folders or their parents")
     rp.add_argument("--out", help="output folder (default: <common parent>/report)")
     rp.set_defaults(func=cmd_report)
+
+    de = sub.add_parser("deploy", help="run on Flower: write a Flower App folder, or per-client shard files")
+    de.add_argument("action", choices=["init", "shards"], help="init: app folder for `flwr run`; shards: data files")
+    de.add_argument("folder", help="the app folder (init) or the shard folder (shards)")
+    de.add_argument("config", nargs="?", help="TOML config file or built-in config name (default: default)")
+    de.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rounds=5 partition.alpha=0.5")
+    de.add_argument("--data-dir", help=data_help)
+    de.add_argument("--force", action="store_true", help="overwrite an existing app folder")
+    de.set_defaults(func=cmd_deploy)
 
     ls = sub.add_parser("list", help="registered algorithms, models, datasets, partitioners, configs")
     ls.set_defaults(func=cmd_list)

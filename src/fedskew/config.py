@@ -31,7 +31,9 @@ that object's own options::
 
 Overrides given on the command line (``rounds=5 partition.alpha=0.5``) are applied to every variant
 after the variant's own keys. An override of ``algorithm.name`` replaces the variants by one run of
-that algorithm.
+that algorithm. When a variant or override changes the ``name`` of the dataset, partition or model, that
+table starts afresh (keeping only ``data_dir``, or ``num_clients`` and ``seed``, and the keys set with
+it); when it changes the algorithm, the base's hyper-parameters that the new algorithm also has are kept.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ TOP_LEVEL: dict[str, str] = {
     "variants": "list of tables of dotted overrides, one run each (with a label)",
 }
 NAMED = ("dataset", "partition", "model", "algorithm")
+GENERIC_KEYS = {"dataset": {"data_dir"}, "partition": {"num_clients", "seed"}, "model": set()}
 SECTIONS = (*NAMED, "faults")
 
 DEFAULTS: dict[str, Any] = {
@@ -199,16 +202,22 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any] | None = None, where:
     labels: set[str] = set()
     for variant in variants:
         cfg = copy.deepcopy(base)
-        explicit: set[str] = set()
+        explicit: dict[str, set[str]] = {sec: set() for sec in NAMED}
         for source in (variant, overrides):
             for key, value in source.items():
                 if key in ("label", "seeds"):
                     continue
                 set_dotted(cfg, key, value)
-                if key.startswith("algorithm."):
-                    explicit.add(key.split(".", 1)[1])
+                sec, _, leaf = key.partition(".")
+                if sec in explicit and leaf:
+                    explicit[sec].add(leaf)
+        for sec in ("dataset", "partition", "model"):
+            if cfg[sec].get("name") != base[sec].get("name"):
+                # Options belong to the object they were written for: a new name starts afresh.
+                keep = explicit[sec] | {"name"} | GENERIC_KEYS[sec]
+                cfg[sec] = {k: v for k, v in cfg[sec].items() if k in keep}
         if cfg["algorithm"].get("name") != base["algorithm"].get("name"):
-            _keep_shared_params(cfg, explicit)
+            _keep_shared_params(cfg, explicit["algorithm"])
         label = str(overrides.get("label") or variant.get("label") or cfg.get("label") or cfg["algorithm"]["name"])
         if label in labels:
             raise ConfigError(f"{where}: two variants share the label {label!r}; give each a distinct label")

@@ -170,3 +170,17 @@ def test_fuzzed_configs_end_in_a_clear_error_or_a_valid_run(tmp_path_factory: py
     except FedskewError as e:
         msg = str(e)
         assert msg and "\n" not in msg and "Traceback" not in msg
+
+
+def test_script_without_main_guard_fails_fast_with_advice(tmp_path: Path) -> None:
+    """Spawned workers re-import the main module; without a guard that must end, not hang."""
+    cfg = tiny_config(rounds=1, workers=2)
+    script = tmp_path / "noguard.py"
+    script.write_text(
+        "from pathlib import Path\n"
+        "from fedskew.engine.simulation import Simulation\n"
+        f"Simulation({cfg!r}, Path({str(tmp_path / 'run')!r}), progress=False).run()\n"
+    )
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0
+    assert 'if __name__ == "__main__":' in proc.stderr

@@ -53,7 +53,7 @@ def use_channels_last(model: nn.Module) -> nn.Module:
     so :func:`train_local` and evaluation feed it channels-last batches.
     """
     if any(p.dim() == 4 for p in model.parameters()):
-        model.to(memory_format=torch.channels_last)
+        model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         setattr(model, CHANNELS_LAST_FLAG, True)
     return model
 

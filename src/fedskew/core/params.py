@@ -106,7 +106,7 @@ def params_doc(cls: type) -> list[tuple[str, str, Any]]:
     out = []
     for f in dataclasses.fields(cls):
         default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None
         )
         out.append((f.name, getattr(hints[f.name], "__name__", str(hints[f.name])), default))
     return out

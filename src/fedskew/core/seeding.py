@@ -8,9 +8,13 @@ whether a run was resumed from a checkpoint.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 import torch
+
+T = TypeVar("T")
 
 
 def derive_seed(root: int, *keys: int | str) -> int:
@@ -31,7 +35,7 @@ def torch_generator(root: int, *keys: int | str) -> torch.Generator:
     return g
 
 
-def seeded_init(factory, root: int, *keys: int | str):  # type: ignore[no-untyped-def]
+def seeded_init(factory: Callable[[], T], root: int, *keys: int | str) -> T:
     """Call ``factory()`` with the global torch RNG seeded from the stream, restoring it after.
 
     Module constructors draw their initial weights from the global generator; forking it keeps model

@@ -35,6 +35,6 @@ def load_checkpoint(folder: Path) -> dict[str, Any]:
     if not path.exists():
         raise FedskewError(f"no checkpoint at {path}: nothing to resume (the run stopped before its first checkpoint)")
     try:
-        return torch.load(path, weights_only=True)  # type: ignore[no-any-return]
+        return torch.load(path, weights_only=True)
     except Exception as e:  # a truncated or foreign file
         raise FedskewError(f"cannot read checkpoint {path}: {e}") from None

@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from tqdm.auto import tqdm
@@ -48,6 +48,23 @@ class RunResult:
     records: list[dict[str, Any]] = field(default_factory=list)
 
 
+@dataclass
+class NoReply:
+    """A client that did not answer: its node was lost, timed out, or its app failed (real deployments)."""
+
+    reason: str
+
+
+class ClientRunner(Protocol):
+    """Where client jobs run when not in this process's workers (Flower: the SuperNodes).
+
+    Replies come back in job order; a runner that keeps client state itself (on the client's node)
+    returns an empty state, and one whose client did not answer returns :class:`NoReply`.
+    """
+
+    def run_clients(self, jobs: list[ClientJob]) -> Sequence[tuple[Message, dict[str, Any]] | NoReply]: ...
+
+
 def make_algorithm(algorithm_cfg: dict[str, Any], fed_info: Any) -> Algorithm:
     """Instantiate the configured algorithm with validated, typed parameters."""
     table = dict(algorithm_cfg)
@@ -69,8 +86,10 @@ class Simulation:
         progress: bool = True,
         federation: Federation | None = None,
         on_round: Callable[[dict[str, Any]], None] | None = None,
+        clients: ClientRunner | None = None,
     ) -> None:
         self.cfg = cfg
+        self.clients = clients  # None: clients run in this machine's workers
         self.run_dir = Path(run_dir)
         self.progress = progress
         self.on_round = on_round
@@ -115,12 +134,16 @@ class Simulation:
                 self._round_failed.append([cid, "dropout"])
                 continue
             jobs.append(ClientJob(task, cid, self.round, msg, self.client_states.get(cid, {})))
-        results = self._workers.run_clients(jobs)
+        results = (self.clients or self._workers).run_clients(jobs)
         spec = self.algorithm.reply_spec(task, self.server)
         max_bytes = int(self.faults.max_reply_mb * 1e6)
         replies: Replies = []
-        for job, (result, state) in zip(jobs, results, strict=True):
+        for job, outcome in zip(jobs, results, strict=True):
             cid = job.cid
+            if isinstance(outcome, NoReply):
+                self._round_failed.append([cid, outcome.reason])
+                continue
+            result, state = outcome
             self.client_states[cid] = state
             reply: Any = result
             if fates[cid] == "corrupt":
@@ -201,11 +224,12 @@ class Simulation:
                 while self.round < rounds:
                     self.round += 1
                     t0 = time.perf_counter()
-                    rec = self._one_round(rounds)
+                    rec, t_eval = self._one_round(rounds)
                     records.append(rec)
                     with open(self.run_dir / "metrics.jsonl", "a") as f:
                         f.write(json.dumps(rec) + "\n")
-                    timing.write(json.dumps({"round": self.round, "seconds": time.perf_counter() - t0}) + "\n")
+                    total = time.perf_counter() - t0
+                    timing.write(json.dumps({"round": self.round, "seconds": total, "eval_seconds": t_eval}) + "\n")
                     timing.flush()
                     every = int(cfg.get("checkpoint_every", 10))
                     if every > 0 and (self.round % every == 0 or self.round == rounds):
@@ -223,7 +247,7 @@ class Simulation:
         torch.save(self.server.model.state_dict(), self.run_dir / "model.pt")
         return RunResult(self.run_dir, summary, records)
 
-    def _one_round(self, rounds: int) -> dict[str, Any]:
+    def _one_round(self, rounds: int) -> tuple[dict[str, Any], float]:
         self._round_clients, self._round_samples = [], 0.0
         self._round_failed, self._round_rejected = [], []
         server = self.server
@@ -232,8 +256,11 @@ class Simulation:
         self.algorithm.round(server)
         rec: dict[str, Any] = {"round": self.round}
         every = max(int(self.cfg.get("eval_every", 1)), 1)
+        t_eval = 0.0
         if self.round % every == 0 or self.round == rounds:
+            t0 = time.perf_counter()
             ev = self.evaluate()
+            t_eval = time.perf_counter() - t0
             per_class = ev.per_class()
             rec.update(
                 accuracy=ev.accuracy, loss=ev.loss, per_class_accuracy=per_class,
@@ -251,7 +278,7 @@ class Simulation:
         rec["samples"] = int(server.metrics.pop("samples", self._round_samples))
         for k, v in server.metrics.items():
             rec[k] = v
-        return rec
+        return rec, t_eval
 
     def _rewrite_metrics(self, records: list[dict[str, Any]]) -> None:
         """metrics.jsonl holds exactly the records so far (a resumed run drops rounds after the checkpoint)."""

@@ -8,8 +8,10 @@ federation's tensors once, through shared memory, at start-up.
 from __future__ import annotations
 
 import multiprocessing as mp
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.multiprocessing as tmp
@@ -17,6 +19,7 @@ import torch.multiprocessing as tmp
 from fedskew.components.evaluate import EvalCounts, evaluate_chunk
 from fedskew.components.trainer import use_channels_last
 from fedskew.core.algorithm import ALGORITHMS, Algorithm, ClientContext, ModelSpec
+from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message
 from fedskew.core.threads import num_threads
 from fedskew.engine.federation import Federation
@@ -82,6 +85,22 @@ def _eval_task(args: tuple[dict[str, torch.Tensor], int, int]) -> EvalCounts:
     return _RUNTIME.run_eval(*args)
 
 
+T = TypeVar("T")
+
+BROKEN = (
+    "a worker process died{detail}. If you start fedskew from your own script, put the call under "
+    "`if __name__ == \"__main__\":` (worker processes are spawned and re-import the main module), "
+    "or set workers=1"
+)
+
+
+def _gather(futures: list[Future[T]]) -> list[T]:
+    try:
+        return [f.result() for f in futures]
+    except BrokenProcessPool as e:
+        raise FedskewError(BROKEN.format(detail=f" ({e})" if str(e) else "")) from None
+
+
 class Workers:
     """Runs client jobs and evaluation chunks, inline (``workers=1``) or in a process pool."""
 
@@ -93,9 +112,17 @@ class Workers:
         if workers <= 1:
             self._inline = _Runtime(fed, algo_name, params)
         else:
+            if mp.parent_process() is not None and mp.current_process().name != "MainProcess":
+                # We are being imported by a spawned worker: starting a pool here would recurse.
+                raise FedskewError(BROKEN.format(detail=" while starting"))
             fed.share_memory()
-            ctx = tmp.get_context("spawn")
-            self._pool = ctx.Pool(workers, initializer=_init_worker, initargs=(fed, algo_name, params))
+            # A ProcessPoolExecutor, not multiprocessing.Pool: if a worker dies (out of memory, or
+            # a script without a main guard), the executor breaks and we report it; a Pool would
+            # silently respawn workers forever.
+            self._pool = ProcessPoolExecutor(
+                workers, mp_context=tmp.get_context("spawn"), initializer=_init_worker,
+                initargs=(fed, algo_name, params),
+            )
 
     def run_clients(self, jobs: list[ClientJob]) -> list[tuple[Message, dict[str, Any]]]:
         if self._inline is not None:
@@ -104,8 +131,8 @@ class Workers:
         # round does not end with one worker still training a big client while the other idles.
         sizes = [self._size(j.cid) for j in jobs]
         order = sorted(range(len(jobs)), key=lambda i: -sizes[i])
-        pending = {i: self._pool.apply_async(_client_task, (jobs[i],)) for i in order}
-        return [pending[i].get() for i in range(len(jobs))]
+        pending = {i: self._pool.submit(_client_task, jobs[i]) for i in order}
+        return _gather([pending[i] for i in range(len(jobs))])
 
     def _size(self, cid: int) -> int:
         return self._offsets[cid + 1] - self._offsets[cid]
@@ -113,18 +140,11 @@ class Workers:
     def evaluate(self, model_state: dict[str, torch.Tensor], bounds: list[tuple[int, int]]) -> list[EvalCounts]:
         if self._inline is not None:
             return [self._inline.run_eval(model_state, s, e) for s, e in bounds]
-        return list(self._pool.map(_eval_task, [(model_state, s, e) for s, e in bounds], chunksize=1))
+        return _gather([self._pool.submit(_eval_task, (model_state, s, e)) for s, e in bounds])
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.close()
-            self._pool.join()
-            self._pool = None
-
-    def terminate(self) -> None:
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
+            self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
 

@@ -1,0 +1,308 @@
+"""Simulation speed: fedskew against a plain PyTorch loop and Flower's own simulation (issue 9).
+
+Workload W: Fashion-MNIST, 100 clients, Dirichlet alpha=0.1 (partition seed 0), FedAvg, 10 clients per
+round, 1 local epoch, batch 32, SGD lr 0.01, McMahan et al.'s CNN (conv 32-64, FC 512), test-set
+evaluation after every round, 20 rounds.
+
+Each engine runs in its own subprocess (so peak memory is its own: the parent samples the resident
+memory of the whole process tree, workers and Ray daemons included). Per engine: seconds per round
+(median over the rounds of all repetitions), training images per second, final accuracy, peak memory.
+The last line printed is one JSON object.
+
+    FEDSKEW_DATA=../shared/datasets python benchmarks/simulation.py            # all three engines
+    FEDSKEW_DATA=../shared/datasets python benchmarks/simulation.py --skip-flower
+
+Flower needs ``pip install "flwr[simulation]" psutil`` (Ray); psutil is needed for memory figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROUNDS = 20
+CLIENTS = 100
+PER_ROUND = 10
+BATCH = 32
+LR = 0.01
+
+
+# ---------------------------------------------------------------------------------------------------
+# shared data
+# ---------------------------------------------------------------------------------------------------
+def load_federation(data_dir: str | None) -> tuple[Any, Any, list[Any], Any, Any]:
+    """Normalised tensors: (x_train, y_train, client index arrays, x_test, y_test)."""
+    import torch
+
+    from fedskew.data import load_dataset
+    from fedskew.data.partition import partition
+
+    ds = load_dataset("fashion_mnist", data_dir)
+    part = partition("dirichlet", ds.y_train, CLIENTS, 0, alpha=0.1)
+    x, y = ds.to_tensors("train")
+    xt, yt = ds.to_tensors("test")
+    return x, y, [torch.from_numpy(ix) for ix in part.indices], xt, yt
+
+
+def plain_model() -> Any:
+    from torch import nn
+
+    return nn.Sequential(
+        nn.Conv2d(1, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(1024, 512), nn.ReLU(), nn.Linear(512, 10),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# engines (each run in a subprocess by main())
+# ---------------------------------------------------------------------------------------------------
+def run_plain(data_dir: str | None, rounds: int) -> dict[str, Any]:
+    """A plain sequential loop, written the way a researcher would: default threads, no tricks."""
+    import torch
+    import torch.nn.functional as F
+
+    from fedskew.components.selection import uniform_sample
+    from fedskew.core.seeding import numpy_rng
+
+    x, y, parts, xt, yt = load_federation(data_dir)
+    torch.manual_seed(0)
+    glob = plain_model()
+    local = plain_model()
+    times, images = [], []
+    acc = 0.0
+    for rnd in range(1, rounds + 1):
+        t0 = time.perf_counter()
+        # The same clients fedskew samples in this round, so both train on the same images.
+        chosen = uniform_sample(CLIENTS, PER_ROUND, numpy_rng(0, "server", rnd, "select"))
+        states, weights, n_img = [], [], 0
+        for c in chosen:
+            idx = parts[int(c)]
+            cx, cy = x[idx], y[idx]
+            local.load_state_dict(glob.state_dict())
+            opt = torch.optim.SGD(local.parameters(), lr=LR)
+            perm = torch.randperm(len(idx))
+            for s in range(0, len(idx), BATCH):
+                b = perm[s:s + BATCH]
+                loss = F.cross_entropy(local(cx[b]), cy[b])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            states.append({k: v.detach().clone() for k, v in local.state_dict().items()})
+            weights.append(len(idx))
+            n_img += len(idx)
+        total = sum(weights)
+        pairs = list(zip(states, weights, strict=True))
+        glob.load_state_dict({k: sum(w / total * s[k] for s, w in pairs) for k in states[0]})
+        correct = 0
+        with torch.no_grad():
+            glob.eval()
+            for s in range(0, len(yt), 1000):
+                correct += int((glob(xt[s:s + 1000]).argmax(1) == yt[s:s + 1000]).sum())
+            glob.train()
+        acc = correct / len(yt)
+        times.append(time.perf_counter() - t0)
+        images.append(n_img)
+    return {"round_seconds": times, "images": images, "accuracy": acc}
+
+
+def run_fedskew(data_dir: str | None, rounds: int, workers: int) -> dict[str, Any]:
+    from fedskew.engine.simulation import Simulation
+
+    cfg = {
+        "name": "bench", "label": "fedskew", "rounds": rounds, "seed": 0, "workers": workers,
+        "eval_every": 1, "checkpoint_every": 0, "target_accuracy": None, "at_rounds": [],
+        "dataset": {"name": "fashion_mnist"},
+        "partition": {"name": "dirichlet", "num_clients": CLIENTS, "alpha": 0.1, "seed": 0},
+        "model": {"name": "fedavg_cnn"},
+        "algorithm": {"name": "fedavg", "clients_per_round": PER_ROUND, "local_epochs": 1,
+                      "batch_size": BATCH, "lr": LR},
+        "faults": {},
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        res = Simulation(cfg, Path(tmp), data_dir=data_dir, progress=False).run()
+        timing = [json.loads(line)["seconds"] for line in (Path(tmp) / "timing.jsonl").read_text().splitlines()]
+    return {
+        "round_seconds": timing,
+        "images": [r["samples"] for r in res.records],
+        "accuracy": res.summary["final_accuracy"],
+    }
+
+
+def run_flower(data_dir: str | None, rounds: int) -> dict[str, Any]:
+    """Flower's own simulation (Ray backend), FedAvg strategy, same model, data and evaluation."""
+    import torch
+    import torch.nn.functional as F
+    from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.serverapp.strategy import FedAvg
+    from flwr.simulation import run_simulation
+
+    x, y, parts, xt, yt = load_federation(data_dir)
+    marks: list[float] = []
+    accs: list[float] = []
+    sizes = [len(p) for p in parts]
+
+    client = ClientApp()
+
+    @client.train()
+    def train(msg: Message, context: Context) -> Message:
+        cid = int(context.node_config["partition-id"])
+        model = plain_model()
+        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        idx = parts[cid]
+        cx, cy = x[idx], y[idx]
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+        perm = torch.randperm(len(idx))
+        for s in range(0, len(idx), BATCH):
+            b = perm[s:s + BATCH]
+            loss = F.cross_entropy(model(cx[b]), cy[b])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
+                              "metrics": MetricRecord({"num-examples": len(idx)})})
+        return Message(content=content, reply_to=msg)
+
+    server = ServerApp()
+
+    def evaluate(rnd: int, arrays: ArrayRecord) -> MetricRecord:
+        model = plain_model()
+        model.load_state_dict(arrays.to_torch_state_dict())
+        correct = 0
+        with torch.no_grad():
+            model.eval()
+            for s in range(0, len(yt), 1000):
+                correct += int((model(xt[s:s + 1000]).argmax(1) == yt[s:s + 1000]).sum())
+        accs.append(correct / len(yt))
+        marks.append(time.perf_counter())
+        return MetricRecord({"accuracy": correct / len(yt)})
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        torch.manual_seed(0)
+        strategy = FedAvg(fraction_train=PER_ROUND / CLIENTS, fraction_evaluate=0.0,
+                          min_train_nodes=PER_ROUND, min_available_nodes=CLIENTS)
+        strategy.start(grid=grid, initial_arrays=ArrayRecord(plain_model().state_dict()),
+                       num_rounds=rounds, evaluate_fn=evaluate)
+
+    run_simulation(server_app=server, client_app=client, num_supernodes=CLIENTS,
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+    times = [b - a for a, b in itertools.pairwise(marks)]
+    mean_images = PER_ROUND * sum(sizes) / CLIENTS  # Flower samples clients itself: expected images per round
+    return {"round_seconds": times, "images": [mean_images] * len(times), "accuracy": accs[-1]}
+
+
+# ---------------------------------------------------------------------------------------------------
+# driver
+# ---------------------------------------------------------------------------------------------------
+def _tree_rss(pid: int) -> int:
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += p.memory_info().rss
+    return total
+
+
+def run_engine(engine: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Run one engine in a subprocess, sampling the process tree's memory."""
+    out = Path(tempfile.mkstemp(suffix=".json")[1])
+    cmd = [sys.executable, __file__, "--child", engine, "--rounds", str(args.rounds), "--workers",
+           str(args.workers), "--child-out", str(out)]
+    proc = subprocess.Popen(cmd)
+    peak = 0
+    try:
+        import psutil  # noqa: F401
+
+        sample = True
+    except ImportError:
+        sample = False
+    while proc.poll() is None:
+        if sample:
+            peak = max(peak, _tree_rss(proc.pid))
+        time.sleep(0.1)
+    if proc.returncode != 0:
+        raise SystemExit(f"{engine} failed with exit code {proc.returncode}")
+    res: dict[str, Any] = json.loads(out.read_text())
+    out.unlink()
+    res["peak_mb"] = peak / 2**20 if sample else None
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=ROUNDS)
+    ap.add_argument("--reps", type=int, default=2, help="repetitions of each engine")
+    ap.add_argument("--workers", type=int, default=0, help="fedskew workers (0 = auto)")
+    ap.add_argument("--skip-flower", action="store_true", help="leave Flower out (quick checks)")
+    ap.add_argument("--engines", nargs="+", default=None, help="subset of: plain fedskew flower")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--child-out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    data_dir = os.environ.get("FEDSKEW_DATA")
+
+    if args.child:
+        if args.child == "plain":
+            res = run_plain(data_dir, args.rounds)
+        elif args.child == "fedskew":
+            res = run_fedskew(data_dir, args.rounds, args.workers)
+        else:
+            res = run_flower(data_dir, args.rounds)
+        Path(args.child_out).write_text(json.dumps(res))
+        return
+
+    engines = args.engines or ["plain", "fedskew", *([] if args.skip_flower else ["flower"])]
+    results: dict[str, dict[str, Any]] = {}
+    for engine in engines:
+        runs = [run_engine(engine, args) for _ in range(args.reps)]
+        secs = [s for r in runs for s in r["round_seconds"]]
+        imgs = [i for r in runs for i in r["images"]]
+        results[engine] = {
+            "s_round": statistics.median(secs),
+            "images_per_s": sum(imgs) / sum(secs),
+            "accuracy": statistics.mean(r["accuracy"] for r in runs),
+            "peak_mb": max((r["peak_mb"] or 0.0) for r in runs),
+        }
+        print(f"{engine:8s} {results[engine]['s_round']:6.2f} s/round  {results[engine]['images_per_s']:7.0f} img/s  "
+              f"acc {100 * results[engine]['accuracy']:5.2f}%  peak {results[engine]['peak_mb']:6.0f} MB", flush=True)
+
+    print()
+    print("| engine | s / round (median) | images / s | final accuracy | peak memory (MB) |")
+    print("|---|---|---|---|---|")
+    for e, r in results.items():
+        print(f"| {e} | {r['s_round']:.2f} | {r['images_per_s']:.0f} | {100 * r['accuracy']:.2f}% "
+              f"| {r['peak_mb']:.0f} |")
+    summary: dict[str, Any] = {}
+    for e, r in results.items():
+        summary[f"{e}_s_round"] = round(r["s_round"], 4)
+        summary[f"{e}_accuracy"] = round(r["accuracy"], 4)
+        summary[f"{e}_peak_mb"] = round(r["peak_mb"], 1)
+        summary[f"{e}_images_per_s"] = round(r["images_per_s"], 1)
+    if "plain" in results and "fedskew" in results:
+        summary["fedskew_vs_plain"] = round(results["fedskew"]["s_round"] / results["plain"]["s_round"], 3)
+    if "flower" in results and "fedskew" in results:
+        summary["fedskew_vs_flower"] = round(results["fedskew"]["s_round"] / results["flower"]["s_round"], 3)
+    print()
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

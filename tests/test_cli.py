@@ -1,0 +1,103 @@
+"""The command line: bad input ends in one line naming the problem (exit 2), never a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedskew.cli import main
+from fedskew.config import dump
+from tests.conftest import tiny_config
+
+
+def _err(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    errors = [line for line in err if line.startswith("fedskew: error:")]
+    assert len(errors) == 1 and not any("Traceback" in line for line in err)
+    return errors[0]
+
+
+@pytest.fixture
+def cfg_file(tmp_path: Path) -> Path:
+    cfg = tiny_config(rounds=1)
+    cfg.pop("label")
+    p = tmp_path / "tiny.toml"
+    p.write_text(dump(cfg))
+    return p
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("partition.alpha=0", "partition.alpha must be > 0"),
+        ("partition.alpha=-1", "partition.alpha must be > 0"),
+        ("partition.num_clients=100000", "100000"),
+        ("dataset.name=imagenet", "unknown dataset 'imagenet'"),
+        ("model.name=gpt", "unknown model 'gpt'"),
+        ("algorithm.name=fedmagic", "unknown algorithm 'fedmagic'"),
+        ("rounds=-2", "rounds must be an integer >= 1"),
+        ("workers=two", "workers must be"),
+    ],
+)
+def test_bad_values(capsys: pytest.CaptureFixture[str], tmp_path: Path, cfg_file: Path, override: str,
+                    needle: str) -> None:
+    line = _err(capsys, ["run", str(cfg_file), override, "--out", str(tmp_path / "o"), "--no-progress"])
+    assert needle in line
+
+
+def test_missing_data_file(capsys: pytest.CaptureFixture[str], tmp_path: Path, cfg_file: Path,
+                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FEDSKEW_CACHE", str(tmp_path / "cache"))
+    line = _err(capsys, ["run", str(cfg_file), "dataset.name=fashion_mnist", "--data-dir", str(tmp_path / "empty"),
+                         "--out", str(tmp_path / "o"), "--no-progress"])
+    assert str(tmp_path / "empty") in line
+
+
+def test_corrupt_archive(capsys: pytest.CaptureFixture[str], tmp_path: Path, cfg_file: Path,
+                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FEDSKEW_CACHE", str(tmp_path / "cache"))
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "cifar-10-python.tar.gz").write_bytes(b"this is not a tarball" * 100)
+    line = _err(capsys, ["run", str(cfg_file), "dataset.name=cifar10", "--data-dir", str(data),
+                         "--out", str(tmp_path / "o"), "--no-progress"])
+    assert "cifar-10-python.tar.gz" in line
+
+
+def test_missing_config_and_bad_override(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "not found" in _err(capsys, ["run", "nope.toml"])
+    assert "unknown config key 'roundz'" in _err(capsys, ["run", "roundz=3"])
+
+
+def test_existing_run_is_not_overwritten(capsys: pytest.CaptureFixture[str], tmp_path: Path, cfg_file: Path) -> None:
+    out = tmp_path / "o"
+    assert main(["run", str(cfg_file), "--out", str(out), "--no-progress"]) == 0
+    first = (out / "fedavg-seed0" / "metrics.jsonl").read_bytes()
+    line = _err(capsys, ["run", str(cfg_file), "--out", str(out), "--no-progress"])
+    assert "already holds a run" in line
+    assert (out / "fedavg-seed0" / "metrics.jsonl").read_bytes() == first
+
+
+def test_run_prints_table_and_writes_report(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                           cfg_file: Path) -> None:
+    out = tmp_path / "o"
+    assert main(["run", str(cfg_file), "rounds=2", "--out", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "fedavg" in printed and "final acc" in printed
+    assert (out / "report" / "report.html").exists() and (out / "report" / "accuracy.png").exists()
+    assert json.loads((out / "fedavg-seed0" / "summary.json").read_text())["rounds"] == 2
+
+
+def test_list_and_partition(capsys: pytest.CaptureFixture[str], tmp_path: Path, cfg_file: Path) -> None:
+    assert main(["list"]) == 0
+    listed = capsys.readouterr().out
+    for word in ("fedavg", "centralized", "dirichlet", "convnet", "fashion_mnist"):
+        assert word in listed
+    png = tmp_path / "bubbles.png"
+    assert main(["partition", str(cfg_file), "--out", str(png)]) == 0
+    assert png.stat().st_size > 1000
+    assert "total" in capsys.readouterr().out
