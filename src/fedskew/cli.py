@@ -16,6 +16,7 @@ EPILOG = """examples:
   fedskew run --resume runs/default/FedAvg-seed0 rounds=50
   fedskew partition experiments/fmnist_fedavg.toml
   fedskew report runs/default
+  fedskew audit runs/feddc_cifar10                 privacy of the condensed images FedDC clients sent
   fedskew list
   fedskew deploy init my-app experiments/fmnist_fedavg.toml rounds=50   a Flower App for `flwr run`
 """
@@ -110,6 +111,17 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_audit(args: argparse.Namespace) -> int:
+    from fedskew.audit import audit, format_audit
+
+    results = audit([Path(p) for p in args.runs], _data_dir(args), args.max_images, args.epochs)
+    print(format_audit(results))
+    print("\nNN RMSE: median distance (pixels in [0, 1]) to the nearest real training image of the sending client;\n"
+          "ratio < 1: synthetic images sit closer to client images than held-out real images do.\n"
+          "MIA AUC: loss-threshold membership inference on a model trained on the synthetic images (0.5 = no leak).")
+    return 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     import fedskew.algorithms  # noqa: F401
     from fedskew.config import builtin_configs
@@ -172,6 +184,13 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--data-dir", help=data_help)
     de.add_argument("--force", action="store_true", help="overwrite an existing app folder")
     de.set_defaults(func=cmd_deploy)
+
+    au = sub.add_parser("audit", help="privacy checks on the synthetic images a run's clients sent")
+    au.add_argument("runs", nargs="+", help="run folders or their parents")
+    au.add_argument("--data-dir", help=data_help)
+    au.add_argument("--max-images", type=int, default=2000, help="images sampled per run (default 2000)")
+    au.add_argument("--epochs", type=int, default=50, help="epochs of the attacked model (default 50)")
+    au.set_defaults(func=cmd_audit)
 
     ls = sub.add_parser("list", help="registered algorithms, models, datasets, partitioners, configs")
     ls.set_defaults(func=cmd_list)

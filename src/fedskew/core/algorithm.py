@@ -93,6 +93,8 @@ class ServerContext:
         name the ledger direction each way (``None``: not on the wire).
     metrics
         Extra scalars the algorithm reports for this round (merged into ``metrics.jsonl``).
+    artifacts
+        Engine callback behind :meth:`save_artifact`.
     """
 
     fed: FederationInfo
@@ -101,6 +103,16 @@ class ServerContext:
     state: dict[str, Any] = field(default_factory=dict)
     round: int = 0
     metrics: dict[str, Any] = field(default_factory=dict)
+    artifacts: Callable[[str, dict[str, torch.Tensor]], None] | None = None
+
+    def save_artifact(self, name: str, tensors: dict[str, torch.Tensor]) -> None:
+        """Keep named tensors of this round in the run folder (``artifacts/<name>/round_NNNN.safetensors``).
+
+        Methods that receive synthetic data save it here (``images`` uint8, ``labels``, ``clients``), so
+        ``fedskew audit`` can measure what the server learned about the clients' raw images.
+        """
+        if self.artifacts is not None:
+            self.artifacts(name, tensors)
 
     def rng(self, purpose: str) -> np.random.Generator:
         """Numpy stream for (server, round, purpose)."""

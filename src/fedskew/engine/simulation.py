@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -106,7 +107,9 @@ class Simulation:
         self._round_failed: list[list[Any]] = []
         self._round_rejected: list[list[Any]] = []
         self._workers: Workers | None = None
-        self.server = ServerContext(fed=self.fed.info, model=self.algorithm.init_model(), exchange=self.exchange)
+        self.server = ServerContext(
+            fed=self.fed.info, model=self.algorithm.init_model(), exchange=self.exchange, artifacts=self._save_artifact
+        )
 
     # ---- the exchange the algorithm calls ---------------------------------------------------------
     def exchange(
@@ -163,6 +166,18 @@ class Simulation:
                 self._round_clients.append(cid)
             self._round_samples += float(reply.metrics.get("num_samples", 0.0))
         return replies
+
+    def _save_artifact(self, name: str, tensors: dict[str, torch.Tensor]) -> None:
+        from safetensors.torch import save_file
+
+        if not name.replace("_", "").isalnum():
+            raise FedskewError(f"artifact name {name!r} must be letters, digits and underscores")
+        folder = self.run_dir / "artifacts" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        final = folder / f"round_{self.round:04d}.safetensors"
+        tmp = final.with_suffix(".tmp")
+        save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(tmp))
+        os.replace(tmp, final)
 
     # ---- evaluation --------------------------------------------------------------------------------
     def evaluate(self) -> EvalCounts:

@@ -1,0 +1,179 @@
+"""``fedskew audit RUN_DIR``: what the synthetic images a method sent reveal about raw client data.
+
+Reads the synthetic sets a run saved (``artifacts/synthetic/round_NNNN.safetensors``: ``images`` uint8,
+``labels``, ``clients``), rebuilds the run's federation from its ``config.toml`` (the same seed gives
+the same client shards), and measures the figures of :mod:`fedskew.metrics.privacy`. Writes
+``audit.json`` in the run folder.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import tomllib
+import torch
+import torch.nn.functional as F
+
+from fedskew.components.trainer import LocalConfig, train_local
+from fedskew.core.errors import FedskewError
+from fedskew.core.seeding import seeded_init, torch_generator
+from fedskew.engine.federation import Federation, build_federation
+from fedskew.metrics.privacy import auc, nearest_neighbours, ssim
+
+
+@dataclass
+class AuditResult:
+    """Figures of one run (distances are RMSE in [0, 1] pixel units)."""
+
+    label: str
+    algorithm: str
+    synthetic_images: int
+    rounds: int
+    syn_nn_rmse_median: float
+    heldout_nn_rmse_median: float
+    nn_ratio: float
+    syn_nn_ssim_mean: float
+    heldout_nn_ssim_mean: float
+    mia_auc: float
+    mia_members: int
+
+
+def load_synthetic(run_dir: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """All saved synthetic images (uint8), labels and sending clients of a run, and the round count."""
+    from safetensors.torch import load_file
+
+    files = sorted((run_dir / "artifacts" / "synthetic").glob("round_*.safetensors"))
+    if not files:
+        raise FedskewError(
+            f"{run_dir} holds no synthetic images (artifacts/synthetic/): only methods that send condensed "
+            "data (feddc, feddc_plus, feddm, fedaf, hfldd) can be audited"
+        )
+    imgs, labels, clients = [], [], []
+    for f in files:
+        try:
+            t = load_file(str(f))
+        except Exception as e:
+            raise FedskewError(f"cannot read {f}: {e}") from None
+        imgs.append(t["images"])
+        labels.append(t["labels"])
+        clients.append(t["clients"])
+    return torch.cat(imgs), torch.cat(labels), torch.cat(clients), len(files)
+
+
+def _pixels(x: torch.Tensor, fed: Federation) -> torch.Tensor:
+    """Normalised tensors back to [0, 1] pixels."""
+    mean = torch.tensor(fed.info.mean).view(1, -1, 1, 1)
+    std = torch.tensor(fed.info.std).view(1, -1, 1, 1)
+    return (x * std + mean).clamp(0, 1)
+
+
+def _heldout_like(fed: Federation, labels: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """Indices of test images with the same label multiset as ``labels`` (as far as the test set allows)."""
+    out = []
+    for c in labels.unique().tolist():
+        pool = (fed.y_test == c).nonzero().flatten()
+        need = int((labels == c).sum())
+        if len(pool) == 0:
+            continue
+        out.append(pool[torch.randint(len(pool), (need,), generator=g)])
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
+
+
+def audit_run(run_dir: Path, data_dir: str | None = None, max_images: int = 2000, epochs: int = 50) -> AuditResult:
+    """Measure one run; see the module docstring."""
+    cfg_path = run_dir / "config.toml"
+    if not cfg_path.exists():
+        raise FedskewError(f"{run_dir} is not a run folder: no config.toml")
+    cfg: dict[str, Any] = tomllib.loads(cfg_path.read_text())
+    images, labels, clients, rounds = load_synthetic(run_dir)
+    fed = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), data_dir)
+    g = torch_generator(int(cfg["seed"]), "audit")
+    if len(images) > max_images:
+        keep = torch.randperm(len(images), generator=g)[:max_images]
+        images, labels, clients = images[keep], labels[keep], clients[keep]
+    syn = images.float() / 255.0
+
+    # Nearest real training image of the sending client, for synthetic and held-out images.
+    syn_d, syn_s, ho_d, ho_s = [], [], [], []
+    for k in clients.unique().tolist():
+        sel = clients == k
+        x_k, _ = fed.client_data(int(k))
+        real = _pixels(x_k, fed)
+        d, i = nearest_neighbours(syn[sel], real)
+        syn_d.append(d)
+        syn_s.append(ssim(syn[sel], real[i]))
+        ho_idx = _heldout_like(fed, labels[sel], g)
+        if len(ho_idx):
+            ho = _pixels(fed.x_test[ho_idx], fed)
+            d2, i2 = nearest_neighbours(ho, real)
+            ho_d.append(d2)
+            ho_s.append(ssim(ho, real[i2]))
+    sd, hd = torch.cat(syn_d), torch.cat(ho_d)
+
+    # Membership inference: loss threshold on a model trained only on the synthetic images.
+    mean = torch.tensor(fed.info.mean).view(1, -1, 1, 1)
+    std = torch.tensor(fed.info.std).view(1, -1, 1, 1)
+    x_syn = (syn - mean) / std
+    model = seeded_init(fed.info.model.build, int(cfg["seed"]), "audit-model")
+    train_local(model, x_syn, labels, LocalConfig(epochs=epochs, batch_size=256, lr=0.01, momentum=0.9), g)
+    senders = clients.unique().tolist()
+    member_idx = torch.cat([torch.arange(fed.offsets[k], fed.offsets[k + 1]) for k in senders])
+    if len(member_idx) > max_images:
+        member_idx = member_idx[torch.randperm(len(member_idx), generator=g)[:max_images]]
+    members_y = fed.y[member_idx]
+    non_idx = _heldout_like(fed, members_y, g)
+    model.eval()
+    with torch.inference_mode():
+        m_loss = F.cross_entropy(model(fed.x[member_idx]), members_y, reduction="none")
+        n_loss = F.cross_entropy(model(fed.x_test[non_idx]), fed.y_test[non_idx], reduction="none")
+    mia = auc(-m_loss.numpy(), -n_loss.numpy())
+
+    ho_med = float(hd.median())
+    return AuditResult(
+        label=str(cfg.get("label", cfg["algorithm"]["name"])),
+        algorithm=cfg["algorithm"]["name"],
+        synthetic_images=len(images),
+        rounds=rounds,
+        syn_nn_rmse_median=float(sd.median()),
+        heldout_nn_rmse_median=ho_med,
+        nn_ratio=float(sd.median()) / ho_med if ho_med > 0 else float("nan"),
+        syn_nn_ssim_mean=float(torch.cat(syn_s).mean()),
+        heldout_nn_ssim_mean=float(torch.cat(ho_s).mean()),
+        mia_auc=mia,
+        mia_members=len(member_idx),
+    )
+
+
+def audit(
+    paths: list[Path], data_dir: str | None = None, max_images: int = 2000, epochs: int = 50
+) -> list[AuditResult]:
+    """Audit every run folder under ``paths`` that holds synthetic images; writes ``audit.json`` in each."""
+    from fedskew.report import find_runs
+
+    results = []
+    for run in find_runs(paths):
+        if not (run / "artifacts" / "synthetic").exists():
+            continue
+        res = audit_run(run, data_dir, max_images, epochs)
+        (run / "audit.json").write_text(json.dumps(asdict(res), indent=2) + "\n")
+        results.append(res)
+    if not results:
+        raise FedskewError(f"no run under {', '.join(map(str, paths))} holds synthetic images to audit")
+    return results
+
+
+def format_audit(results: list[AuditResult]) -> str:
+    """A Markdown table of audit results."""
+    head = (
+        "| run | images | NN RMSE synthetic | NN RMSE held-out | ratio | SSIM synthetic | SSIM held-out | MIA AUC |\n"
+        "|---|---|---|---|---|---|---|---|"
+    )
+    rows = [
+        f"| {r.label} | {r.synthetic_images} | {r.syn_nn_rmse_median:.3f} | {r.heldout_nn_rmse_median:.3f} | "
+        f"{r.nn_ratio:.2f} | {r.syn_nn_ssim_mean:.3f} | {r.heldout_nn_ssim_mean:.3f} | {r.mia_auc:.3f} |"
+        for r in results
+    ]
+    return "\n".join([head, *rows])

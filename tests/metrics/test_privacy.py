@@ -1,0 +1,91 @@
+"""Privacy checks: nearest neighbours, SSIM, membership-inference AUC, and the audit of a run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import roc_auc_score
+
+from fedskew.audit import audit_run
+from fedskew.config import dump
+from fedskew.core.errors import FedskewError
+from fedskew.engine.simulation import Simulation
+from fedskew.metrics.privacy import auc, nearest_neighbours, ssim
+from tests.conftest import tiny_config
+
+
+def test_nearest_neighbours_by_hand() -> None:
+    pool = torch.tensor([[0.0, 0.0], [1.0, 1.0], [0.5, 0.0]])
+    q = torch.tensor([[0.9, 1.0], [0.0, 0.1]])
+    d, i = nearest_neighbours(q, pool)
+    assert i.tolist() == [1, 0]
+    assert d[0].item() == pytest.approx(np.sqrt(0.01 / 2), rel=1e-5)
+    assert d[1].item() == pytest.approx(np.sqrt(0.01 / 2), rel=1e-5)
+
+
+def test_ssim_identity_symmetry_and_noise() -> None:
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(4, 3, 16, 16, generator=g)
+    b = (a + 0.3 * torch.randn(a.shape, generator=g)).clamp(0, 1)
+    assert torch.allclose(ssim(a, a), torch.ones(4), atol=1e-5)
+    assert torch.allclose(ssim(a, b), ssim(b, a), atol=1e-6)
+    assert (ssim(a, b) < 0.9).all()
+    assert ssim(torch.rand(2, 1, 8, 8), torch.rand(2, 1, 8, 8)).shape == (2,)  # small images work
+
+
+def test_auc_matches_sklearn_and_edges() -> None:
+    rng = np.random.default_rng(0)
+    m, n = rng.normal(1, 1, 50), rng.normal(0, 1, 70)
+    m[:5] = n[:5]  # ties
+    expected = roc_auc_score(np.r_[np.ones(50), np.zeros(70)], np.r_[m, n])
+    assert auc(m, n) == pytest.approx(expected)
+    assert auc(np.array([2.0, 3.0]), np.array([0.0, 1.0])) == 1.0
+    assert auc(np.ones(3), np.ones(4)) == 0.5
+
+
+def _run_with_synthetic(tmp_path: Path, kind: str) -> Path:
+    cfg = tiny_config(rounds=1)
+    run = tmp_path / kind
+    run.mkdir()
+    (run / "config.toml").write_text(dump(cfg))
+    sim = Simulation(cfg, run, progress=False)
+    sim.run()
+    fed = sim.fed
+    mean = torch.tensor(fed.info.mean).view(1, -1, 1, 1)
+    std = torch.tensor(fed.info.std).view(1, -1, 1, 1)
+    imgs, labels, clients = [], [], []
+    for k in range(3):
+        x, y = fed.client_data(k)
+        if kind == "copies":  # a "condensation" that sends raw images: must be flagged
+            u8 = ((x[:4] * std + mean).clamp(0, 1) * 255).round().to(torch.uint8)
+        else:  # pure noise: nothing to learn about the client
+            u8 = torch.randint(0, 256, x[:4].shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(k))
+        imgs.append(u8)
+        labels.append(y[:4])
+        clients.append(torch.full((len(u8),), k, dtype=torch.int64))
+    sim.round = 1
+    sim._save_artifact("synthetic", {"images": torch.cat(imgs), "labels": torch.cat(labels),
+                                     "clients": torch.cat(clients)})
+    return run
+
+
+def test_audit_flags_copies_and_not_noise(tmp_path: Path) -> None:
+    copies = audit_run(_run_with_synthetic(tmp_path, "copies"), epochs=5)
+    noise = audit_run(_run_with_synthetic(tmp_path, "noise"), epochs=5)
+    assert copies.syn_nn_rmse_median < 0.01 and copies.syn_nn_ssim_mean > 0.99
+    assert copies.nn_ratio < 0.05
+    assert noise.nn_ratio > 1.0 and noise.syn_nn_ssim_mean < 0.5
+    assert 0.0 <= copies.mia_auc <= 1.0 and copies.synthetic_images == 12
+
+
+def test_audit_of_a_run_without_synthetic_data(tmp_path: Path) -> None:
+    cfg = tiny_config(rounds=1)
+    (tmp_path / "config.toml").write_text(dump(cfg))
+    Simulation(cfg, tmp_path, progress=False).run()
+    with pytest.raises(FedskewError, match="holds no synthetic images"):
+        audit_run(tmp_path)
+    assert json.loads((tmp_path / "summary.json").read_text())["rounds"] == 1
