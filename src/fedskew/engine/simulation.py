@@ -36,7 +36,7 @@ from fedskew.engine.guard import Faults, check_reply, corrupt_reply
 from fedskew.engine.workers import ClientJob, Workers, default_workers
 from fedskew.metrics import Ledger, class_variance, summarize_run
 
-EVAL_CHUNK = 500
+EVAL_CHUNK = 250  # single-thread inference is fastest at this batch here (docs/performance.md)
 log = logging.getLogger("fedskew")
 
 
