@@ -8,9 +8,13 @@ engine count every byte that a method puts on the wire.
 
 from __future__ import annotations
 
+import json
+import struct
 from dataclasses import dataclass, field
 
 import torch
+
+from fedskew.core.errors import FedskewError
 
 Scalar = int | float | str | bool
 
@@ -36,6 +40,39 @@ class Message:
     def nbytes(self) -> int:
         """Bytes of the tensor payload, as it would be sent uncompressed."""
         return sum(t.numel() * t.element_size() for t in self.arrays.values())
+
+    def to_bytes(self) -> bytes:
+        """Serialise as safetensors, with config and metrics as JSON in its metadata.
+
+        This is how a reply crosses a process boundary: a safetensors buffer holds only tensors and a
+        JSON header, so decoding an untrusted reply never runs code (no pickle).
+        """
+        from safetensors.torch import save
+
+        meta = {"fedskew": json.dumps({"config": self.config, "metrics": self.metrics}, allow_nan=True)}
+        return bytes(save({k: v.contiguous() for k, v in self.arrays.items()}, metadata=meta))
+
+    @staticmethod
+    def from_bytes(data: bytes) -> Message:
+        """Decode :meth:`to_bytes` output; anything malformed is a :class:`FedskewError`."""
+        from safetensors.torch import load
+
+        try:
+            (n,) = struct.unpack("<Q", data[:8])
+            header = json.loads(data[8 : 8 + n])
+            extra = json.loads(header.get("__metadata__", {}).get("fedskew", "{}"))
+            arrays = load(data)
+        except Exception as e:
+            raise FedskewError(f"undecodable message: {e}") from None
+        config = extra.get("config", {})
+        metrics = extra.get("metrics", {})
+        if not isinstance(config, dict) or not isinstance(metrics, dict):
+            raise FedskewError("undecodable message: config and metrics must be JSON objects")
+        for k, v in metrics.items():
+            if not isinstance(v, int | float) or isinstance(v, bool):
+                raise FedskewError(f"undecodable message: metric {k!r} is not a number")
+            metrics[k] = float(v)
+        return Message(arrays=dict(arrays), config=config, metrics=metrics)
 
 
 def state_to_arrays(state: dict[str, torch.Tensor], prefix: str = "") -> dict[str, torch.Tensor]:

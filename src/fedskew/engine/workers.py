@@ -75,9 +75,11 @@ def _init_worker(fed: Federation, algo_name: str, params: Any) -> None:
     _RUNTIME = _Runtime(fed, algo_name, params)
 
 
-def _client_task(job: ClientJob) -> tuple[Message, dict[str, Any]]:
+def _client_task(job: ClientJob) -> tuple[bytes, dict[str, Any]]:
+    """Run a job in a worker; the reply goes back as safetensors bytes (see Message.to_bytes)."""
     assert _RUNTIME is not None
-    return _RUNTIME.run_client(job)
+    reply, state = _RUNTIME.run_client(job)
+    return reply.to_bytes(), state
 
 
 def _eval_task(args: tuple[dict[str, torch.Tensor], int, int]) -> EvalCounts:
@@ -132,7 +134,7 @@ class Workers:
         sizes = [self._size(j.cid) for j in jobs]
         order = sorted(range(len(jobs)), key=lambda i: -sizes[i])
         pending = {i: self._pool.submit(_client_task, jobs[i]) for i in order}
-        return _gather([pending[i] for i in range(len(jobs))])
+        return [(Message.from_bytes(data), state) for data, state in _gather([pending[i] for i in range(len(jobs))])]
 
     def _size(self, cid: int) -> int:
         return self._offsets[cid + 1] - self._offsets[cid]
