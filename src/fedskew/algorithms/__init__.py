@@ -2,6 +2,7 @@
 
 from fedskew.algorithms import (
     centralized,
+    cim,
     fedavg,
     fedbn,
     feddyn,
@@ -9,10 +10,13 @@ from fedskew.algorithms import (
     fednova,
     fedopt,
     fedprox,
+    fedseq,
+    hfldd,
     moon,
     scaffold,
 )
 
 __all__ = [
-    "centralized", "fedavg", "fedbn", "feddyn", "fedgen", "fednova", "fedopt", "fedprox", "moon", "scaffold",
+    "centralized", "cim", "fedavg", "fedbn", "feddyn", "fedgen", "fednova", "fedopt", "fedprox", "fedseq",
+    "hfldd", "moon", "scaffold",
 ]

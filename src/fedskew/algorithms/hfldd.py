@@ -1,0 +1,294 @@
+"""HFLDD (Shi et al., "Dataset Distillation-based Hybrid Federated Learning on Non-IID Data",
+``papers/hfldd-dataset-distillation-hybrid-fl.txt``; symbols restored in ``SPEC.md`` section 2).
+
+Against quantity-based label skew (each client holds C of the L classes), HFLDD regroups clients so that
+each group together holds every class, and lets one client per group train on the group's data:
+
+1. Label knowledge (Sec. IV-B1), in :meth:`HFLDD.setup`: every client pre-trains the initial model on
+   its data (SGD, lr 0.01, batch 64, ``pretrain_epochs`` epochs: not given, 5) and uploads the soft labels
+   P_k (|D_p| x L, float32) it predicts on a public set D_p of 1,000 samples from another distribution.
+   The initial model is rebuilt by each client from the run's seed ("the initialization of the server
+   model can be sent as a random seed", Sec. IV-C), so it costs no bytes.
+2. Clustering (Sec. IV-B2, Algorithm 1): A_ij = divergence(P_i, P_j) (Eq. 4), K-means (K = 10) on the
+   rows of A gives homogeneous clusters; heterogeneous clusters take one random client from each
+   homogeneous cluster in turn; each gets a random header (:mod:`fedskew.components.clustering`).
+3. IID data generation (Sec. IV-B3): every non-header member distils its data with KIP (Sec. III-A,
+   Eq. 1; :func:`fedskew.condense.kip`) and sends it to its header as 8-bit images and labels. The
+   engine relays it through the server: the members' uploads are counted once, as client-to-client
+   bytes, and the forwarding to headers is not counted again. Headers keep the data in their client
+   state for the whole run.
+4. Training (Sec. IV-B4, Eq. 5): FedAvg between the server and all H headers every round, each header
+   training on its own data plus the distilled data it received (batch 32, lr 0.01, SGD), weighted by
+   that combined size.
+
+The ledger therefore shows N |D_p| L * 4 bytes of soft labels and the distilled images (+ int64 labels)
+in round 1, then 2 H |w| * 4 bytes per round: the paper's Eq. 6, which
+:func:`fedskew.components.clustering.hfldd_cost_bits` computes in closed form.
+
+Public set D_p (the paper uses Fashion-MNIST for MNIST and Tiny-ImageNet for CIFAR-10; neither MNIST nor
+Tiny-ImageNet is available offline here): ``public_dataset = "auto"`` takes scikit-learn's digits
+(upsampled) for grey-scale federations such as Fashion-MNIST and Fashion-MNIST (grey copied to three
+channels, resized to 32x32) for colour federations such as CIFAR-10. Any registered dataset can be named
+instead; its images are converted to the federation's channels and size and normalised with the
+federation's mean and std, and ``public_size`` of them are drawn with ``public_seed`` from its pooled
+train and test splits. Every client builds the same set locally from these parameters.
+
+Not given by the paper: E_pre (5), the local epochs of the training phase (1, FedAvg's default), the
+images per class distilled (``kip_ipc`` 10) and KIP's iterations and learning rate (``kip_iterations``
+100, ``kip_lr`` 0.01 = KIP's default); KIP regresses hard labels (no label learning) with the FC NTK.
+``clients_per_round`` is unused: every header trains every round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fedskew.algorithms.fedavg import FedAvg
+from fedskew.components.clustering import (
+    Divergence,
+    heterogeneous_clusters,
+    homogeneous_clusters,
+    pick_headers,
+    soft_label_divergence,
+)
+from fedskew.components.trainer import LocalConfig, as_model_format, is_channels_last, train_local
+from fedskew.condense.kip import KIPConfig, kip
+from fedskew.condense.synthetic import SyntheticSet, UInt8Set
+from fedskew.core.algorithm import ClientContext, ServerContext, register_algorithm
+from fedskew.core.errors import ConfigError, FedskewError
+from fedskew.core.message import Message, state_to_arrays
+from fedskew.core.params import check
+
+PREDICT_CHUNK = 500
+
+
+def auto_public_dataset(image_shape: tuple[int, int, int]) -> str:
+    """The public dataset ``"auto"`` stands for: digits for grey-scale images, Fashion-MNIST for colour.
+
+    Both differ in distribution from the federation's data they are meant for (Fashion-MNIST and
+    CIFAR-10 respectively), as HFLDD requires of D_p, and both are available offline.
+    """
+    return "fashion_mnist" if image_shape[0] == 3 else "digits"
+
+
+@functools.lru_cache(maxsize=4)
+def public_set(
+    name: str,
+    size: int,
+    seed: int,
+    data_dir: str,
+    image_shape: tuple[int, int, int],
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
+) -> torch.Tensor:
+    """D_p: ``size`` images of dataset ``name`` in the federation's shape and normalisation.
+
+    Deterministic in its arguments, so every client (in any process) builds the same set without it
+    being sent; cached per process because every client of a run asks for it.
+
+    Parameters
+    ----------
+    name
+        A registered dataset (``fedskew.data.DATASETS``).
+    size
+        |D_p|, drawn without replacement from the pooled train and test images.
+    seed
+        Seed of that draw.
+    data_dir
+        Where the dataset's files are (empty: ``$FEDSKEW_DATA`` or the default data dir).
+    image_shape
+        (C, H, W) of the federation: grey images are copied to 3 channels or colour images averaged to 1,
+        then resized bilinearly (with anti-aliasing) to H x W.
+    mean, std
+        The federation's per-channel normalisation.
+    """
+    from fedskew.data import load_dataset
+
+    ds = load_dataset(name, data_dir or None)
+    pool = np.concatenate([ds.x_train, ds.x_test])
+    if size > len(pool):
+        raise ConfigError(f"public_size={size} exceeds the {len(pool)} images of public dataset {name!r}")
+    pick = np.sort(np.random.default_rng(seed).choice(len(pool), size=size, replace=False))
+    x = torch.from_numpy(pool[pick].astype(np.float32) / 255.0)
+    channels, height, width = image_shape
+    if x.shape[1] != channels:
+        x = x.expand(-1, channels, -1, -1) if x.shape[1] == 1 else x.mean(dim=1, keepdim=True)
+    if tuple(x.shape[2:]) != (height, width):
+        x = F.interpolate(x, size=(height, width), mode="bilinear", align_corners=False, antialias=True)
+    m = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
+    s = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
+    return ((x - m) / s).contiguous()
+
+
+@register_algorithm("hfldd")
+class HFLDD(FedAvg):
+    """Heterogeneous clusters from soft-label clustering; headers train on own + distilled data."""
+
+    @dataclass
+    class Params(FedAvg.Params):
+        batch_size: int = 32  # training phase batch (Sec. V-A4)
+        lr: float = 0.01  # training phase SGD lr (Sec. V-A4)
+        pretrain_epochs: int = 5  # E_pre (not given, SPEC 2: 5)
+        pretrain_batch_size: int = 64  # Sec. V-A4
+        pretrain_lr: float = 0.01  # Sec. V-A4
+        public_dataset: str = "auto"  # D_p's dataset; "auto": see auto_public_dataset
+        public_size: int = 1000  # |D_p| (Sec. V-A1)
+        public_seed: int = 0  # seed of the draw of D_p
+        public_data_dir: str = ""  # where D_p's files are ("" = $FEDSKEW_DATA)
+        divergence: Divergence = "kl"  # A_ij of Eq. 4: "kl" (paper), "symmetric_kl", "js"
+        num_homogeneous: int = 10  # K of K-means (Sec. V-A4)
+        kmeans_n_init: int = 10  # K-means restarts (scikit-learn), best inertia kept
+        kip_ipc: int = 10  # distilled images per class held (not given)
+        kip_iterations: int = 100  # KIP Adam steps (not given; small for speed)
+        kip_lr: float = 0.01  # KIP image lr (not given; KIP's default)
+        kip_reg: float = 1e-6  # KIP ridge, relative to tr(K_ss)/n (KIP's default)
+        kip_target_batch: int = 256  # real samples per KIP step
+        kip_kernel: Literal["ntk", "rf_convnet"] = "ntk"  # KIP kernel (see condense.kip)
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            for key in ("pretrain_epochs", "pretrain_batch_size", "public_size", "num_homogeneous",
+                        "kmeans_n_init", "kip_ipc", "kip_target_batch"):
+                check(getattr(self, key) >= 1, key, getattr(self, key), "at least 1")
+            check(self.kip_iterations >= 0, "kip_iterations", self.kip_iterations, ">= 0")
+            check(self.public_seed >= 0, "public_seed", self.public_seed, ">= 0")
+            check(self.pretrain_lr > 0, "pretrain_lr", self.pretrain_lr, "> 0")
+            check(self.kip_lr > 0, "kip_lr", self.kip_lr, "> 0")
+            check(self.kip_reg >= 0, "kip_reg", self.kip_reg, ">= 0")
+
+    params: Params
+
+    # ---- server ------------------------------------------------------------------------------
+    def setup(self, server: ServerContext) -> None:
+        """Steps 1-4 of Fig. 1: soft labels, clustering, distillation and its relay to the headers."""
+        p = self.params
+        replies = server.exchange("pretrain", [(cid, Message()) for cid in range(self.fed.num_clients)])
+        if not replies:
+            raise FedskewError("hfldd: no client returned soft labels")
+        cids = [cid for cid, _ in replies]
+        soft = np.stack([m.arrays["soft_labels"].numpy() for _, m in replies])
+        similarity = soft_label_divergence(soft, p.divergence)
+        seed = int(server.rng("kmeans").integers(2**31))
+        groups = homogeneous_clusters(similarity, p.num_homogeneous, seed, p.kmeans_n_init)
+        homogeneous = [[cids[i] for i in g] for g in groups]
+        clusters = heterogeneous_clusters(homogeneous, server.rng("heterogeneous"))
+        # Clients that sent no soft labels cannot be placed: they train alone (the paper's isolated nodes).
+        answered = set(cids)
+        clusters += [[c] for c in range(self.fed.num_clients) if c not in answered]
+        headers = pick_headers(clusters, server.rng("headers"))
+        server.state.update(homogeneous=homogeneous, heterogeneous=clusters, headers=headers)
+        server.state["distilled"] = self._distill_and_relay(server, clusters, headers)
+
+    def _distill_and_relay(self, server: ServerContext, clusters: list[list[int]], headers: list[int]) -> list[int]:
+        """Members distil and send to their header (counted once, client-to-client); returns images per header."""
+        members = [(c, h) for cluster, h in zip(clusters, headers, strict=True) for c in cluster if c != h]
+        replies = dict(server.exchange("distill", [(c, Message()) for c, _ in members], up="client_to_client"))
+        received: dict[int, list[Message]] = {h: [] for h in headers}
+        for c, h in members:
+            if c in replies and self._valid_distilled(replies[c]):
+                received[h].append(replies[c])
+        relay = [
+            (h, Message(arrays={
+                "images": torch.cat([m.arrays["images"] for m in msgs]),
+                "labels": torch.cat([m.arrays["labels"] for m in msgs]),
+            }))
+            for h, msgs in received.items() if msgs
+        ]
+        server.exchange("receive", relay, down=None, up=None)  # the relay hop: already counted above
+        return [sum(int(m.arrays["labels"].numel()) for m in received[h]) for h in headers]
+
+    def _valid_distilled(self, msg: Message) -> bool:
+        """A member's reply is usable: uint8 images of the federation's shape with as many int64 labels."""
+        images, labels = msg.arrays.get("images"), msg.arrays.get("labels")
+        return (
+            images is not None and labels is not None and images.dtype == torch.uint8
+            and labels.dtype == torch.int64 and tuple(images.shape[1:]) == self.fed.image_shape
+            and labels.shape == (images.shape[0],)
+        )
+
+    def select(self, server: ServerContext) -> list[int]:
+        """Every cluster header, every round (Sec. IV-B4)."""
+        return sorted(server.state["headers"])
+
+    def round(self, server: ServerContext) -> None:
+        super().round(server)
+        server.metrics.update(
+            num_headers=len(server.state["headers"]), num_homogeneous=len(server.state["homogeneous"]),
+        )
+        if server.round == 1:
+            server.metrics.update(
+                homogeneous_clusters=server.state["homogeneous"], clusters=server.state["heterogeneous"],
+                cluster_headers=server.state["headers"], distilled_per_header=server.state["distilled"],
+            )
+
+    def reply_spec(self, task: str, server: ServerContext) -> dict[str, tuple[tuple[int, ...], torch.dtype]] | None:
+        """Soft labels are |D_p| x L float32; a header's receipt is empty; distilled sets vary in size."""
+        if task == "pretrain":
+            return {"soft_labels": ((self.params.public_size, self.fed.num_classes), torch.float32)}
+        if task == "receive":
+            return {}
+        return super().reply_spec(task, server)
+
+    # ---- client ------------------------------------------------------------------------------
+    def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
+        if task == "pretrain":
+            return self._pretrain(client)
+        if task == "distill":
+            return self._distill(client)
+        if task == "receive":
+            client.state["distilled_images"] = msg.arrays["images"].clone()
+            client.state["distilled_labels"] = msg.arrays["labels"].clone()
+            return Message()
+        if task == "train":
+            return self.local_train(msg, self._with_distilled(client))[1]
+        return super().client_step(task, msg, client)
+
+    def _public(self) -> torch.Tensor:
+        p, fed = self.params, self.fed
+        name = auto_public_dataset(fed.image_shape) if p.public_dataset == "auto" else p.public_dataset
+        return public_set(name, p.public_size, p.public_seed, p.public_data_dir, fed.image_shape, fed.mean, fed.std)
+
+    def _pretrain(self, client: ClientContext) -> Message:
+        """Pre-train the seed-rebuilt initial model locally and predict soft labels on D_p (Sec. IV-B1)."""
+        p = self.params
+        model = client.model(state_to_arrays(self.init_model().state_dict()))
+        res = train_local(
+            model, client.x, client.y, LocalConfig(p.pretrain_epochs, p.pretrain_batch_size, p.pretrain_lr),
+            client.generator("pretrain"),
+        )
+        model.eval()
+        cl = is_channels_last(model)
+        with torch.inference_mode():
+            probs = torch.cat([
+                torch.softmax(model(as_model_format(chunk, cl)), dim=1) for chunk in self._public().split(PREDICT_CHUNK)
+            ])
+        model.train()
+        return Message(arrays={"soft_labels": probs.float().contiguous()}, metrics={"pretrain_loss": res.mean_loss})
+
+    def _distill(self, client: ClientContext) -> Message:
+        """KIP-distil the member's data (Sec. III-A, IV-B3) and send it as 8-bit images."""
+        p = self.params
+        cfg = KIPConfig(
+            iterations=p.kip_iterations, ipc=p.kip_ipc, lr=p.kip_lr, reg=p.kip_reg,
+            target_batch=p.kip_target_batch, kernel=p.kip_kernel,
+        )
+        syn = kip(client.x, client.y, self.fed.num_classes, cfg, client.generator("kip"))
+        u = syn.to_uint8(self.fed.mean, self.fed.std)
+        return Message(arrays={"images": u.images, "labels": u.labels}, metrics={"distilled": float(len(syn))})
+
+    def _with_distilled(self, client: ClientContext) -> ClientContext:
+        """The header's own data plus the distilled data it keeps (D_h of Sec. IV-B3)."""
+        if "distilled_images" not in client.state:
+            return client
+        u = UInt8Set(client.state["distilled_images"], client.state["distilled_labels"])
+        syn = SyntheticSet.from_uint8(u, self.fed.mean, self.fed.std)
+        return dataclasses.replace(
+            client, x=torch.cat([client.x, syn.images]), y=torch.cat([client.y, syn.labels]),
+        )

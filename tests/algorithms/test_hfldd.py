@@ -1,0 +1,132 @@
+"""HFLDD: clusters on real Fashion-MNIST, headers' class coverage, the ledger, resume, the public set."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import adjusted_rand_score
+
+from fedskew.algorithms.hfldd import auto_public_dataset, public_set
+from fedskew.config import dump
+from fedskew.engine.experiment import resume_run
+from fedskew.engine.simulation import Simulation
+from tests.conftest import shared_datasets, tiny_config
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def _header_classes(sim: Simulation, header: int) -> set[int]:
+    own = set(np.flatnonzero(sim.fed.counts[header]).tolist())
+    return own | set(sim.client_states[header].get("distilled_labels", torch.zeros(0)).tolist())
+
+
+def _check_clusters(sim: Simulation) -> None:
+    state = sim.server.state
+    n = sim.fed.info.num_clients
+    assert sorted(c for g in state["homogeneous"] for c in g) == list(range(n))
+    assert sorted(c for g in state["heterogeneous"] for c in g) == list(range(n))
+    which = {c: k for k, g in enumerate(state["homogeneous"]) for c in g}
+    for cluster, header in zip(state["heterogeneous"], state["headers"], strict=True):
+        assert header in cluster
+        assert len({which[c] for c in cluster}) == len(cluster)  # one client per homogeneous cluster
+
+
+FMNIST = shared_datasets()
+
+
+@pytest.mark.skipif(
+    FMNIST is None or not (FMNIST / "fashion-mnist").is_dir(), reason="needs the shared Fashion-MNIST copy"
+)
+def test_one_class_clients_cluster_by_class_on_fashion_mnist(tmp_path: Path) -> None:
+    """40 one-class clients: K-means on the soft-label divergences recovers the classes (ARI >= 0.8).
+
+    Short pre-training (1 epoch at lr 0.05 instead of 5 at 0.01) keeps the test fast; both make the
+    one-class models confident enough. One epoch at lr 0.01 does not (ARI about 0.6): the rows of A then
+    differ more by how far each model got than by its class.
+    """
+    cfg = tiny_config(rounds=1)
+    cfg["dataset"] = {"name": "fashion_mnist"}
+    cfg["partition"] = {"name": "classes_per_client", "num_clients": 40, "classes": 1}
+    cfg["model"] = {"name": "cnn"}
+    cfg["algorithm"] = {"name": "hfldd", "pretrain_epochs": 1, "pretrain_lr": 0.05, "kip_iterations": 5, "kip_ipc": 2}
+    sim = Simulation(cfg, tmp_path, progress=False, data_dir=str(FMNIST))
+    sim.run()
+    true = sim.fed.counts.argmax(axis=1)
+    label = {c: k for k, g in enumerate(sim.server.state["homogeneous"]) for c in g}
+    ari = adjusted_rand_score(true, [label[c] for c in range(40)])
+    assert ari >= 0.8, ari
+    _check_clusters(sim)
+    for header in sim.server.state["headers"]:
+        if len(next(c for c in sim.server.state["heterogeneous"] if header in c)) > 1:
+            assert len(_header_classes(sim, header)) > 1
+    rec = _records(tmp_path)[0]
+    assert rec["accuracy"] is not None and rec["bytes_client_to_client"] > 0
+
+
+def _tiny_c1(rounds: int, **algo: Any) -> dict[str, Any]:
+    cfg = tiny_config(rounds=rounds)
+    cfg["partition"] = {"name": "classes_per_client", "num_clients": 8, "classes": 1}
+    cfg["algorithm"] = {"name": "hfldd", "num_homogeneous": 4, "kip_iterations": 10, "kip_ipc": 3, **algo}
+    return cfg
+
+
+def test_headers_get_every_class_and_the_ledger_counts_kip_data_client_to_client(tmp_path: Path) -> None:
+    sim = Simulation(_tiny_c1(2), tmp_path, progress=False)
+    model_bytes = sum(t.numel() * t.element_size() for t in sim.server.model.state_dict().values())
+    sim.run()
+    recs = _records(tmp_path)
+    state = sim.server.state
+    _check_clusters(sim)
+    headers = state["headers"]
+    members = 8 - len(headers)
+    assert members > 0
+    # Every header of a cluster with members now holds more classes than its own single class.
+    for cluster, header in zip(state["heterogeneous"], headers, strict=True):
+        assert len(_header_classes(sim, header)) == len(cluster)
+        assert sim.client_states[header]["distilled_images"].dtype == torch.uint8
+    # Round 1: soft labels (8 clients x 1000 public samples x 4 classes, float32) and the headers' models
+    # go to the server; KIP data (3 uint8 8x8 images + 3 int64 labels per one-class member) goes
+    # client-to-client, once; only the headers' models go down (pre-training needs no download).
+    h = len(headers)
+    assert recs[0]["bytes_client_to_client"] == members * 3 * (64 + 8)
+    assert recs[0]["bytes_client_to_server"] == 8 * 1000 * 4 * 4 + h * model_bytes
+    assert recs[0]["bytes_server_to_client"] == h * model_bytes
+    assert recs[1]["bytes_client_to_client"] == 0
+    assert recs[1]["bytes_client_to_server"] == recs[1]["bytes_server_to_client"] == h * model_bytes
+    own = sum(int(sim.fed.counts[c].sum()) for c in headers)
+    for rec in recs:  # headers train on own + distilled data
+        assert rec["samples"] == own + members * 3
+        assert rec["num_headers"] == h and sorted(rec["clients"]) == sorted(headers)
+    assert recs[0]["clusters"] == state["heterogeneous"] and "clusters" not in recs[1]
+
+
+def test_hfldd_resumes_exactly(tmp_path: Path) -> None:
+    def run(rounds: int, path: Path) -> Path:
+        cfg = _tiny_c1(rounds)
+        path.mkdir(parents=True)
+        (path / "config.toml").write_text(dump(cfg))
+        Simulation(cfg, path, progress=False).run()
+        return path
+
+    full = run(3, tmp_path / "full")
+    part = run(2, tmp_path / "part")
+    resume_run(part, {"rounds": 3}, data_dir=None, progress=False)
+    assert (part / "metrics.jsonl").read_bytes() == (full / "metrics.jsonl").read_bytes()
+
+
+def test_public_set_is_converted_to_the_federation_shape() -> None:
+    assert auto_public_dataset((3, 32, 32)) == "fashion_mnist" and auto_public_dataset((1, 28, 28)) == "digits"
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.2, 0.2)
+    x = public_set("digits", 50, 0, "", (3, 32, 32), mean, std)
+    assert x.shape == (50, 3, 32, 32) and x.dtype == torch.float32
+    assert torch.allclose(x[:, 0] * 0.2 + 0.5, x[:, 1] * 0.2 + 0.4, atol=1e-6)  # grey copied to every channel
+    assert torch.equal(x, public_set("digits", 50, 0, "", (3, 32, 32), mean, std))
+    grey = public_set("digits", 50, 0, "", (1, 8, 8), (0.0,), (1.0,))
+    assert grey.min() >= 0 and grey.max() <= 1 and grey.shape == (50, 1, 8, 8)
