@@ -43,7 +43,7 @@ def test_rounds_follow_algorithms_1_and_2_and_the_ledger_counts_the_census(tmp_p
         assert rec["delta"] == pytest.approx(delta)
         over = np.stack([oversampled_counts(c, delta, r) for c in counts])
         sel = select_clients(over, 10, 0.1)
-        assert rec["selected"] == sel.clients and rec["num_selected"] == len(sel.clients)
+        assert rec["clients"] == sel.clients and rec["num_selected"] == len(sel.clients)
         assert rec["samples"] == int(sum(a.sum() for a in sel.allocations))  # |D'_k| summed
         assert rec["kld"] == pytest.approx(sel.kld)
         frac = oversampled_fraction([over[c].sum() for c in sel.clients], [counts[c].sum() for c in sel.clients])
@@ -60,7 +60,7 @@ def test_switches_off_give_uniform_selection_without_census(tmp_path: Path) -> N
     for rec in recs:
         assert rec["num_selected"] == 3 and "delta" not in rec
         assert rec["bytes_client_to_server"] == 3 * model_bytes  # no census
-        assert rec["samples"] == int(sum(sim.fed.counts[c].sum() for c in rec["selected"]))  # all their data
+        assert rec["samples"] == int(sum(sim.fed.counts[c].sum() for c in rec["clients"]))  # all their data
 
 
 FED = FederationInfo(

@@ -122,7 +122,7 @@ class CIM(FedAvg):
                 [m.metrics["num_oversampled"] for _, m in replies], [m.metrics["num_original"] for _, m in replies]
             )
             server.metrics.update(delta=delta, oversampled_fraction=server.state["oversampled_fraction"])
-        server.metrics.update(selected=[cid for cid, _ in replies], num_selected=len(replies))
+        server.metrics.update(clients=[cid for cid, _ in replies], num_selected=len(replies))
 
     def reply_spec(self, task: str, server: ServerContext) -> dict[str, tuple[tuple[int, ...], torch.dtype]] | None:
         """A census reply is one int64 count per class; a train reply is a model (FedAvg)."""

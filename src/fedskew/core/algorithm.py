@@ -92,7 +92,9 @@ class ServerContext:
         Send messages to clients and get their replies (see :class:`Exchange`); ``down`` and ``up``
         name the ledger direction each way (``None``: not on the wire).
     metrics
-        Extra scalars the algorithm reports for this round (merged into ``metrics.jsonl``).
+        Extra figures the algorithm reports for this round (merged into ``metrics.jsonl``). Two keys
+        replace the engine's own: ``clients`` (who took part; default: every client that replied to
+        any exchange this round) and ``samples`` (default: the sum of the replies' ``num_samples``).
     artifacts
         Engine callback behind :meth:`save_artifact`.
     """

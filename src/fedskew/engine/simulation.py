@@ -287,7 +287,8 @@ class Simulation:
         if self.round == 1:  # setup traffic (round 0) is charged to the first round
             for k, v in self.ledger.round_totals(0).items():
                 rec[k] += v
-        rec["clients"] = list(self._round_clients)
+        # An algorithm may say who took part (CIM asks every client for a census, but trains a few).
+        rec["clients"] = list(server.metrics.pop("clients", self._round_clients))
         rec["failed"] = list(self._round_failed)
         rec["rejected"] = list(self._round_rejected)
         rec["samples"] = int(server.metrics.pop("samples", self._round_samples))
