@@ -17,6 +17,7 @@ EPILOG = """examples:
   fedskew partition experiments/fmnist_fedavg.toml
   fedskew report runs/default
   fedskew audit runs/feddc_cifar10                 privacy of the condensed images FedDC clients sent
+  fedskew condense --dataset fashion_mnist --method dm --ipc 10 --iterations 200   condense and score a set
   fedskew list
   fedskew deploy init my-app experiments/fmnist_fedavg.toml rounds=50   a Flower App for `flwr run`
 """
@@ -99,13 +100,16 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_deploy(args: argparse.Namespace) -> int:
     from fedskew.engine.flower.app import write_app, write_shards
 
+    config, overrides = args.config, args.overrides
+    if config is not None and "=" in config and not Path(config).exists():  # `fedskew deploy init app rounds=5`
+        config, overrides = None, [config, *overrides]
     if args.action == "init":
-        folder = write_app(Path(args.folder), args.config, args.overrides, force=args.force)
+        folder = write_app(Path(args.folder), config, overrides, label=args.label, force=args.force)
         print(f"Flower App: {folder}\nrun it with: flwr run {folder} <superlink-connection>  (see docs/deploy.md)")
         return 0
     from fedskew.config import parse_overrides, read_config, resolve
 
-    cfg = resolve(read_config(args.config), parse_overrides(args.overrides), where=str(args.config))[0].config
+    cfg = resolve(read_config(config), parse_overrides(overrides), where=str(config or "default"))[0].config
     paths = write_shards(cfg, Path(args.folder), _data_dir(args))
     print(f"{len(paths)} shard files in {args.folder}: give client-<k>.pt to the site of partition k")
     return 0
@@ -120,6 +124,12 @@ def cmd_audit(args: argparse.Namespace) -> int:
           "ratio < 1: synthetic images sit closer to client images than held-out real images do.\n"
           "MIA AUC: loss-threshold membership inference on a model trained on the synthetic images (0.5 = no leak).")
     return 0
+
+
+def cmd_condense(args: argparse.Namespace) -> int:
+    from fedskew.condense.cli import cmd_condense as run
+
+    return run(args, _data_dir(args))
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -182,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("config", nargs="?", help="TOML config file or built-in config name (default: default)")
     de.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rounds=5 partition.alpha=0.5")
     de.add_argument("--data-dir", help=data_help)
+    de.add_argument("--label", default="", help="init: the variant to run when the config has several")
     de.add_argument("--force", action="store_true", help="overwrite an existing app folder")
     de.set_defaults(func=cmd_deploy)
 
@@ -191,6 +202,31 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--max-images", type=int, default=2000, help="images sampled per run (default 2000)")
     au.add_argument("--epochs", type=int, default=50, help="epochs of the attacked model (default 50)")
     au.set_defaults(func=cmd_audit)
+
+    co = sub.add_parser("condense", help="condense a dataset (DC, DM, KIP), save the set and score it")
+    co.add_argument("--dataset", default="digits", help="registered dataset name (default digits)")
+    co.add_argument("--data-dir", help=data_help)
+    co.add_argument("--method", default="dm", help="dc, dm, kip or random (a random real subset; default dm)")
+    co.add_argument("--ipc", type=int, default=1, help="images per class (default 1)")
+    co.add_argument("--iterations", type=int, help="condensation iterations (default: published, DC 1000, DM 20000)")
+    co.add_argument("--seed", type=int, default=0, help="seed of condensation and evaluation (default 0)")
+    co.add_argument("--out", help="output folder (default runs/condense/<dataset>-<method>-ipc<N>-seed<S>)")
+    co.add_argument("--eval-epochs", type=int, default=300, help="epochs of the evaluation training (default 300)")
+    co.add_argument("--eval-dsa", action=argparse.BooleanOptionalAction, default=True,
+                    help="DSA augmentation in the evaluation training (default on, as DSA and DM evaluate)")
+    co.add_argument("--model", default="convnet", help="network to condense with and evaluate (default convnet)")
+    co.add_argument("--net-width", type=int, help="ConvNet width (default 128)")
+    co.add_argument("--image-lr", type=float, help="image learning rate (default DC 0.1, DM 1.0, KIP 0.01)")
+    co.add_argument("--real-batch", type=int, help="real images per class per step (KIP: target batch; default 256)")
+    co.add_argument("--dsa", action=argparse.BooleanOptionalAction, default=None,
+                    help="augment while matching (default: on for DM, off for DC)")
+    co.add_argument("--outer-loop", type=int, help="DC matching steps per network (default DC's: 1 at ipc 1, 10 at 10)")
+    co.add_argument("--inner-loop", type=int, help="DC network steps between them (default DC's: 1 at ipc 1, 50 at 10)")
+    co.add_argument("--kernel", default="ntk", help="KIP kernel: ntk or rf_convnet (default ntk)")
+    co.add_argument("--learn-labels", action="store_true", help="KIP also learns the labels (saved as soft labels)")
+    co.add_argument("--threads", type=int, default=1, help="torch threads (default 1: reproducible, fair to others)")
+    co.add_argument("--no-progress", action="store_true", help="no progress bar")
+    co.set_defaults(func=cmd_condense)
 
     ls = sub.add_parser("list", help="registered algorithms, models, datasets, partitioners, configs")
     ls.set_defaults(func=cmd_list)

@@ -1,0 +1,120 @@
+"""A Flower App folder for ``flwr run``, and per-client shard files for sites that keep their own data.
+
+Neither needs Flower installed, so ``fedskew deploy init`` can prepare an app on any machine. The app
+folder holds two files: ``pyproject.toml`` (Flower's app metadata, pointing at fedskew's ServerApp and
+ClientApp, with the run settings as ``[tool.flwr.app.config]``) and ``experiment.toml`` (an ordinary
+fedskew config). ``flwr run`` packs both into the app bundle it sends to the SuperLink.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+import torch
+
+from fedskew.core.errors import ConfigError
+
+EXPERIMENT = "experiment.toml"
+
+PYPROJECT = """\
+# A Flower App that runs a fedskew experiment (written by `fedskew deploy init`).
+# Every machine (SuperLink and SuperNodes) needs `pip install "fedskew[flower]"`; start the SuperLink
+# with --disable-runtime-dependency-installation so Flower uses that environment as it is.
+[project]
+name = "fedskew-app"
+version = "1.0.0"
+description = "fedskew experiment over Flower"
+license = "Apache-2.0"
+dependencies = []
+
+[tool.flwr.app]
+publisher = "fedskew"
+
+[tool.flwr.app.components]
+serverapp = "fedskew.engine.flower.server_app:app"
+clientapp = "fedskew.engine.flower.client_app:app"
+
+# Run settings; override any of them with `flwr run APP --run-config 'key=value ...'`
+# (see docs/deploy.md for what each means).
+"""
+
+RUN_CONFIG_DEFAULTS: dict[str, Any] = {
+    "experiment": EXPERIMENT,  # the fedskew config inside this folder
+    "overrides": "",  # dotted overrides as on the fedskew command line: "rounds=5 partition.alpha=0.5"
+    "label": "",  # which variant to run when the config has several
+    "out": "runs/deploy",  # parent of the run folder, on the SuperLink's machine
+    "data_dir": "",  # the server's dataset folder (test set); default $FEDSKEW_DATA
+    "resume": False,  # continue out/<label>-seed<k> from its last checkpoint
+    "reply_timeout": 0.0,  # seconds an exchange waits for replies (0: until Flower reports the node lost)
+    "min_reply_fraction": 0.5,  # stop the run when fewer of an exchange's clients answer
+    "node_wait": 300.0,  # seconds to wait at the start for SuperNodes serving every partition
+}
+
+
+def resolve_experiment(path: Path, overrides: str, label: str) -> dict[str, Any]:
+    """The one run a deployment makes: the config at ``path`` with ``overrides``, variant ``label``."""
+    from fedskew.config import parse_overrides, read_config, resolve
+
+    runs = resolve(read_config(path), parse_overrides(shlex.split(overrides)), where=path.name)
+    if label:
+        runs = [r for r in runs if r.label == label]
+    if len(runs) != 1:
+        found = ", ".join(r.folder_name for r in runs) or "none"
+        raise ConfigError(
+            f"a deployment makes one run, but {path.name} with label={label!r} gives {found}; choose a label "
+            "(`fedskew deploy init --label`, or the label run setting) and a single seed (override seeds=[K])"
+        )
+    return runs[0].config
+
+
+def write_app(folder: Path, config: str | None, overrides: list[str], label: str = "", force: bool = False) -> Path:
+    """Write a Flower App folder running ``config`` (a file or built-in name) with ``overrides``.
+
+    The config is resolved here already, so a typo or an ambiguous variant fails now, not on the server.
+    """
+    from fedskew.config import builtin_configs
+
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / "pyproject.toml"
+    if target.exists() and not force:
+        raise ConfigError(f"{target} exists; pass --force to overwrite it")
+    source = Path(config) if config is not None else None
+    if source is not None and source.is_file():
+        shutil.copyfile(source, folder / EXPERIMENT)
+    elif config is None or config in builtin_configs():
+        text = resources.files("fedskew.configs").joinpath(f"{config or 'default'}.toml").read_text()
+        (folder / EXPERIMENT).write_text(text)
+    else:
+        raise ConfigError(f"config {config!r} not found: give a TOML file or a built-in config name")
+    settings = {**RUN_CONFIG_DEFAULTS, "overrides": shlex.join(overrides), "label": label}
+    resolve_experiment(folder / EXPERIMENT, settings["overrides"], label)
+    target.write_text(PYPROJECT + tomli_w.dumps({"tool": {"flwr": {"app": {"config": settings}}}}))
+    return folder
+
+
+def shard_path(folder: str | Path, cid: int) -> Path:
+    """The file of client ``cid``'s training data in a SuperNode's ``data-path`` folder."""
+    return Path(folder).expanduser() / f"client-{cid}.pt"
+
+
+def write_shards(cfg: dict[str, Any], out: Path, data_dir: str | None) -> list[Path]:
+    """One file per client with its training data, exactly as the simulator would give it.
+
+    For deployments where each site must hold only its own data: give site ``k`` the file
+    ``client-<k>.pt`` and start its SuperNode with ``--node-config 'partition-id=k data-path="DIR"'``.
+    """
+    from fedskew.engine.federation import build_federation
+
+    fed = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), data_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for cid in range(fed.info.num_clients):
+        x, y = fed.client_data(cid)
+        paths.append(shard_path(out, cid))
+        torch.save({"x": x.clone(), "y": y.clone()}, paths[-1])
+    return paths

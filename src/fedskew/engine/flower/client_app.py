@@ -1,0 +1,115 @@
+"""The Flower ClientApp: runs an algorithm's ``client_step`` on a SuperNode, on that node's data only.
+
+Every request carries an engine header (task, client id, round, the run's dataset/partition/model/
+algorithm tables and the federation facts). The node serves the partitions named in its node config
+and finds their data in one of two ways:
+
+- ``partition-id``: the node builds the federation from the run's config, exactly as the simulator
+  does (same dataset, partitioner and seed), and keeps only its own shard;
+- ``data-path``: a folder of shard files ``client-<id>.pt`` (written by ``fedskew deploy shards``),
+  for when each site holds only its own data; ``partition-id`` still says which shards it serves.
+
+``partition-id`` is one id (``partition-id=3``) or several (``partition-id="0,4,8"``): one SuperNode
+may serve several clients, one request at a time. The client's state (SCAFFOLD's control variate,
+FedAF's condensed set) stays in the node's ``Context.state``; only messages go back to the server.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+import fedskew.algorithms  # noqa: F401  (registers the algorithms)
+from fedskew.core.algorithm import ClientContext, FederationInfo
+from fedskew.core.errors import FedskewError
+from fedskew.core.threads import num_threads
+from fedskew.engine.federation import build_federation
+from fedskew.engine.flower.app import shard_path
+from fedskew.engine.flower.messages import (
+    HEADER,
+    HELLO,
+    from_records,
+    get_state,
+    info_from_json,
+    put_state,
+    to_records,
+)
+from fedskew.engine.simulation import make_algorithm
+
+app = ClientApp()
+
+
+def node_partitions(node_config: dict[str, Any]) -> list[int]:
+    """The client ids a node serves, from its ``partition-id`` node config."""
+    raw = node_config.get("partition-id")
+    if raw is None:
+        raise FedskewError("this SuperNode has no partition-id: start it with --node-config 'partition-id=K'")
+    try:
+        if isinstance(raw, str):
+            return [int(p) for p in raw.replace(",", " ").split()]
+        return [int(raw)]
+    except ValueError:
+        raise FedskewError(f"partition-id must be an integer or a list like \"0,4,8\", got {raw!r}") from None
+
+
+def load_shard(
+    cid: int, run: dict[str, Any], info: FederationInfo, node_config: dict[str, Any]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Client ``cid``'s training data, from the node's shard files or rebuilt from the run's config."""
+    if node_config.get("data-path"):
+        path = shard_path(str(node_config["data-path"]), cid)
+        if not path.exists():
+            raise FedskewError(f"no shard for client {cid} at {path}")
+        shard = torch.load(path, weights_only=True)
+        x, y = shard["x"], shard["y"]
+        if tuple(x.shape[1:]) != info.image_shape:
+            raise FedskewError(f"{path} holds images of shape {tuple(x.shape[1:])}, the run expects {info.image_shape}")
+        return x, y
+    data_dir = str(node_config.get("data-dir", "")) or None
+    fed = build_federation(run["dataset"], run["partition"], run["model"], int(run["seed"]), data_dir)
+    if fed.info != info:
+        raise FedskewError(
+            "this node's federation differs from the server's (other dataset files or fedskew version?): "
+            f"{fed.info} != {info}"
+        )
+    x, y = fed.client_data(cid)
+    return x.clone(), y.clone()  # keep this shard only; the rest of the federation is freed
+
+
+def handle(message: Message, context: Context) -> Message:
+    """Answer one engine request: the partition census, or one client task."""
+    head = message.content[HEADER]
+    assert isinstance(head, ConfigRecord)
+    partitions = node_partitions(context.node_config)
+    if head["task"] == HELLO:
+        return Message(RecordDict({HEADER: ConfigRecord({"partitions": partitions})}), reply_to=message)
+    cid, task, rnd = head["cid"], head["task"], head["round"]
+    if not (isinstance(cid, int) and isinstance(task, str) and isinstance(rnd, int)):
+        raise FedskewError(f"malformed fedskew request header: {dict(head)}")
+    if cid not in partitions:
+        raise FedskewError(f"asked to run client {cid}, but this node serves partitions {partitions}")
+    run = json.loads(str(head["run"]))
+    info = info_from_json(str(head["info"]))
+    x, y = load_shard(cid, run, info, context.node_config)
+    algorithm = make_algorithm(run["algorithm"], info)
+    client = ClientContext(cid=cid, round=rnd, x=x, y=y, fed=info, state=get_state(context.state, cid))
+    with num_threads(1):  # results are bit-identical to the simulator's only on one intra-op thread
+        reply = algorithm.client_step(task, from_records(message.content), client)
+    put_state(context.state, cid, client.state)
+    return Message(to_records(reply), reply_to=message)
+
+
+@app.train()
+def train(message: Message, context: Context) -> Message:
+    """fedskew ``train`` tasks arrive as Flower train messages."""
+    return handle(message, context)
+
+
+@app.query()
+def query(message: Message, context: Context) -> Message:
+    """Every other task (a census, soft labels, relayed data) and the engine's partition census."""
+    return handle(message, context)

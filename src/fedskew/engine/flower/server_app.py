@@ -1,0 +1,311 @@
+"""The Flower ServerApp: the simulator's round loop, with the clients on SuperNodes.
+
+The ServerApp runs a :class:`~fedskew.engine.simulation.Simulation` whose client jobs go to Flower
+(:class:`FlowerClients`) instead of local workers. Everything else is the simulator's own code: the
+algorithm's server hooks, evaluation on the server's test set, the byte ledger, checkpoints and the
+run folder (``metrics.jsonl``, ``summary.json``, ``model.pt``, the report), which is written on the
+SuperLink's machine. With the same config and seed, the metrics equal a simulation's.
+
+Each exchange sends one Flower message per client to the SuperNode serving that client's partition
+(found by a census of node configs when the run starts) and waits for the replies. A client whose node
+fails (Flower reports it unavailable, its app raises, or no reply comes within ``reply_timeout``) is
+recorded in the round's ``failed`` list and the round goes on with the others; a node that timed out
+or was reported unavailable is not asked again in this run. If fewer than ``min_reply_fraction`` of
+an exchange's clients answer, the run stops with a message saying which checkpoint to resume from.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomllib
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.common.config import get_project_dir
+from flwr.common.constant import ErrorCode
+from flwr.serverapp import Grid, ServerApp
+
+from fedskew.config import dump
+from fedskew.core.algorithm import FederationInfo
+from fedskew.core.errors import ConfigError, FedskewError
+from fedskew.core.message import Message as FedskewMessage
+from fedskew.core.params import build_params, check
+from fedskew.engine.checkpoint import load_checkpoint
+from fedskew.engine.federation import build_federation
+from fedskew.engine.flower.app import resolve_experiment
+from fedskew.engine.flower.messages import HEADER, HELLO, from_records, info_to_json, to_records
+from fedskew.engine.simulation import NoReply, RunResult, Simulation
+from fedskew.engine.workers import ClientJob
+
+log = logging.getLogger("fedskew")
+RESUMABLE = ("rounds", "workers", "checkpoint_every")
+"""Config keys a resumed deployment may change (as ``fedskew run --resume``)."""
+
+app = ServerApp()
+
+
+@dataclass(frozen=True)
+class DeploySettings:
+    """The run settings of a deployment (the app's ``[tool.flwr.app.config]``; see docs/deploy.md)."""
+
+    experiment: str = "experiment.toml"
+    overrides: str = ""
+    label: str = ""
+    out: str = "runs/deploy"
+    data_dir: str = ""
+    resume: bool = False
+    reply_timeout: float = 0.0
+    min_reply_fraction: float = 0.5
+    node_wait: float = 300.0
+
+    def __post_init__(self) -> None:
+        check(self.reply_timeout >= 0, "reply_timeout", self.reply_timeout, ">= 0 (0: no timeout)")
+        check(0 < self.min_reply_fraction <= 1, "min_reply_fraction", self.min_reply_fraction, "in (0, 1]")
+        check(self.node_wait > 0, "node_wait", self.node_wait, "> 0")
+
+
+class FlowerClients:
+    """Runs the simulator's client jobs on the SuperNodes that serve them.
+
+    Parameters
+    ----------
+    grid
+        The ServerApp's connection to the SuperLink.
+    cfg
+        The run's resolved config; its dataset, partition, model and algorithm tables and seed go to
+        the nodes with every request, so a ClientApp needs nothing but its node config.
+    info
+        The federation facts; nodes check theirs against them.
+    reply_timeout
+        Seconds an exchange waits for replies (0: until Flower reports a node unavailable).
+    min_reply_fraction
+        An exchange answered by fewer of its clients stops the run.
+    poll
+        Seconds between checks for replies.
+    """
+
+    def __init__(
+        self,
+        grid: Grid,
+        cfg: Mapping[str, Any],
+        info: FederationInfo,
+        *,
+        reply_timeout: float = 0.0,
+        min_reply_fraction: float = 0.5,
+        poll: float = 0.2,
+    ) -> None:
+        self.grid = grid
+        self.num_clients = info.num_clients
+        run = {k: cfg[k] for k in ("dataset", "partition", "model", "algorithm", "seed")}
+        self._run, self._info = json.dumps(run), info_to_json(info)
+        self.reply_timeout = reply_timeout
+        self.min_reply_fraction = min_reply_fraction
+        self.poll = poll
+        self.nodes: dict[int, int] = {}  # client id -> SuperNode id
+        self.lost: dict[int, str] = {}  # SuperNode id -> why it is no longer asked
+
+    # ---- Flower plumbing ---------------------------------------------------------------------------
+    def _message(self, node: int, task: str, cid: int, rnd: int, content: RecordDict) -> Message:
+        content[HEADER] = ConfigRecord({"task": task, "cid": cid, "round": rnd, "run": self._run, "info": self._info})
+        return Message(content, node, "train" if task == "train" else "query", group_id=str(rnd))
+
+    def _push(self, messages: list[Message]) -> list[str | None]:
+        """Message ids in order; None for a message the SuperLink refused (all, if it refused the batch)."""
+        if not messages:
+            return []
+        ids: list[str | None] = list(self.grid.push_messages(messages))
+        return ids if len(ids) == len(messages) else [None] * len(messages)  # Flower: [] if too large
+
+    def _pull(self, pending: Iterable[str]) -> list[Message]:
+        ids = list(pending)
+        return list(self.grid.pull_messages(ids)) if ids else []
+
+    # ---- which node serves which client ------------------------------------------------------------
+    def connect(self, wait: float) -> None:
+        """Ask every SuperNode which partitions it serves, until all ``num_clients`` are served.
+
+        Nodes that connect later are asked as they appear; after ``wait`` seconds a partition still
+        without a node is an error naming it.
+        """
+        deadline = time.monotonic() + wait
+        asked: set[int] = set()
+        pending: dict[str, int] = {}  # message id -> node
+        while True:
+            fresh = [n for n in self.grid.get_node_ids() if n not in asked]
+            asked.update(fresh)
+            ids = self._push([self._message(n, HELLO, -1, 0, RecordDict()) for n in fresh])
+            pending.update((i, n) for i, n in zip(ids, fresh, strict=True) if i is not None)
+            for reply in self._pull(pending):
+                node = pending.pop(reply.metadata.reply_to_message_id)
+                if reply.has_error():
+                    log.warning("SuperNode %d did not say which partitions it serves: %s", node, reply.error.reason)
+                    if reply.error.code == ErrorCode.NODE_UNAVAILABLE:
+                        asked.discard(node)  # ask again if it comes back
+                    continue
+                head = reply.content[HEADER]
+                partitions = head.get("partitions") if isinstance(head, ConfigRecord) else None
+                if not (isinstance(partitions, list) and all(isinstance(c, int) for c in partitions)):
+                    log.warning("SuperNode %d sent a malformed partition census: %s", node, head)
+                    continue
+                self._assign(node, partitions)  # type: ignore[arg-type]  # checked: a list of ints
+            missing = [c for c in range(self.num_clients) if c not in self.nodes]
+            if not missing:
+                log.info("%d clients on %d SuperNodes", self.num_clients, len(set(self.nodes.values())))
+                return
+            if time.monotonic() > deadline:
+                raise FedskewError(
+                    f"after {wait:g} s, no SuperNode serves partitions {missing} of {self.num_clients}: start "
+                    "one with --node-config 'partition-id=K' for each (or raise node_wait)"
+                )
+            time.sleep(max(self.poll, 0.5))
+
+    def _assign(self, node: int, partitions: Sequence[int]) -> None:
+        for cid in partitions:
+            if not 0 <= cid < self.num_clients:
+                log.warning("SuperNode %d serves partition %d, which this run (%d clients) lacks", node, cid,
+                            self.num_clients)
+            elif self.nodes.get(cid, node) != node:
+                raise FedskewError(f"partition {cid} is served by two SuperNodes ({self.nodes[cid]} and {node})")
+            else:
+                self.nodes[cid] = node
+
+    # ---- the exchange ------------------------------------------------------------------------------
+    def run_clients(self, jobs: list[ClientJob]) -> list[tuple[FedskewMessage, dict[str, Any]] | NoReply]:
+        """Send each job to its client's node and return the replies (or why there is none) in order.
+
+        The job's client state is not sent: it lives on the node. Replies therefore carry an empty
+        state back to the simulator.
+        """
+        outcomes: list[tuple[FedskewMessage, dict[str, Any]] | NoReply | None] = [None] * len(jobs)
+        messages, index = [], []
+        for i, job in enumerate(jobs):
+            node = self.nodes[job.cid]
+            if node in self.lost:
+                outcomes[i] = NoReply(f"node lost earlier: {self.lost[node]}")
+                continue
+            messages.append(self._message(node, job.task, job.cid, job.round, to_records(job.msg)))
+            index.append(i)
+        pending: dict[str, int] = {}
+        for mid, i in zip(self._push(messages), index, strict=True):
+            if mid is None:
+                outcomes[i] = NoReply("the SuperLink did not accept the request")
+            else:
+                pending[mid] = i
+        deadline = time.monotonic() + self.reply_timeout if self.reply_timeout > 0 else math.inf
+        while pending:
+            for reply in self._pull(pending):
+                i = pending.pop(reply.metadata.reply_to_message_id)
+                outcomes[i] = self._failure(jobs[i], reply.error) if reply.has_error() else self._decode(reply)
+            if not pending or time.monotonic() >= deadline:
+                break
+            time.sleep(self.poll)
+        for i in pending.values():
+            reason = f"no reply within {self.reply_timeout:g} s"
+            self.lost[self.nodes[jobs[i].cid]] = reason
+            outcomes[i] = NoReply(reason)
+        done = [o for o in outcomes if o is not None]
+        self._check(jobs, done)
+        return done
+
+    @staticmethod
+    def _decode(reply: Message) -> tuple[FedskewMessage, dict[str, Any]] | NoReply:
+        try:
+            return from_records(reply.content), {}
+        except FedskewError as e:
+            return NoReply(f"unreadable reply: {e}")
+
+    def _failure(self, job: ClientJob, error: Error) -> NoReply:
+        node = self.nodes[job.cid]
+        if error.code == ErrorCode.NODE_UNAVAILABLE:
+            self.lost[node] = "Flower reported it unavailable"
+            return NoReply(f"node unavailable: {error.reason}")
+        return NoReply(f"Flower error {error.code}: {error.reason}")
+
+    def _check(self, jobs: list[ClientJob], outcomes: list[tuple[FedskewMessage, dict[str, Any]] | NoReply]) -> None:
+        failed = [(job.cid, o.reason) for job, o in zip(jobs, outcomes, strict=True) if isinstance(o, NoReply)]
+        for cid, reason in failed:
+            log.warning("round %d: client %d did not answer %r: %s", jobs[0].round, cid, jobs[0].task, reason)
+        answered = len(jobs) - len(failed)
+        if failed and answered < self.min_reply_fraction * len(jobs):
+            raise FedskewError(
+                f"round {jobs[0].round}: only {answered} of {len(jobs)} clients answered the {jobs[0].task!r} "
+                f"request (min_reply_fraction = {self.min_reply_fraction:g}); "
+                + "; ".join(f"client {cid}: {reason}" for cid, reason in failed)
+            )
+
+
+# ---- the ServerApp ---------------------------------------------------------------------------------
+def _prepare_run_dir(run_dir: Path, cfg: dict[str, Any], resume: bool) -> None:
+    """Write ``config.toml``; a finished run is never overwritten, a resumed one must be the same run."""
+    path = run_dir / "config.toml"
+    if resume:
+        if not path.exists():
+            raise FedskewError(f"resume=true, but {run_dir} holds no run")
+        stored, wanted = tomllib.loads(path.read_text()), tomllib.loads(dump(cfg))
+        keys = (stored.keys() | wanted.keys()) - set(RESUMABLE)
+        changed = sorted(k for k in keys if stored.get(k) != wanted.get(k))
+        if changed:
+            raise ConfigError(f"resume=true, but the config differs from {path} in {', '.join(changed)}")
+    elif (run_dir / "metrics.jsonl").exists():
+        raise ConfigError(f"{run_dir} already holds a run: set resume=true to continue it, or choose another out")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(dump(cfg))
+
+
+def _resume_hint(run_dir: Path) -> str:
+    try:
+        rnd = int(load_checkpoint(run_dir / "checkpoints")["round"])
+    except FedskewError:
+        return "no checkpoint was written yet: start the run again"
+    return (
+        f"{run_dir} holds the checkpoint of round {rnd}: when the SuperNodes are back, continue with "
+        "`flwr run APP --run-config 'resume=true'`"
+    )
+
+
+def deploy(grid: Grid, settings: DeploySettings, app_dir: Path) -> RunResult:
+    """Run the app's experiment with its clients on the SuperNodes; the run folder is written here."""
+    cfg = resolve_experiment(app_dir / settings.experiment, settings.overrides, settings.label)
+    run_dir = Path(settings.out).expanduser() / f"{cfg['label']}-seed{cfg['seed']}"
+    _prepare_run_dir(run_dir, cfg, settings.resume)
+    data_dir = settings.data_dir or os.environ.get("FEDSKEW_DATA") or None
+    fed = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), data_dir)
+    clients = FlowerClients(
+        grid, cfg, fed.info, reply_timeout=settings.reply_timeout, min_reply_fraction=settings.min_reply_fraction
+    )
+    clients.connect(settings.node_wait)
+
+    def progress(rec: dict[str, Any]) -> None:
+        acc = "-" if rec["accuracy"] is None else f"{100 * rec['accuracy']:.2f}%"
+        log.info("round %d: accuracy %s, clients %s, failed %s", rec["round"], acc, rec["clients"], rec["failed"])
+
+    sim = Simulation(cfg, run_dir, progress=False, federation=fed, clients=clients, on_round=progress)
+    log.info("fedskew run %s -> %s", cfg["label"], run_dir)
+    try:
+        result = sim.run(resume=settings.resume)
+    except FedskewError as e:
+        raise FedskewError(f"{e}. The run stopped; {_resume_hint(run_dir)}") from None
+    from fedskew.report import write_report
+
+    write_report([run_dir.parent])  # as `fedskew run`: the report of every run in ``out``
+    return result
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Flower's entry point: read the run settings and the app folder, then :func:`deploy`."""
+    if not log.handlers:  # Flower forwards the ServerApp's stderr to `flwr log`
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s fedskew %(levelname)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+    settings = build_params(DeploySettings, dict(context.run_config), prefix="run config ")
+    run = grid.run
+    deploy(grid, settings, get_project_dir(run.fab_id, run.fab_version, run.fab_hash))
