@@ -64,13 +64,27 @@ def plain_model() -> Any:
     )
 
 
+def plain_epoch(model: Any, cx: Any, cy: Any) -> None:
+    """One epoch of plain SGD (lr 0.01, batch 32), as a researcher's loop and Flower's client run it."""
+    import torch
+    import torch.nn.functional as F
+
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    perm = torch.randperm(len(cy))
+    for s in range(0, len(cy), BATCH):
+        b = perm[s : s + BATCH]
+        loss = F.cross_entropy(model(cx[b]), cy[b])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
 # ---------------------------------------------------------------------------------------------------
 # engines (each run in a subprocess by main())
 # ---------------------------------------------------------------------------------------------------
 def run_plain(data_dir: str | None, rounds: int) -> dict[str, Any]:
     """A plain sequential loop, written the way a researcher would: default threads, no tricks."""
     import torch
-    import torch.nn.functional as F
 
     from fedskew.components.selection import uniform_sample
     from fedskew.core.seeding import numpy_rng
@@ -90,14 +104,7 @@ def run_plain(data_dir: str | None, rounds: int) -> dict[str, Any]:
             idx = parts[int(c)]
             cx, cy = x[idx], y[idx]
             local.load_state_dict(glob.state_dict())
-            opt = torch.optim.SGD(local.parameters(), lr=LR)
-            perm = torch.randperm(len(idx))
-            for s in range(0, len(idx), BATCH):
-                b = perm[s:s + BATCH]
-                loss = F.cross_entropy(local(cx[b]), cy[b])
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
+            plain_epoch(local, cx, cy)
             states.append({k: v.detach().clone() for k, v in local.state_dict().items()})
             weights.append(len(idx))
             n_img += len(idx)
@@ -142,7 +149,6 @@ def run_fedskew(data_dir: str | None, rounds: int, workers: int) -> dict[str, An
 def run_flower(data_dir: str | None, rounds: int) -> dict[str, Any]:
     """Flower's own simulation (Ray backend), FedAvg strategy, same model, data and evaluation."""
     import torch
-    import torch.nn.functional as F
     from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
     from flwr.clientapp import ClientApp
     from flwr.serverapp import Grid, ServerApp
@@ -162,15 +168,7 @@ def run_flower(data_dir: str | None, rounds: int) -> dict[str, Any]:
         model = plain_model()
         model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
         idx = parts[cid]
-        cx, cy = x[idx], y[idx]
-        opt = torch.optim.SGD(model.parameters(), lr=LR)
-        perm = torch.randperm(len(idx))
-        for s in range(0, len(idx), BATCH):
-            b = perm[s:s + BATCH]
-            loss = F.cross_entropy(model(cx[b]), cy[b])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+        plain_epoch(model, x[idx], y[idx])
         content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
                               "metrics": MetricRecord({"num-examples": len(idx)})})
         return Message(content=content, reply_to=msg)
