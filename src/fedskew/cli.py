@@ -208,12 +208,13 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--data-dir", help=data_help)
     co.add_argument("--method", default="dm", help="dc, dm, kip or random (a random real subset; default dm)")
     co.add_argument("--ipc", type=int, default=1, help="images per class (default 1)")
-    co.add_argument("--iterations", type=int, help="condensation iterations (default: published, DC 1000, DM 20000)")
+    co.add_argument("--iterations", type=int,
+                    help="condensation iterations (default: published, DC 1000, DM 20000, KIP 1000)")
     co.add_argument("--seed", type=int, default=0, help="seed of condensation and evaluation (default 0)")
     co.add_argument("--out", help="output folder (default runs/condense/<dataset>-<method>-ipc<N>-seed<S>)")
     co.add_argument("--eval-epochs", type=int, default=300, help="epochs of the evaluation training (default 300)")
-    co.add_argument("--eval-dsa", action=argparse.BooleanOptionalAction, default=True,
-                    help="DSA augmentation in the evaluation training (default on, as DSA and DM evaluate)")
+    co.add_argument("--eval-dsa", action="store_true", help="DSA augmentation in the evaluation training, "
+                    "as DSA and DM evaluate (default off, as DC evaluates)")
     co.add_argument("--model", default="convnet", help="network to condense with and evaluate (default convnet)")
     co.add_argument("--net-width", type=int, help="ConvNet width (default 128)")
     co.add_argument("--image-lr", type=float, help="image learning rate (default DC 0.1, DM 1.0, KIP 0.01)")
