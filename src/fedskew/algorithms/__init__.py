@@ -3,8 +3,11 @@
 from fedskew.algorithms import (
     centralized,
     cim,
+    fedaf,
     fedavg,
     fedbn,
+    feddc,
+    feddm,
     feddyn,
     fedgen,
     fednova,
@@ -17,6 +20,6 @@ from fedskew.algorithms import (
 )
 
 __all__ = [
-    "centralized", "cim", "fedavg", "fedbn", "feddyn", "fedgen", "fednova", "fedopt", "fedprox", "fedseq",
-    "hfldd", "moon", "scaffold",
+    "centralized", "cim", "fedaf", "fedavg", "fedbn", "feddc", "feddm", "feddyn", "fedgen", "fednova",
+    "fedopt", "fedprox", "fedseq", "hfldd", "moon", "scaffold",
 ]

@@ -19,7 +19,12 @@ from fedskew.core.params import check
 from fedskew.core.seeding import numpy_rng
 
 Spec = dict[str, tuple[tuple[int, ...], torch.dtype]]
-"""Expected arrays of a reply: name -> (shape, dtype)."""
+"""Expected arrays of a reply: name -> (shape, dtype).
+
+A negative dimension is a wildcard for a size the server cannot know in advance (the number of
+synthetic images a client condensed): any size is accepted, but all dimensions of one reply that
+carry the same negative number must be equal (``syn.images`` of shape ``(-1, C, H, W)`` and
+``syn.labels`` of shape ``(-1,)`` must hold as many images as labels)."""
 
 ALLOWED_DTYPES = {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int64, torch.int32}
 
@@ -27,6 +32,24 @@ ALLOWED_DTYPES = {torch.float32, torch.float64, torch.float16, torch.bfloat16, t
 def _is_label_key(name: str) -> bool:
     leaf = name.rsplit(".", 1)[-1]
     return leaf in ("labels", "y")
+
+
+def _shape_mismatch(
+    name: str, shape: tuple[int, ...], expected: tuple[int, ...], wildcards: dict[int, tuple[str, int]]
+) -> str | None:
+    """Why ``shape`` does not match ``expected`` (see :data:`Spec` for negative wildcards), or None.
+
+    ``wildcards`` maps each negative number seen so far in the reply to (array name, size) and is
+    updated in place, so equal wildcards across arrays must take equal sizes.
+    """
+    if len(shape) != len(expected) or any(e >= 0 and s != e for s, e in zip(shape, expected, strict=True)):
+        return f"array {name!r} has shape {shape}, expected {expected}"
+    for s, e in zip(shape, expected, strict=True):
+        if e < 0:
+            first = wildcards.setdefault(e, (name, s))
+            if first[1] != s:
+                return f"array {name!r} has size {s} for wildcard {e}, where {first[0]!r} has {first[1]}"
+    return None
 
 
 def check_reply(msg: object, spec: Spec | None, num_classes: int, max_bytes: int) -> str | None:
@@ -37,8 +60,8 @@ def check_reply(msg: object, spec: Spec | None, num_classes: int, max_bytes: int
     msg
         What the client sent back.
     spec
-        The arrays the algorithm expects for this task (exact names, shapes and dtypes), or None to
-        skip the name/shape check.
+        The arrays the algorithm expects for this task (exact names, shapes and dtypes; negative
+        dimensions are wildcards, see :data:`Spec`), or None to skip the name/shape check.
     num_classes
         Integer arrays named ``labels`` or ``y`` (or ending in ``.labels``) must lie in [0, num_classes).
     max_bytes
@@ -65,10 +88,12 @@ def check_reply(msg: object, spec: Spec | None, num_classes: int, max_bytes: int
             return f"missing arrays {missing[:3]}{' ...' if len(missing) > 3 else ''}"
         if extra:
             return f"unexpected arrays {extra[:3]}{' ...' if len(extra) > 3 else ''}"
+        wildcards: dict[int, tuple[str, int]] = {}
         for name, (shape, dtype) in spec.items():
             t = msg.arrays[name]
-            if tuple(t.shape) != tuple(shape):
-                return f"array {name!r} has shape {tuple(t.shape)}, expected {tuple(shape)}"
+            reason = _shape_mismatch(name, tuple(t.shape), tuple(shape), wildcards)
+            if reason is not None:
+                return reason
             if t.dtype != dtype:
                 return f"array {name!r} has dtype {t.dtype}, expected {dtype}"
     for name, t in msg.arrays.items():

@@ -1,0 +1,168 @@
+"""FedDC and FedDC+ (Kim & Choi 2022, "Stable Federated Learning with Dataset Condensation",
+Algorithm 1). Not the drift-decoupling FedDC of Gao et al. (CVPR 2022).
+
+Problem: with label-skewed clients and partial participation, each round's pooled class histogram is
+skewed ("temporary imbalance"), so the averaged model swings from round to round. Each selected client
+therefore also condenses its data into one synthetic image per class it holds (gradient matching,
+Eq. 6, clipped by Eq. 8) and uploads it with its model; the server averages the models (Eq. 2) and
+fine-tunes the average on the union of *this round's* condensed sets (Eq. 7), which is roughly class
+balanced whatever the clients' histograms. FedDC+ only changes the condensation optimiser (momentum
+0.9, weight decay 4e-5), giving noisier, less recognisable images (Sec. IV-D).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from fedskew.algorithms.fedavg import FedAvg
+from fedskew.components.aggregate import weighted_mean
+from fedskew.components.server_train import decode_set, pool_to_state, train_on_synthetic, update_pool
+from fedskew.components.trainer import LocalConfig
+from fedskew.condense import GMConfig, SyntheticSet, gradient_matching
+from fedskew.core.algorithm import ClientContext, Replies, ServerContext, register_algorithm
+from fedskew.core.message import Message, arrays_with_prefix
+from fedskew.core.params import check
+
+MODEL = "model."
+"""Prefix of the model weights in a reply (the rest of the name is the state-dict key)."""
+SYN_IMAGES = "syn.images"
+"""Reply array: the client's condensed images, uint8 (N, C, H, W)."""
+SYN_LABELS = "syn.labels"
+"""Reply array: their labels, int64 (N,)."""
+SYN_STATE = "syn_"
+"""Server-state prefix of the synthetic pool (``syn_images``, ``syn_labels``, ``syn_owner``)."""
+
+
+def synthetic_reply_spec(image_shape: tuple[int, int, int]) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Reply spec of an uploaded synthetic set: any number N of images, as many labels (wildcard -1)."""
+    return {SYN_IMAGES: ((-1, *image_shape), torch.uint8), SYN_LABELS: ((-1,), torch.int64)}
+
+
+def synthetic_arrays(syn: SyntheticSet | None, client: ClientContext) -> dict[str, torch.Tensor]:
+    """A condensed set as reply arrays: 8-bit images (FedAF App. C: one byte per pixel and channel).
+
+    ``None`` (a client without data) gives an empty set of the right shapes.
+    """
+    if syn is None:
+        return {
+            SYN_IMAGES: torch.zeros((0, *client.fed.image_shape), dtype=torch.uint8),
+            SYN_LABELS: torch.zeros((0,), dtype=torch.int64),
+        }
+    u = syn.to_uint8(client.fed.mean, client.fed.std)
+    return {SYN_IMAGES: u.images.contiguous(), SYN_LABELS: u.labels.contiguous()}
+
+
+@register_algorithm("feddc")
+class FedDC(FedAvg):
+    """FedAvg + per-client gradient-matching condensation + server fine-tuning on this round's sets."""
+
+    @dataclass
+    class Params(FedAvg.Params):
+        # Local training, Sec. V-A: SGD, lr 0.01 (FedAvg's default), weight decay 1e-3.
+        weight_decay: float = 1e-3
+        # CondensedDataTraining (Algorithm 1, lines 13-23), Sec. V-A: K = 500 iterations, one fresh
+        # random network each (no inner training of the network, Sec. IV-C), ipc 1 per held class.
+        condense_iterations: int = 500
+        ipc: int = 1
+        image_lr: float = 3.0  # eta of Algorithm 1 line 20 (Sec. IV-C: raised from 0.1 to 3.0)
+        image_momentum: float = 0.0  # FedDC: plain SGD; FedDC+: 0.9 (Sec. V-A)
+        image_weight_decay: float = 0.0  # FedDC: none; FedDC+: 4e-5 (Sec. V-A)
+        clip_norm: float = 10.0  # v of Eq. 8 (not given in the paper; SPEC default 10)
+        real_batch: int = 256  # real images per class per step (not given; DC's 256, all if fewer)
+        distance: Literal["cosine", "dc"] = "cosine"  # Eq. 6: sum over layers of 1 - cos
+        init: Literal["noise", "real", "mean"] = "noise"  # not given; Fig. 7's images look like noise
+        # Server fine-tuning, Eq. 7 and Sec. V-A: 10 epochs, lr 0.01 (the clients' lr).
+        server_epochs: int = 10
+        server_lr: float = 0.01
+        server_batch_size: int = 256  # not given; 256 is usually the whole round's set (10 clients x <=10)
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            check(self.condense_iterations >= 0, "condense_iterations", self.condense_iterations, ">= 0")
+            check(self.ipc >= 1, "ipc", self.ipc, "at least 1")
+            check(self.image_lr > 0, "image_lr", self.image_lr, "> 0")
+            check(0 <= self.image_momentum < 1, "image_momentum", self.image_momentum, "in [0, 1)")
+            check(self.image_weight_decay >= 0, "image_weight_decay", self.image_weight_decay, ">= 0")
+            check(self.clip_norm > 0, "clip_norm", self.clip_norm, "> 0")
+            check(self.real_batch >= 1, "real_batch", self.real_batch, "at least 1")
+            check(self.server_epochs >= 0, "server_epochs", self.server_epochs, ">= 0")
+            check(self.server_lr > 0, "server_lr", self.server_lr, "> 0")
+            check(self.server_batch_size >= 1, "server_batch_size", self.server_batch_size, "at least 1")
+
+    params: Params
+
+    # ---- server ------------------------------------------------------------------------------
+    def reply_spec(self, task: str, server: ServerContext) -> dict[str, tuple[tuple[int, ...], torch.dtype]] | None:
+        """The local model's weights (exact shapes) and a synthetic set of any size."""
+        if task != "train":
+            return None
+        spec = {MODEL + k: (tuple(v.shape), v.dtype) for k, v in server.model.state_dict().items()}
+        return {**spec, **synthetic_reply_spec(self.fed.image_shape)}
+
+    def aggregate(self, server: ServerContext, replies: Replies) -> None:
+        """Eq. 2 (average weighted by |D_i|), then Eq. 7 (fine-tune on this round's union of S_i).
+
+        The round's union is kept in ``server.state`` (``syn_images`` uint8, ``syn_labels``,
+        ``syn_owner``), so it is checkpointed and a report can show the images the model was tuned on.
+        """
+        server.metrics["synthetic_images"] = 0
+        if not replies:  # every client failed: keep the model, nothing to fine-tune on
+            return
+        p = self.params
+        states = [arrays_with_prefix(m.arrays, MODEL) for _, m in replies]
+        server.model.load_state_dict(weighted_mean(states, [m.metrics["num_samples"] for _, m in replies]))
+        pool = update_pool(
+            None,
+            [(cid, {"images": m.arrays[SYN_IMAGES], "labels": m.arrays[SYN_LABELS]}) for cid, m in replies],
+            keep_others=False,
+        )
+        pool_to_state(server.state, SYN_STATE, pool)
+        server.metrics["synthetic_images"] = int(pool["labels"].shape[0])
+        syn = decode_set(pool["images"], pool["labels"], self.fed.mean, self.fed.std)
+        if syn is None or p.server_epochs == 0:
+            return
+        res = train_on_synthetic(
+            server.model, syn, LocalConfig(p.server_epochs, p.server_batch_size, p.server_lr),
+            server.generator("finetune"),
+        )
+        server.metrics["server_loss"] = res.mean_loss
+
+    # ---- client ------------------------------------------------------------------------------
+    def gm_config(self) -> GMConfig:
+        """CondensedDataTraining's settings (FedDC: no inner network training, one step per draw)."""
+        p = self.params
+        return GMConfig(
+            iterations=p.condense_iterations, ipc=p.ipc, image_lr=p.image_lr, momentum=p.image_momentum,
+            weight_decay=p.image_weight_decay, clip_norm=p.clip_norm, real_batch=p.real_batch,
+            distance=p.distance, outer_loop=1, inner_loop=0, init=p.init,
+        )
+
+    def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
+        """Algorithm 1 lines 6-8: local SGD (Eq. 3), condense (lines 13-23), send both."""
+        if task != "train":
+            return super().client_step(task, msg, client)
+        _, trained = self.local_train(msg, client)
+        syn = None
+        if client.num_samples > 0:
+            syn = gradient_matching(
+                client.x, client.y, client.fed.model.build, self.gm_config(), client.generator("condense")
+            )
+        arrays = {MODEL + k: v for k, v in trained.arrays.items()}
+        arrays.update(synthetic_arrays(syn, client))
+        metrics = {**trained.metrics, "synthetic_images": float(arrays[SYN_LABELS].shape[0])}
+        return Message(arrays=arrays, metrics=metrics)
+
+
+@register_algorithm("feddc_plus")
+class FedDCPlus(FedDC):
+    """FedDC+ (Sec. IV-D): FedDC whose condensation optimiser has momentum and weight decay."""
+
+    @dataclass
+    class Params(FedDC.Params):
+        image_momentum: float = 0.9  # Sec. V-A
+        image_weight_decay: float = 4e-5  # Sec. V-A
+
+    params: Params

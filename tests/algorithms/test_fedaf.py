@@ -1,0 +1,200 @@
+"""FedAF (Wang et al., CVPR 2024): the CDC (SWD) and LGKM (symmetric KL) terms, model re-sampling,
+client sets kept across rounds, the ledger of its uploads and downloads, ablation switches, resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fedskew.algorithms.fedaf as fedaf_module
+from fedskew.algorithms.fedaf import FedAF
+from fedskew.components.server_train import class_mean_logits, knowledge_matching_term, symmetric_kl
+from fedskew.condense import (
+    DMConfig,
+    SyntheticSet,
+    distribution_matching,
+    init_synthetic,
+    interpolated_model_sampler,
+    sliced_wasserstein,
+)
+from fedskew.config import dump
+from fedskew.core.algorithm import FederationInfo, ModelSpec, ServerContext
+from fedskew.core.params import build_params
+from fedskew.core.seeding import seeded_init
+from fedskew.engine.experiment import resume_run
+from fedskew.engine.simulation import Simulation
+from tests.conftest import tiny_config
+
+FAST: dict[str, Any] = {"condense_iterations": 3, "ipc": 2, "epochs": 2}
+
+
+def fedaf_config(rounds: int = 2, **algo: Any) -> dict[str, Any]:
+    return tiny_config(
+        rounds=rounds, checkpoint_every=0, algorithm={"name": "fedaf", "clients_per_round": 6, **FAST, **algo}
+    )
+
+
+def toy_fed(num_classes: int = 3) -> FederationInfo:
+    return FederationInfo(
+        num_clients=2, num_classes=num_classes, model=ModelSpec("mlp", 1, num_classes, 4, (("hidden", (16,)),)),
+        seed=0, mean=(0.0,), std=(1.0,), image_shape=(1, 4, 4),
+    )
+
+
+def make(fed: FederationInfo, **params: Any) -> FedAF:
+    return FedAF(build_params(FedAF.Params, params), fed)
+
+
+# ---- LGKM: symmetric KL ------------------------------------------------------------------------------
+
+
+def test_symmetric_kl_is_zero_for_equal_inputs_symmetric_and_the_mean_of_both_kls() -> None:
+    g = torch.Generator().manual_seed(0)
+    log_p = F.log_softmax(torch.randn(4, 5, generator=g), dim=1)
+    log_q = F.log_softmax(torch.randn(4, 5, generator=g), dim=1)
+    assert float(symmetric_kl(log_p, log_p)) == pytest.approx(0.0, abs=1e-7)
+    assert float(symmetric_kl(log_p, log_q)) == pytest.approx(float(symmetric_kl(log_q, log_p)), rel=1e-6)
+    kl_pq = F.kl_div(log_q, log_p, reduction="batchmean", log_target=True)  # KL(P||Q)
+    kl_qp = F.kl_div(log_p, log_q, reduction="batchmean", log_target=True)
+    assert float(symmetric_kl(log_p, log_q)) == pytest.approx(float(kl_pq + kl_qp) / 2, rel=1e-5)
+    assert float(symmetric_kl(log_p, log_q)) > 0
+    assert float(symmetric_kl(log_p[:0], log_q[:0])) == 0.0
+
+
+def test_knowledge_matching_term_vanishes_when_batch_soft_labels_equal_r() -> None:
+    logits = torch.randn(6, 3, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    y = torch.tensor([0, 0, 1, 1, 1, 0])
+    means, _ = class_mean_logits(logits.detach(), y, 3)
+    r = F.softmax(means / 2.0, dim=1)
+    known = torch.tensor([True, True, False])
+    term = knowledge_matching_term(r, known, tau=2.0, weight=5.0)
+    assert float(term(torch.nn.Identity(), torch.zeros(6), y, logits).detach()) == pytest.approx(0.0, abs=1e-6)
+    other = knowledge_matching_term(torch.full((3, 3), 1 / 3), known, tau=2.0, weight=5.0)
+    value = other(torch.nn.Identity(), torch.zeros(6), y, logits)
+    value.backward()
+    assert float(value.detach()) > 0 and logits.grad is not None and float(logits.grad.abs().sum()) > 0
+
+
+def test_global_knowledge_averages_over_the_clients_holding_each_class() -> None:
+    fed = toy_fed()
+    algo = make(fed)
+    server = ServerContext(fed=fed, model=algo.init_model(), exchange=None)  # type: ignore[arg-type]
+    assert algo.global_knowledge(server) is None
+    logits = torch.tensor([[1.0, 0.0, 0.0], [0.0, 2.0, 0.0], [3.0, 0.0, 0.0]])
+    soft = F.softmax(logits, dim=1)
+    server.state.update(knowledge_labels=torch.tensor([0, 1, 0]), knowledge_logits=logits, knowledge_soft=soft,
+                        knowledge_owner=torch.tensor([0, 0, 1]))
+    knowledge = algo.global_knowledge(server)
+    assert knowledge is not None
+    v, r, known = knowledge
+    assert torch.allclose(v[0], torch.tensor([2.0, 0.0, 0.0])) and torch.allclose(v[1], logits[1])
+    assert torch.allclose(r[0], (soft[0] + soft[2]) / 2)
+    assert known.tolist() == [True, True, False]
+
+
+# ---- CDC: the SWD term and model re-sampling -----------------------------------------------------------
+
+
+def test_resampling_with_gamma_one_returns_the_global_model() -> None:
+    fed = toy_fed()
+    model = seeded_init(fed.model.build, 0, "global")
+    same = interpolated_model_sampler(model, fed.model.build, 1.0)(0, torch.Generator().manual_seed(3))
+    for k, v in model.state_dict().items():
+        assert torch.equal(same.state_dict()[k], v)
+    moved = interpolated_model_sampler(model, fed.model.build, 0.9)(0, torch.Generator().manual_seed(3))
+    assert any(not torch.equal(moved.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+def test_swd_term_moves_the_condensed_logits_toward_the_global_ones() -> None:
+    fed = toy_fed()
+    g = torch.Generator().manual_seed(0)
+    model = seeded_init(fed.model.build, 0, "global")
+    x, y = torch.randn(60, 1, 4, 4, generator=g), torch.arange(3).repeat(20)
+    classes, v = torch.arange(3), 4.0 * torch.eye(3)
+    start = init_synthetic(x, y, [0, 1, 2], 5, "real", torch.Generator().manual_seed(1))
+
+    def distance(syn: SyntheticSet) -> float:
+        with torch.no_grad():
+            logits = model(syn.images)
+            return sum(
+                float(sliced_wasserstein(logits[syn.labels == c], v[c : c + 1], 256, torch.Generator().manual_seed(9)))
+                for c in range(3)
+            )
+
+    def condense(lambda_loc: float) -> SyntheticSet:
+        algo = make(fed, lambda_loc=lambda_loc, swd_projections=64)
+        return distribution_matching(
+            x, y, interpolated_model_sampler(model, fed.model.build, 1.0),
+            DMConfig(iterations=40, ipc=5, image_lr=0.2, momentum=0.9), torch.Generator().manual_seed(2),
+            init_set=start, extra_loss=algo.cdc_loss(classes, v, torch.Generator().manual_seed(5)),
+        )
+
+    before, plain, pulled = distance(start), distance(condense(0.0)), distance(condense(100.0))
+    assert pulled < 0.6 * before and pulled < 0.6 * plain
+
+
+# ---- runs --------------------------------------------------------------------------------------------
+
+
+def test_sets_persist_on_clients_and_uploads_are_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[dict[str, Any]] = []
+    real_dm = fedaf_module.distribution_matching
+
+    def spy(*args: Any, **kwargs: Any) -> SyntheticSet:
+        out = real_dm(*args, **kwargs)
+        calls.append({"init": kwargs["init_set"], "out": out, "cdc": kwargs["extra_loss"] is not None})
+        return out
+
+    monkeypatch.setattr(fedaf_module, "distribution_matching", spy)
+    sim = Simulation(fedaf_config(), tmp_path / "r", progress=False)
+    res = sim.run()
+    n = sim.fed.info.num_clients
+    assert len(calls) == 2 * n  # every client, both rounds, in client order
+    for cid in range(n):
+        first, second = calls[cid], calls[n + cid]
+        assert first["init"] is None and not first["cdc"]  # round 1: "mean" init, no V yet
+        assert second["cdc"]
+        assert torch.equal(second["init"].images, first["out"].images)  # round 2 starts from round 1's S_k
+        assert torch.equal(sim.client_states[cid]["syn_images"], second["out"].images)
+    c, h, w = sim.fed.info.image_shape
+    classes = sim.fed.info.num_classes
+    model_bytes = sum(t.numel() * t.element_size() for t in sim.server.model.state_dict().values())
+    held = [int((sim.fed.client_data(cid)[1].bincount() > 0).sum()) for cid in range(n)]
+    images = [len(calls[n * r + cid]["out"]) for r in range(2) for cid in range(n)]
+    any_held = int((sim.fed.y.bincount(minlength=classes) > 0).sum())
+    for r, rec in enumerate(res.records):
+        up = sum(images[n * r : n * (r + 1)]) * (c * h * w + 8) + sum(held) * (8 + 2 * classes * 4)
+        assert rec["bytes_client_to_server"] == up
+        down = model_bytes if r == 0 else model_bytes + any_held * (8 + classes * 4)
+        assert rec["bytes_server_to_client"] == n * down
+        assert rec["synthetic_images"] == sum(images[n * r : n * (r + 1)])
+    assert len(sim.algorithm.server_terms(sim.server)) == 1
+
+
+def test_ablation_switches(tmp_path: Path) -> None:
+    sim = Simulation(fedaf_config(use_cdc=False, use_lgkm=False), tmp_path / "r", progress=False)
+    res = sim.run()
+    model_bytes = sum(t.numel() * t.element_size() for t in sim.server.model.state_dict().values())
+    assert res.records[1]["bytes_server_to_client"] == sim.fed.info.num_clients * model_bytes  # no V sent
+    assert sim.algorithm.server_terms(sim.server) == []
+    assert "global.labels" not in sim.algorithm.download(sim.server)
+
+
+def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
+    def run(rounds: int, path: Path) -> Path:
+        cfg = fedaf_config(rounds=rounds, clients_per_round=3) | {"checkpoint_every": 1}
+        path.mkdir(parents=True)
+        (path / "config.toml").write_text(dump(cfg))
+        Simulation(cfg, path, progress=False).run()
+        return path
+
+    full = run(3, tmp_path / "full")
+    part = run(2, tmp_path / "part")
+    resume_run(part, {"rounds": 3}, data_dir=None, progress=False)
+    assert (part / "metrics.jsonl").read_bytes() == (full / "metrics.jsonl").read_bytes()
+    assert json.loads((full / "metrics.jsonl").read_text().splitlines()[-1])["synthetic_images"] > 0

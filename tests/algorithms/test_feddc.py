@@ -1,0 +1,162 @@
+"""FedDC / FedDC+ (Kim & Choi 2022): condensed uploads, fine-tuning on this round's sets only, the
+ledger of 8-bit uploads, the variable-size reply check and the image grid."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import fedskew.algorithms.feddc as feddc_module
+from fedskew.algorithms.feddc import FedDC, FedDCPlus
+from fedskew.condense import SyntheticSet, UInt8Set
+from fedskew.core.message import Message
+from fedskew.core.params import build_params
+from fedskew.engine.guard import check_reply
+from fedskew.engine.simulation import Simulation
+from fedskew.report.grids import image_grid, save_image_grid
+from tests.conftest import tiny_config
+
+FAST: dict[str, Any] = {"condense_iterations": 3, "server_epochs": 2}
+
+
+def feddc_config(name: str = "feddc", **algo: Any) -> dict[str, Any]:
+    return tiny_config(rounds=2, checkpoint_every=0, algorithm={"name": name, **FAST, **algo})
+
+
+def model_bytes(sim: Simulation) -> int:
+    return sum(t.numel() * t.element_size() for t in sim.server.model.state_dict().values())
+
+
+# ---- the engine's check of variable-size replies ---------------------------------------------------
+
+SPEC = {
+    "w": ((2,), torch.float32),
+    "syn.images": ((-1, 1, 2, 2), torch.uint8),
+    "syn.labels": ((-1,), torch.int64),
+}
+
+
+def reply(n_images: int, n_labels: int, side: int = 2) -> Message:
+    return Message(arrays={
+        "w": torch.zeros(2),
+        "syn.images": torch.zeros((n_images, 1, side, side), dtype=torch.uint8),
+        "syn.labels": torch.zeros(n_labels, dtype=torch.int64),
+    })
+
+
+def test_wildcard_dimension_accepts_any_count_but_ties_arrays_together() -> None:
+    assert check_reply(reply(0, 0), SPEC, 4, 10_000) is None
+    assert check_reply(reply(7, 7), SPEC, 4, 10_000) is None
+    assert "wildcard -1" in str(check_reply(reply(3, 2), SPEC, 4, 10_000))
+    assert "has shape" in str(check_reply(reply(3, 3, side=3), SPEC, 4, 10_000))  # fixed dims stay exact
+    bad_rank = reply(2, 2)
+    bad_rank.arrays["syn.labels"] = torch.zeros((2, 1), dtype=torch.int64)
+    assert "has shape" in str(check_reply(bad_rank, SPEC, 4, 10_000))
+
+
+# ---- parameters ------------------------------------------------------------------------------------
+
+
+def test_defaults_are_the_papers() -> None:
+    p = FedDC.Params()
+    assert (p.lr, p.weight_decay, p.batch_size, p.local_epochs) == (0.01, 1e-3, 64, 1)
+    assert (p.condense_iterations, p.ipc, p.image_lr, p.clip_norm, p.real_batch) == (500, 1, 3.0, 10.0, 256)
+    assert (p.distance, p.init, p.image_momentum, p.image_weight_decay) == ("cosine", "noise", 0.0, 0.0)
+    assert (p.server_epochs, p.server_lr) == (10, 0.01)
+
+
+def test_feddc_plus_differs_only_in_the_condensation_optimiser() -> None:
+    base, plus = dataclasses.asdict(FedDC.Params()), dataclasses.asdict(FedDCPlus.Params())
+    differ = {k for k in base if base[k] != plus[k]}
+    assert differ == {"image_momentum", "image_weight_decay"}
+    assert (plus["image_momentum"], plus["image_weight_decay"]) == (0.9, 4e-5)
+    fed = Simulation(feddc_config(), Path("/nonexistent")).fed.info
+    gm = dataclasses.asdict(FedDC(build_params(FedDC.Params, {}), fed).gm_config())
+    gm_plus = dataclasses.asdict(FedDCPlus(build_params(FedDCPlus.Params, {}), fed).gm_config())
+    assert {k for k in gm if gm[k] != gm_plus[k]} == {"momentum", "weight_decay"}
+    assert (gm["inner_loop"], gm["outer_loop"], gm["distance"]) == (0, 1, "cosine")
+
+
+# ---- a run -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["feddc", "feddc_plus"])
+def test_finetunes_on_this_rounds_sets_only_and_counts_uint8_uploads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    tuned: list[SyntheticSet] = []
+    real_train = feddc_module.train_on_synthetic
+
+    def spy(model: torch.nn.Module, syn: SyntheticSet, *args: Any, **kwargs: Any) -> Any:
+        tuned.append(syn)
+        return real_train(model, syn, *args, **kwargs)
+
+    monkeypatch.setattr(feddc_module, "train_on_synthetic", spy)
+    sim = Simulation(feddc_config(name), tmp_path / "r", progress=False)
+    uploads: list[list[tuple[int, Message]]] = []
+    exchange = sim.exchange
+
+    def recording_exchange(*args: Any, **kwargs: Any) -> Any:
+        replies = exchange(*args, **kwargs)
+        uploads.append(replies)
+        return replies
+
+    sim.server.exchange = recording_exchange
+    res = sim.run()
+
+    c, h, w = sim.fed.info.image_shape
+    for rec, replies, syn in zip(res.records, uploads, tuned, strict=True):
+        counts = [int(m.arrays["syn.labels"].shape[0]) for _, m in replies]
+        # ipc 1 per class the client holds
+        held = [int((sim.fed.client_data(cid)[1].bincount() > 0).sum()) for cid, _ in replies]
+        assert counts == held
+        assert len(syn) == sum(counts) == rec["synthetic_images"]
+        assert all(m.arrays["syn.images"].dtype == torch.uint8 for _, m in replies)
+        expected = len(replies) * model_bytes(sim) + sum(counts) * (c * h * w + 8)
+        assert rec["bytes_client_to_server"] == expected
+        assert rec["bytes_server_to_client"] == len(replies) * model_bytes(sim)
+    # Round 2's fine-tuning set is round 2's uploads, not the union with round 1's.
+    round2 = uploads[1]
+    assert torch.equal(tuned[1].labels, torch.cat([m.arrays["syn.labels"] for _, m in round2]))
+    state = sim.server.state
+    assert set(state["syn_owner"].tolist()) == {cid for cid, _ in round2}
+    assert state["syn_images"].dtype == torch.uint8 and state["syn_images"].shape[0] == len(tuned[1])
+    # The uploaded images decode to exactly what the server trained on.
+    first = round2[0][1]
+    decoded = SyntheticSet.from_uint8(
+        UInt8Set(first.arrays["syn.images"], first.arrays["syn.labels"]), sim.fed.info.mean,
+        sim.fed.info.std,
+    )
+    assert torch.equal(tuned[1].images[: len(decoded)], decoded.images)
+    metrics = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert all("synthetic_images" in r and "server_loss" in r for r in metrics)
+
+
+def test_no_reply_keeps_the_model(tmp_path: Path) -> None:
+    sim = Simulation(feddc_config(), tmp_path / "r", progress=False)
+    before = {k: v.clone() for k, v in sim.server.model.state_dict().items()}
+    sim.algorithm.aggregate(sim.server, [])
+    assert all(torch.equal(before[k], v) for k, v in sim.server.model.state_dict().items())
+    assert sim.server.metrics["synthetic_images"] == 0
+
+
+# ---- image grid --------------------------------------------------------------------------------------
+
+
+def test_image_grid_one_row_per_class(tmp_path: Path) -> None:
+    images = torch.arange(5 * 3 * 4 * 4, dtype=torch.int64).remainder(256).to(torch.uint8).reshape(5, 3, 4, 4)
+    labels = torch.tensor([2, 0, 2, 2, 0])
+    grid = image_grid(images, labels, pad=1)
+    assert grid.shape == (1 + 2 * 5, 1 + 3 * 5, 3)  # two classes, at most three images each
+    assert np.array_equal(grid[1:5, 1:5], images[1].permute(1, 2, 0).numpy())  # class 0 first
+    assert np.array_equal(grid[6:10, 11:15], images[3].permute(1, 2, 0).numpy())
+    out = save_image_grid(images[:, :1], labels, tmp_path / "sub" / "grid.png", scale=3)
+    with Image.open(out) as im:
+        assert im.mode == "L" and im.size == (2 + 3 * (12 + 2), 2 + 2 * (12 + 2))
