@@ -51,3 +51,15 @@ def test_bad_values_are_named(items: list[str], needle: str) -> None:
 def test_missing_config_file() -> None:
     with pytest.raises(ConfigError, match="not found"):
         read_config("no/such/file.toml")
+
+
+def test_algorithm_override_goes_to_variants_that_have_the_parameter() -> None:
+    raw = {
+        "algorithm": {"name": "fedavg"},
+        "variants": [{"label": "FedAvg"}, {"label": "FedProx", "algorithm.name": "fedprox"}],
+    }
+    runs = resolve(raw, parse_overrides(["algorithm.mu=0.5", "algorithm.lr=0.2"]))
+    assert "mu" not in runs[0].config["algorithm"] and runs[1].config["algorithm"]["mu"] == 0.5
+    assert all(r.config["algorithm"]["lr"] == 0.2 for r in runs)
+    with pytest.raises(ConfigError, match="no variant's algorithm has this parameter"):
+        resolve(raw, parse_overrides(["algorithm.zeta=1"]))

@@ -200,13 +200,27 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any] | None = None, where:
         raise ConfigError(f"seeds must be a list of integers, got {seeds!r}")
     runs: list[RunSpec] = []
     labels: set[str] = set()
+    # A command-line algorithm.<param> goes to the variants whose algorithm has that parameter
+    # (`algorithm.condense_iterations=20` on a FedAvg-vs-FedDC file); it is an error only if none has it.
+    algo_overrides = {k for k in overrides if k.startswith("algorithm.") and k != "algorithm.name"}
+    taken: set[str] = set()
     for variant in variants:
         cfg = copy.deepcopy(base)
         explicit: dict[str, set[str]] = {sec: set() for sec in NAMED}
+        for key, value in variant.items():
+            if key != "label" and key.startswith("algorithm.name"):
+                set_dotted(cfg, key, value)
+        if "algorithm.name" in overrides:
+            set_dotted(cfg, "algorithm.name", overrides["algorithm.name"])
+        params = _param_names(cfg["algorithm"]["name"])
         for source in (variant, overrides):
             for key, value in source.items():
                 if key in ("label", "seeds"):
                     continue
+                if source is overrides and key in algo_overrides and len(variants) > 1:
+                    if params is not None and key.split(".", 1)[1] not in params:
+                        continue
+                    taken.add(key)
                 set_dotted(cfg, key, value)
                 sec, _, leaf = key.partition(".")
                 if sec in explicit and leaf:
@@ -229,7 +243,22 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any] | None = None, where:
             run.pop("seeds", None)
             validate(run)
             runs.append(RunSpec(label, run))
+    if len(variants) > 1 and algo_overrides - taken:
+        key = sorted(algo_overrides - taken)[0]
+        raise ConfigError(f"unknown key {key!r}: no variant's algorithm has this parameter")
     return runs
+
+
+def _param_names(name: Any) -> set[str] | None:
+    """The hyper-parameter names of algorithm ``name`` (None if it is not registered: validate reports it)."""
+    import dataclasses
+
+    import fedskew.algorithms  # noqa: F401  (registers algorithms)
+    from fedskew.core.algorithm import ALGORITHMS
+
+    if not isinstance(name, str) or name not in ALGORITHMS:
+        return None
+    return {f.name for f in dataclasses.fields(ALGORITHMS.get(name).Params)}
 
 
 def _keep_shared_params(cfg: dict[str, Any], explicit: set[str]) -> None:
