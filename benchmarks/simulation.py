@@ -4,8 +4,9 @@ Workload W: Fashion-MNIST, 100 clients, Dirichlet alpha=0.1 (partition seed 0), 
 round, 1 local epoch, batch 32, SGD lr 0.01, McMahan et al.'s CNN (conv 32-64, FC 512), test-set
 evaluation after every round, 20 rounds.
 
-Each engine runs in its own subprocess (so peak memory is its own: the parent samples the resident
-memory of the whole process tree, workers and Ray daemons included). Per engine: seconds per round
+Each engine runs in its own subprocess (so peak memory is its own: the parent samples the memory of
+the whole process tree, workers and Ray daemons included, as the sum of RSS, which counts a shared
+page once per process, and as the sum of PSS, which counts it once). Per engine: seconds per round
 (median over the rounds of all repetitions), training images per second, final accuracy, peak memory.
 The last line printed is one JSON object.
 
@@ -205,19 +206,27 @@ def run_flower(data_dir: str | None, rounds: int) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------
 # driver
 # ---------------------------------------------------------------------------------------------------
-def _tree_rss(pid: int) -> int:
+def _tree_memory(pid: int) -> tuple[int, int]:
+    """(sum of RSS, sum of PSS) over the process and its descendants, in bytes.
+
+    The RSS sum counts a shared page once per process that maps it (the dataset in shared memory,
+    the torch libraries), so it overstates a multi-process tree; PSS splits each shared page among
+    the processes that map it, so its sum is the tree's real footprint. Both are reported.
+    """
     import psutil
 
     try:
         proc = psutil.Process(pid)
         procs = [proc, *proc.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return 0
-    total = 0
+        return 0, 0
+    rss = pss = 0
     for p in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            total += p.memory_info().rss
-    return total
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            info = p.memory_full_info()
+            rss += info.rss
+            pss += getattr(info, "pss", info.rss)
+    return rss, pss
 
 
 def run_engine(engine: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -226,7 +235,7 @@ def run_engine(engine: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", engine, "--rounds", str(args.rounds), "--workers",
            str(args.workers), "--child-out", str(out)]
     proc = subprocess.Popen(cmd)
-    peak = 0
+    peak = peak_pss = 0
     try:
         import psutil  # noqa: F401
 
@@ -235,13 +244,15 @@ def run_engine(engine: str, args: argparse.Namespace) -> dict[str, Any]:
         sample = False
     while proc.poll() is None:
         if sample:
-            peak = max(peak, _tree_rss(proc.pid))
-        time.sleep(0.1)
+            rss, pss = _tree_memory(proc.pid)
+            peak, peak_pss = max(peak, rss), max(peak_pss, pss)
+        time.sleep(0.2)
     if proc.returncode != 0:
         raise SystemExit(f"{engine} failed with exit code {proc.returncode}")
     res: dict[str, Any] = json.loads(out.read_text())
     out.unlink()
     res["peak_mb"] = peak / 2**20 if sample else None
+    res["peak_pss_mb"] = peak_pss / 2**20 if sample else None
     return res
 
 
@@ -278,21 +289,24 @@ def main() -> None:
             "images_per_s": sum(imgs) / sum(secs),
             "accuracy": statistics.mean(r["accuracy"] for r in runs),
             "peak_mb": max((r["peak_mb"] or 0.0) for r in runs),
+            "peak_pss_mb": max((r["peak_pss_mb"] or 0.0) for r in runs),
         }
         print(f"{engine:8s} {results[engine]['s_round']:6.2f} s/round  {results[engine]['images_per_s']:7.0f} img/s  "
-              f"acc {100 * results[engine]['accuracy']:5.2f}%  peak {results[engine]['peak_mb']:6.0f} MB", flush=True)
+              f"acc {100 * results[engine]['accuracy']:5.2f}%  peak RSS {results[engine]['peak_mb']:6.0f} MB  "
+              f"PSS {results[engine]['peak_pss_mb']:6.0f} MB", flush=True)
 
     print()
-    print("| engine | s / round (median) | images / s | final accuracy | peak memory (MB) |")
-    print("|---|---|---|---|---|")
+    print("| engine | s / round (median) | images / s | final accuracy | peak RSS sum (MB) | peak PSS sum (MB) |")
+    print("|---|---|---|---|---|---|")
     for e, r in results.items():
         print(f"| {e} | {r['s_round']:.2f} | {r['images_per_s']:.0f} | {100 * r['accuracy']:.2f}% "
-              f"| {r['peak_mb']:.0f} |")
+              f"| {r['peak_mb']:.0f} | {r['peak_pss_mb']:.0f} |")
     summary: dict[str, Any] = {}
     for e, r in results.items():
         summary[f"{e}_s_round"] = round(r["s_round"], 4)
         summary[f"{e}_accuracy"] = round(r["accuracy"], 4)
         summary[f"{e}_peak_mb"] = round(r["peak_mb"], 1)
+        summary[f"{e}_peak_pss_mb"] = round(r["peak_pss_mb"], 1)
         summary[f"{e}_images_per_s"] = round(r["images_per_s"], 1)
     if "plain" in results and "fedskew" in results:
         summary["fedskew_vs_plain"] = round(results["fedskew"]["s_round"] / results["plain"]["s_round"], 3)

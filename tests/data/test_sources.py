@@ -201,6 +201,14 @@ def test_to_tensors_normalises_with_train_statistics() -> None:
         ds.to_tensors("val")
 
 
+def test_to_tensors_with_an_index_equals_indexing_the_full_conversion() -> None:
+    ds = load_dataset("synthetic", num_train=100, num_test=20, channels=3)
+    order = np.random.default_rng(0).permutation(100)[:70]
+    x_all, y_all = ds.to_tensors("train")
+    x, y = ds.to_tensors("train", order)
+    assert torch.equal(x, x_all[torch.from_numpy(order)]) and torch.equal(y, y_all[torch.from_numpy(order)])
+
+
 def test_array_dataset_rejects_wrong_arrays() -> None:
     x = np.zeros((4, 1, 2, 2), np.uint8)
     y = np.zeros(4, np.int64)

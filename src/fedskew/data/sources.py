@@ -183,13 +183,16 @@ class ArrayDataset:
             return self.x_test, self.y_test
         raise ConfigError(f"unknown split {split!r}; allowed: test, train")
 
-    def to_tensors(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def to_tensors(self, split: str, index: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(x, y)`` of ``split`` (``"train"`` or ``"test"``) as torch tensors.
 
         ``x`` is ``float32`` normalised as ``(x / 255 - mean) / std``; ``y`` is ``int64``.
-        Both are copies, so training code may modify them freely.
+        Both are copies, so training code may modify them freely. ``index`` (integer rows) selects
+        and orders the samples before the conversion, so no full-size float copy is made first.
         """
         x, y = self._split(split)
+        if index is not None:
+            x, y = x[index], y[index]
         shape = (1, self.in_channels, 1, 1)
         mean = torch.tensor(self.mean, dtype=torch.float32).view(shape)
         std = torch.tensor(self.std, dtype=torch.float32).view(shape)

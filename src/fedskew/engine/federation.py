@@ -80,12 +80,11 @@ def build_federation(
     pseed = int(pseed) if pseed is not None else derive_seed(seed, "partition") % (2**32)
     part = partition(pname, ds.y_train, num_clients, pseed, domains=ds.domains_train, **popts)
 
-    x_all, y_all = ds.to_tensors("train")
-    x_test, y_test = ds.to_tensors("test")
     order = np.concatenate([np.asarray(ix, dtype=np.int64) for ix in part.indices])
     offsets = [0, *np.cumsum([len(ix) for ix in part.indices]).tolist()]
-    x = x_all[torch.from_numpy(order)].contiguous()
-    y = y_all[torch.from_numpy(order)].contiguous()
+    # Reorder the uint8 images, then convert: one float copy of the training set, not two.
+    x, y = ds.to_tensors("train", order)
+    x_test, y_test = ds.to_tensors("test")
     if part.noise_std is not None:
         # Noise-based feature skew: a fixed draw per client, added once to the normalised inputs.
         for cid, std in enumerate(part.noise_std):
