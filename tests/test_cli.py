@@ -92,6 +92,17 @@ def test_run_prints_table_and_writes_report(capsys: pytest.CaptureFixture[str], 
     assert json.loads((out / "fedavg-seed0" / "summary.json").read_text())["rounds"] == 2
 
 
+def test_run_with_sparse_evaluation_writes_its_report(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                     cfg_file: Path) -> None:
+    """eval_every > 1 leaves accuracy null in the rounds between evaluations; the report plots the others."""
+    out = tmp_path / "o"
+    assert main(["run", str(cfg_file), "rounds=4", "eval_every=2", "--out", str(out), "--no-progress"]) == 0
+    records = [json.loads(line) for line in (out / "fedavg-seed0" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["accuracy"] is None for r in records] == [True, False, True, False]
+    assert (out / "report" / "accuracy.png").exists() and (out / "report" / "bytes.png").exists()
+    assert "fedavg" in (out / "report" / "results.md").read_text()
+
+
 def test_list_and_partition(capsys: pytest.CaptureFixture[str], tmp_path: Path, cfg_file: Path) -> None:
     assert main(["list"]) == 0
     listed = capsys.readouterr().out

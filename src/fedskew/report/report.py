@@ -172,8 +172,16 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
             raise FedskewError(f"{path}, line {lineno}: not valid JSON ({e})") from None
-        if not isinstance(rec, dict) or not isinstance(rec.get("round"), int) or not _is_number(rec.get("accuracy")):
-            raise FedskewError(f"{path}, line {lineno}: a record needs an integer round and an accuracy")
+        # accuracy is null in rounds without an evaluation (eval_every > 1)
+        if (
+            not isinstance(rec, dict)
+            or not isinstance(rec.get("round"), int)
+            or not (rec.get("accuracy") is None or _is_number(rec.get("accuracy")))
+        ):
+            raise FedskewError(
+                f"{path}, line {lineno}: a record needs an integer round and an accuracy (a number, or null "
+                "for a round without evaluation)"
+            )
         records.append(rec)
     if not records:
         raise FedskewError(f"{path} holds no rounds")
@@ -371,11 +379,12 @@ def _aligned(group: list[RunData], values: Any) -> tuple[np.ndarray, np.ndarray]
 
 
 def _accuracy(run: RunData) -> dict[int, float]:
-    return {r["round"]: _value(r["accuracy"]) * 100 for r in run.records}
+    """Accuracy in percent per evaluated round (rounds without evaluation are left out)."""
+    return {r["round"]: float(r["accuracy"]) * 100 for r in run.records if _is_number(r.get("accuracy"))}
 
 
 def _class_variance(run: RunData) -> dict[int, float]:
-    return {r["round"]: _value(r.get("class_variance")) for r in run.records}
+    return {r["round"]: float(r["class_variance"]) for r in run.records if _is_number(r.get("class_variance"))}
 
 
 def _cumulative_mb(run: RunData) -> dict[int, float]:
@@ -449,9 +458,10 @@ def plot_curves(runs: list[RunData], out_dir: Path) -> list[Path]:
     fig = Figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.add_subplot()
     for i, (label, group) in enumerate(groups.items()):
-        _, mb = _aligned(group, _cumulative_mb)
-        _, acc = _aligned(group, _accuracy)
-        _line_with_band(ax, mb.mean(axis=0), acc, colors(i % 10), label)
+        x_mb, mb = _aligned(group, _cumulative_mb)
+        x_acc, acc = _aligned(group, _accuracy)
+        # traffic up to and including each evaluated round
+        _line_with_band(ax, mb[:, np.isin(x_mb, x_acc)].mean(axis=0), acc, colors(i % 10), label)
     ax.set(xlabel="cumulative traffic, all directions (MB)", ylabel="test accuracy (%)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
