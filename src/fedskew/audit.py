@@ -165,15 +165,28 @@ def audit(
     return results
 
 
+AUDIT_HEADERS = [
+    "run", "images", "NN RMSE synthetic", "NN RMSE held-out", "ratio", "SSIM synthetic", "SSIM held-out", "MIA AUC",
+]
+
+
+def audit_cells(r: AuditResult) -> list[str]:
+    """One table row of an audit result, in the order of :data:`AUDIT_HEADERS`."""
+    return [
+        r.label, str(r.synthetic_images), f"{r.syn_nn_rmse_median:.3f}", f"{r.heldout_nn_rmse_median:.3f}",
+        f"{r.nn_ratio:.2f}", f"{r.syn_nn_ssim_mean:.3f}", f"{r.heldout_nn_ssim_mean:.3f}", f"{r.mia_auc:.3f}",
+    ]
+
+
+def read_audit(path: Path) -> AuditResult:
+    """Read an ``audit.json`` written by :func:`audit`; a damaged file is a one-line error naming it."""
+    try:
+        return AuditResult(**json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError) as e:
+        raise FedskewError(f"cannot read {path}: {e}") from None
+
+
 def format_audit(results: list[AuditResult]) -> str:
     """A Markdown table of audit results."""
-    head = (
-        "| run | images | NN RMSE synthetic | NN RMSE held-out | ratio | SSIM synthetic | SSIM held-out | MIA AUC |\n"
-        "|---|---|---|---|---|---|---|---|"
-    )
-    rows = [
-        f"| {r.label} | {r.synthetic_images} | {r.syn_nn_rmse_median:.3f} | {r.heldout_nn_rmse_median:.3f} | "
-        f"{r.nn_ratio:.2f} | {r.syn_nn_ssim_mean:.3f} | {r.heldout_nn_ssim_mean:.3f} | {r.mia_auc:.3f} |"
-        for r in results
-    ]
-    return "\n".join([head, *rows])
+    head = "| " + " | ".join(AUDIT_HEADERS) + " |\n" + "|---" * len(AUDIT_HEADERS) + "|"
+    return "\n".join([head, *("| " + " | ".join(audit_cells(r)) + " |" for r in results)])

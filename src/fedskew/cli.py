@@ -123,6 +123,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
     print("\nNN RMSE: median distance (pixels in [0, 1]) to the nearest real training image of the sending client;\n"
           "ratio < 1: synthetic images sit closer to client images than held-out real images do.\n"
           "MIA AUC: loss-threshold membership inference on a model trained on the synthetic images (0.5 = no leak).")
+    from fedskew.report import write_report
+
+    # The report of these runs now shows the audit table beside the results (audit.json in each run).
+    print(f"report: {write_report([Path(p) for p in args.runs])}")
     return 0
 
 

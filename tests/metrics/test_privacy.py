@@ -89,3 +89,22 @@ def test_audit_of_a_run_without_synthetic_data(tmp_path: Path) -> None:
     with pytest.raises(FedskewError, match="holds no synthetic images"):
         audit_run(tmp_path)
     assert json.loads((tmp_path / "summary.json").read_text())["rounds"] == 1
+
+
+def test_fedskew_audit_puts_its_table_in_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fedskew.cli import main
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    _run_with_synthetic(runs, "copies")
+    _run_with_synthetic(runs, "noise")
+    assert main(["audit", str(runs), "--epochs", "2"]) == 0
+    assert "MIA AUC" in capsys.readouterr().out
+    table = (runs / "report" / "audit.md").read_text()
+    assert table.count("\n") == 4  # header, rule, one row per audited run
+    page = (runs / "report" / "report.html").read_text()
+    assert "Privacy audit" in page and "NN RMSE synthetic" in page
+    # A damaged audit.json is named in a one-line error, not a traceback.
+    next(runs.rglob("audit.json")).write_text("{not json")
+    assert main(["report", str(runs)]) == 2
+    assert "audit.json" in capsys.readouterr().err

@@ -578,6 +578,27 @@ figure { margin: 1.5em 0; }
 """
 
 
+def _audit_section(runs: list[RunData], out: Path) -> str:
+    """The privacy audit of the runs that have one (``audit.json``, written by ``fedskew audit``).
+
+    Also writes ``audit.md`` beside ``results.md``. Empty when no run has been audited.
+    """
+    from fedskew.audit import AUDIT_HEADERS, audit_cells, format_audit, read_audit
+
+    audited = [read_audit(run.path / "audit.json") for run in runs if (run.path / "audit.json").is_file()]
+    if not audited:
+        return ""
+    (out / "audit.md").write_text(format_audit(audited) + "\n", encoding="utf-8")
+    return (
+        "<h2>Privacy audit of the synthetic images sent</h2><p>NN RMSE: median distance (pixels in [0, 1]) "
+        "from each synthetic image to the nearest real training image of the client that sent it, and the same "
+        "for held-out real images; ratio &lt; 1 means the synthetic images sit closer to client data than "
+        "unseen real images do. SSIM of those nearest pairs. MIA AUC: loss-threshold membership inference on "
+        "a model trained on the synthetic images (0.5 = no leak).</p>"
+        + _html_table(AUDIT_HEADERS, [audit_cells(r) for r in audited])
+    )
+
+
 def write_report(paths: Sequence[Path], out_dir: Path | None = None) -> Path:
     """Build the full report for the runs found under ``paths``.
 
@@ -622,6 +643,7 @@ def write_report(paths: Sequence[Path], out_dir: Path | None = None) -> Path:
         + _html_table(headers, cells)
         + "<h2>Curves</h2>"
         + figures
+        + _audit_section(runs, out)
         + "</body></html>\n"
     )
     html_path = out / "report.html"
