@@ -67,6 +67,12 @@ def test_uploads_only_uint8_sets_and_trains_on_every_clients_latest_set(
     # A fresh set from real images every round; nothing is kept on the clients.
     assert inits and all(i is None for i in inits)
     assert all(state == {} for state in sim.client_states.values())
+    # Each round's uploads are kept for `fedskew audit` and the report, tagged with their senders.
+    from safetensors.torch import load_file
+
+    last = load_file(str(tmp_path / "r" / "artifacts" / "synthetic" / "round_0003.safetensors"))
+    assert last["images"].dtype == torch.uint8 and set(last["clients"].tolist()) == set(res.records[-1]["clients"])
+    assert len(last["images"]) == len(last["labels"]) == len(last["clients"])
 
 
 def test_restart_model_trains_from_a_fresh_initialisation(tmp_path: Path) -> None:

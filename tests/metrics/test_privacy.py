@@ -104,6 +104,9 @@ def test_fedskew_audit_puts_its_table_in_the_report(tmp_path: Path, capsys: pyte
     assert table.count("\n") == 4  # header, rule, one row per audited run
     page = (runs / "report" / "report.html").read_text()
     assert "Privacy audit" in page and "NN RMSE synthetic" in page
+    # One image grid per label (both runs carry the tiny config's label), inlined in the page.
+    grids = sorted((runs / "report").glob("synthetic_*.png"))
+    assert len(grids) == 1 and grids[0].stem in page
     # A damaged audit.json is named in a one-line error, not a traceback.
     next(runs.rglob("audit.json")).write_text("{not json")
     assert main(["report", str(runs)]) == 2

@@ -578,6 +578,39 @@ figure { margin: 1.5em 0; }
 """
 
 
+def synthetic_grids(runs: list[RunData], out_dir: Path, per_class: int = 10) -> list[Path]:
+    """``synthetic_<label>.png``: the condensed images each run's clients sent in its last round.
+
+    One row per class, at most ``per_class`` images a row (the first ones sent), from the run's
+    ``artifacts/synthetic/`` (FedDC, FedDC+, FedDM and FedAF save them); the papers' Fig. 7 view.
+    The first seed of a label stands for it. Runs without synthetic data get no grid.
+    """
+    import torch
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from fedskew.report.grids import save_image_grid
+
+    written: list[Path] = []
+    used: set[str] = set()
+    for label, group in _group(runs).items():
+        files = sorted((group[0].path / "artifacts" / "synthetic").glob("round_*.safetensors"))
+        if not files:
+            continue
+        try:
+            data = load_file(str(files[-1]))
+            images, labels = data["images"], data["labels"]
+        except (OSError, SafetensorError, KeyError) as e:
+            raise FedskewError(f"cannot read synthetic images {files[-1]}: {e}") from None
+        keep = torch.cat([torch.nonzero(labels == c).flatten()[:per_class] for c in torch.unique(labels)])
+        slug = _slug(label)
+        while slug in used:  # "FedDC" and "FedDC+" share a slug
+            slug += "_"
+        used.add(slug)
+        written.append(save_image_grid(images[keep], labels[keep], out_dir / f"synthetic_{slug}.png"))
+    return written
+
+
 def _audit_section(runs: list[RunData], out: Path) -> str:
     """The privacy audit of the runs that have one (``audit.json``, written by ``fedskew audit``).
 
@@ -624,7 +657,7 @@ def write_report(paths: Sequence[Path], out_dir: Path | None = None) -> Path:
     out = Path(out_dir) if out_dir is not None else root / "report"
     rows = comparison_table(runs)
     write_table(rows, out)
-    images = plot_curves(runs, out)
+    images = plot_curves(runs, out) + synthetic_grids(runs, out)
     headers, cells = _display(rows)
     figures = "".join(
         f'<figure><img alt="{html.escape(img.stem)}" src="data:image/png;base64,'
