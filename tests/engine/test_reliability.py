@@ -124,9 +124,12 @@ def test_sigkill_and_resume_is_byte_identical(tmp_path: Path) -> None:
     kill_after = random.Random().randint(1, 4)
     run = _cli("run", str(cfg_path), "--out", str(tmp_path / "killed"), "--no-progress", cwd=tmp_path)
     metrics = tmp_path / "killed" / "fedavg-seed0" / "metrics.jsonl"
+    checkpoint = tmp_path / "killed" / "fedavg-seed0" / "checkpoints" / "last.pt"
     deadline = time.time() + 300
     while time.time() < deadline:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= kill_after:
+        # A round's record is written just before its checkpoint: a kill between the two in round 1
+        # leaves nothing to resume (fedskew says so in one line), so wait for a checkpoint too.
+        if checkpoint.exists() and metrics.exists() and len(metrics.read_text().splitlines()) >= kill_after:
             break
         if run.poll() is not None:
             break
