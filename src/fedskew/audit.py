@@ -165,6 +165,12 @@ def audit(
     return results
 
 
+AUDIT_LEGEND = (
+    "NN RMSE: median distance (pixels in [0, 1]) to the nearest real training image of the sending client;\n"
+    "ratio < 1: synthetic images sit closer to client images than held-out real images do.\n"
+    "MIA AUC: loss-threshold membership inference on a model trained on the synthetic images (0.5 = no leak)."
+)
+
 AUDIT_HEADERS = [
     "run", "images", "NN RMSE synthetic", "NN RMSE held-out", "ratio", "SSIM synthetic", "SSIM held-out", "MIA AUC",
 ]

@@ -116,13 +116,11 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from fedskew.audit import audit, format_audit
+    from fedskew.audit import AUDIT_LEGEND, audit, format_audit
 
     results = audit([Path(p) for p in args.runs], _data_dir(args), args.max_images, args.epochs)
     print(format_audit(results))
-    print("\nNN RMSE: median distance (pixels in [0, 1]) to the nearest real training image of the sending client;\n"
-          "ratio < 1: synthetic images sit closer to client images than held-out real images do.\n"
-          "MIA AUC: loss-threshold membership inference on a model trained on the synthetic images (0.5 = no leak).")
+    print("\n" + AUDIT_LEGEND)
     from fedskew.report import write_report
 
     # The report of these runs now shows the audit table beside the results (audit.json in each run).

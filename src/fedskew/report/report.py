@@ -417,6 +417,15 @@ def _slug(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("_") or "run"
 
 
+def _unique_slug(label: str, used: set[str]) -> str:
+    """:func:`_slug` of ``label``, made distinct from those in ``used`` ("FedDC" and "FedDC+" share one)."""
+    slug = _slug(label)
+    while slug in used:
+        slug += "_"
+    used.add(slug)
+    return slug
+
+
 def _save(fig: Figure, path: Path) -> Path:
     fig.savefig(path, dpi=100)
     return path
@@ -473,10 +482,7 @@ def plot_curves(runs: list[RunData], out_dir: Path) -> list[Path]:
         rounds, stack = _per_class_stack(group)
         if rounds.size == 0 or stack.shape[1] == 0:
             continue
-        slug = _slug(label)
-        while slug in used:
-            slug += "_"
-        used.add(slug)
+        slug = _unique_slug(label, used)
         fig = Figure(figsize=(7, 3.5), layout="constrained")
         ax = fig.add_subplot()
         image = ax.imshow(
@@ -603,10 +609,7 @@ def synthetic_grids(runs: list[RunData], out_dir: Path, per_class: int = 10) -> 
         except (OSError, SafetensorError, KeyError) as e:
             raise FedskewError(f"cannot read synthetic images {files[-1]}: {e}") from None
         keep = torch.cat([torch.nonzero(labels == c).flatten()[:per_class] for c in torch.unique(labels)])
-        slug = _slug(label)
-        while slug in used:  # "FedDC" and "FedDC+" share a slug
-            slug += "_"
-        used.add(slug)
+        slug = _unique_slug(label, used)
         written.append(save_image_grid(images[keep], labels[keep], out_dir / f"synthetic_{slug}.png"))
     return written
 
@@ -616,18 +619,14 @@ def _audit_section(runs: list[RunData], out: Path) -> str:
 
     Also writes ``audit.md`` beside ``results.md``. Empty when no run has been audited.
     """
-    from fedskew.audit import AUDIT_HEADERS, audit_cells, format_audit, read_audit
+    from fedskew.audit import AUDIT_HEADERS, AUDIT_LEGEND, audit_cells, format_audit, read_audit
 
     audited = [read_audit(run.path / "audit.json") for run in runs if (run.path / "audit.json").is_file()]
     if not audited:
         return ""
     (out / "audit.md").write_text(format_audit(audited) + "\n", encoding="utf-8")
     return (
-        "<h2>Privacy audit of the synthetic images sent</h2><p>NN RMSE: median distance (pixels in [0, 1]) "
-        "from each synthetic image to the nearest real training image of the client that sent it, and the same "
-        "for held-out real images; ratio &lt; 1 means the synthetic images sit closer to client data than "
-        "unseen real images do. SSIM of those nearest pairs. MIA AUC: loss-threshold membership inference on "
-        "a model trained on the synthetic images (0.5 = no leak).</p>"
+        f"<h2>Privacy audit of the synthetic images sent</h2><p>{html.escape(AUDIT_LEGEND)}</p>"
         + _html_table(AUDIT_HEADERS, [audit_cells(r) for r in audited])
     )
 
