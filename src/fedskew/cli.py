@@ -198,7 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--force", action="store_true", help="overwrite an existing app folder")
     de.set_defaults(func=cmd_deploy)
 
-    au = sub.add_parser("audit", help="privacy checks on the synthetic images a run's clients sent; adds the table to the report")
+    au = sub.add_parser(
+        "audit", help="privacy checks on the synthetic images a run's clients sent; adds the table to the report"
+    )
     au.add_argument("runs", nargs="+", help="run folders or their parents")
     au.add_argument("--data-dir", help=data_help)
     au.add_argument("--max-images", type=int, default=2000, help="images sampled per run (default 2000)")
