@@ -16,6 +16,7 @@ from fedskew.components.cim_selection import next_delta, oversampled_counts, ove
 from fedskew.config import dump
 from fedskew.core.algorithm import ClientContext, FederationInfo, ModelSpec
 from fedskew.core.message import Message, state_to_arrays
+from fedskew.core.seeding import numpy_rng
 from fedskew.engine.experiment import resume_run
 from fedskew.engine.simulation import Simulation
 from tests.conftest import tiny_config
@@ -24,7 +25,7 @@ L = 4  # classes of the tiny config
 
 
 def _run(tmp_path: Path, rounds: int = 3, **algo: Any) -> tuple[Simulation, list[dict[str, Any]]]:
-    cfg = tiny_config(rounds=rounds)
+    cfg = tiny_config(rounds=rounds)  # seed 0
     cfg["algorithm"] = {"name": "cim", **algo}
     sim = Simulation(cfg, tmp_path, progress=False)
     sim.run()
@@ -42,7 +43,7 @@ def test_rounds_follow_algorithms_1_and_2_and_the_ledger_counts_the_census(tmp_p
             delta = next_delta(delta, frac, 0.1, 0.1)
         assert rec["delta"] == pytest.approx(delta)
         over = np.stack([oversampled_counts(c, delta, r) for c in counts])
-        sel = select_clients(over, 10, 0.1)
+        sel = select_clients(over, 10, 0.1, numpy_rng(0, "server", r, "select"))
         assert rec["clients"] == sel.clients and rec["num_selected"] == len(sel.clients)
         assert rec["samples"] == int(sum(a.sum() for a in sel.allocations))  # |D'_k| summed
         assert rec["kld"] == pytest.approx(sel.kld)

@@ -107,6 +107,27 @@ def test_headers_get_every_class_and_the_ledger_counts_kip_data_client_to_client
     assert recs[0]["clusters"] == state["heterogeneous"] and "clusters" not in recs[1]
 
 
+@pytest.mark.parametrize(("classes", "algo", "per_member"), [
+    (1, {"kip_images": 6}, 6),  # a one-class member sends kip_images images of its class
+    (2, {"kip_images": 6}, 6),  # two classes: 3 each
+    (2, {"kip_images": 5}, 4),  # 5 // 2 = 2 each
+    (2, {"kip_images": 6, "kip_ipc": 1}, 2),  # kip_ipc, when set, is per class held
+])
+def test_members_distil_kip_images_split_over_the_classes_they_hold(
+    tmp_path: Path, classes: int, algo: dict[str, int], per_member: int
+) -> None:
+    cfg = _tiny_c1(1, **algo)
+    del cfg["algorithm"]["kip_ipc"]
+    cfg["algorithm"].update(algo)
+    cfg["partition"]["classes"] = classes
+    sim = Simulation(cfg, tmp_path, progress=False)
+    sim.run()
+    members = 8 - len(sim.server.state["headers"])
+    assert members > 0
+    assert sum(sim.server.state["distilled"]) == members * per_member
+    assert _records(tmp_path)[0]["bytes_client_to_client"] == members * per_member * (64 + 8)
+
+
 def test_hfldd_resumes_exactly(tmp_path: Path) -> None:
     def run(rounds: int, path: Path) -> Path:
         cfg = _tiny_c1(rounds)

@@ -52,6 +52,24 @@ def test_selection_fills_the_least_class_under_the_cap_and_stops_on_kl() -> None
     assert sel.kld == pytest.approx(kl_by_hand([10, 5, 8, 3])) and sel.kld < 0.1
 
 
+def test_ties_in_total_are_broken_at_random_but_larger_clients_still_come_first() -> None:
+    # 40 one-class clients of equal size over 4 classes (client i holds class i % 4), plus one larger
+    # client: it always comes first. A fixed order of ties would pick the same four clients each round.
+    counts = np.zeros((41, 4), dtype=np.int64)
+    counts[np.arange(40), np.arange(40) % 4] = 10
+    counts[40] = [0, 20, 0, 0]
+    picked: set[int] = set()
+    for r in range(20):
+        sel = select_clients(counts, max_clients=10, theta_kld=0.1, rng=np.random.default_rng(r))
+        assert sel.clients[0] == 40
+        assert sel.v.tolist() == [10, 20, 10, 10]  # one client per missing class, then KL 0.054 < 0.1
+        picked.update(sel.clients)
+    assert len(picked) > 20  # most clients are selected in some round
+    same = select_clients(counts, 10, 0.1, rng=np.random.default_rng(3))
+    assert same.clients == select_clients(counts, 10, 0.1, rng=np.random.default_rng(3)).clients
+    assert select_clients(counts, 10, 0.1).clients == [40, 0, 2, 3]  # no rng: id order
+
+
 def test_selection_stops_at_h_clients() -> None:
     sel = select_clients(COUNTS, max_clients=2, theta_kld=0.1)
     assert sel.clients == [1, 4]

@@ -24,7 +24,9 @@ census participant.
 
 Choices where the paper is silent: oversampled duplicates are drawn with replacement; the allocated
 samples are drawn uniformly without replacement from the oversampled set; a batch of floor(...) = 0
-becomes 1; KL uses the natural log; the round index r counts from 1; the oversampled fraction is
+becomes 1; KL uses the natural log; clients of equal total are sorted in a random order drawn each round from the
+server's (round, "select") stream (a fixed order would freeze the selection when all clients hold the
+same amount); the round index r counts from 1; the oversampled fraction is
 computed over the clients that trained this round and drives delta in the next round.
 """
 
@@ -107,7 +109,7 @@ class CIM(FedAvg):
             counts = np.zeros((self.fed.num_clients, self.fed.num_classes), dtype=np.int64)
             for cid, reply in census:
                 counts[cid] = reply.arrays["counts"].numpy()
-            sel = select_clients(counts, p.max_clients, p.theta_kld)
+            sel = select_clients(counts, p.max_clients, p.theta_kld, server.rng("select"))
             msgs = [
                 (cid, Message(arrays={**model, "allocation": torch.from_numpy(alloc)}, config=dict(config)))
                 for cid, alloc in zip(sel.clients, sel.allocations, strict=True)

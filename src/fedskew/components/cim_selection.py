@@ -142,10 +142,14 @@ class Selection:
     kld: float
 
 
-def select_clients(counts: np.ndarray, max_clients: int, theta_kld: float) -> Selection:
+def select_clients(counts: np.ndarray, max_clients: int, theta_kld: float,
+                   rng: np.random.Generator | None = None) -> Selection:
     """Algorithm 2 (SPEC section 3): greedy selection filling the least-represented class.
 
-    Clients are sorted by total count, descending (ties: lower id first). The first gives v = n_k,
+    Clients are sorted by total count, descending; ties are broken in a random order drawn from ``rng``
+    (lower id first without one). The paper does not say how ties go, and they matter: in a partition
+    where every client holds the same amount (one class each, equal shares), a fixed order would pick
+    the same h clients every round and never train on the others. The first gives v = n_k,
     s_k = n_k and the cap m = max(v). Then the candidates are visited in sorted order, as the paper's
     ``for each n_k in N`` loop does: for the candidate at hand, f = argmin_l v^l (lowest class index
     among ties); if n_i^f > 0 the client is taken with s_i^l = min(m - v^l, n_i^l) for every class l,
@@ -164,6 +168,9 @@ def select_clients(counts: np.ndarray, max_clients: int, theta_kld: float) -> Se
         h, the most clients to select (paper: 10).
     theta_kld
         theta_KLD, the KL divergence threshold (paper: 0.1).
+    rng
+        Orders clients of equal total at random (the ``cim`` algorithm passes the round's server stream);
+        None keeps the id order.
     """
     counts = np.asarray(counts, dtype=np.int64)
     if counts.ndim != 2:
@@ -171,7 +178,8 @@ def select_clients(counts: np.ndarray, max_clients: int, theta_kld: float) -> Se
     if max_clients < 1:
         raise ConfigError(f"max_clients must be at least 1, got {max_clients}")
     totals = counts.sum(axis=1)
-    order = [int(i) for i in np.argsort(-totals, kind="stable") if totals[i] > 0]
+    ids = np.arange(len(totals)) if rng is None else rng.permutation(len(totals))
+    order = [int(i) for i in ids[np.argsort(-totals[ids], kind="stable")] if totals[i] > 0]
     v = np.zeros(counts.shape[1], dtype=np.int64)
     if not order:
         return Selection([], [], v, math.inf)
