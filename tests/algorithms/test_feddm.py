@@ -11,7 +11,7 @@ import torch
 
 import fedskew.algorithms.feddm as feddm_module
 from fedskew.algorithms.feddm import FedDM
-from fedskew.components.server_train import OWNER, update_pool
+from fedskew.components.server_train import OWNER, update_pool, uploads_artifact
 from fedskew.condense import SyntheticSet
 from fedskew.core.seeding import seeded_init
 from fedskew.engine.simulation import Simulation
@@ -32,6 +32,14 @@ def test_update_pool_replaces_a_clients_rows_and_orders_by_owner() -> None:
     assert second["x"].tolist() == [10, 32] and second[OWNER].tolist() == [1, 3]
     dropped = update_pool(first, [(3, {"x": torch.tensor([32])})], keep_others=False)
     assert dropped["x"].tolist() == [32]
+
+
+def test_uploads_artifact_keeps_only_the_rows_this_rounds_clients_sent() -> None:
+    old = update_pool(None, [(1, {"images": torch.tensor([10]), "labels": torch.tensor([0])})], keep_others=True)
+    pool = update_pool(old, [(3, {"images": torch.tensor([30, 31]), "labels": torch.tensor([2, 5])})], keep_others=True)
+    art = uploads_artifact(pool, [3])
+    assert art["images"].tolist() == [30, 31] and art["labels"].tolist() == [2, 5] and art["clients"].tolist() == [3, 3]
+    assert uploads_artifact(pool, [])["images"].numel() == 0
 
 
 def test_defaults() -> None:

@@ -19,7 +19,13 @@ import torch
 
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.aggregate import weighted_mean
-from fedskew.components.server_train import OWNER, decode_set, pool_to_state, train_on_synthetic, update_pool
+from fedskew.components.server_train import (
+    decode_set,
+    pool_to_state,
+    train_on_synthetic,
+    update_pool,
+    uploads_artifact,
+)
 from fedskew.components.trainer import LocalConfig
 from fedskew.condense import GMConfig, SyntheticSet, gradient_matching
 from fedskew.core.algorithm import ClientContext, Replies, ServerContext, register_algorithm
@@ -122,9 +128,7 @@ class FedDC(FedAvg):
         pool_to_state(server.state, SYN_STATE, pool)
         server.metrics["synthetic_images"] = int(pool["labels"].shape[0])
         # Keep what the clients revealed this round, for `fedskew audit` (FedDC vs FedDC+ privacy).
-        server.save_artifact(
-            "synthetic", {"images": pool["images"], "labels": pool["labels"], "clients": pool[OWNER]}
-        )
+        server.save_artifact("synthetic", uploads_artifact(pool, [cid for cid, _ in replies]))
         syn = decode_set(pool["images"], pool["labels"], self.fed.mean, self.fed.std)
         if syn is None or p.server_epochs == 0:
             return

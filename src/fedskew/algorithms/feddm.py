@@ -29,6 +29,7 @@ from fedskew.components.server_train import (
     pool_to_state,
     train_on_synthetic,
     update_pool,
+    uploads_artifact,
 )
 from fedskew.components.trainer import LocalConfig, LossTerm
 from fedskew.condense import DMConfig, SyntheticSet, distribution_matching, perturbed_model_sampler
@@ -121,12 +122,7 @@ class AggregationFree(Algorithm):
         pool_to_state(server.state, SYN_STATE, pool)
         server.metrics["synthetic_images"] = int(pool["labels"].shape[0])
         # Keep what the clients sent this round, for `fedskew audit` and the report's image grids.
-        server.save_artifact("synthetic", {
-            "images": torch.cat([m.arrays[SYN_IMAGES] for _, m in replies]),
-            "labels": torch.cat([m.arrays[SYN_LABELS].to(torch.int64) for _, m in replies]),
-            "clients": torch.cat([torch.full((len(m.arrays[SYN_LABELS]),), cid, dtype=torch.int64)
-                                  for cid, m in replies]),
-        })
+        server.save_artifact("synthetic", uploads_artifact(pool, [cid for cid, _ in replies]))
         syn = decode_set(pool["images"], pool["labels"], self.fed.mean, self.fed.std)
         if syn is None or p.epochs == 0:
             return

@@ -61,6 +61,13 @@ def update_pool(
     return {k: v[order].clone() for k, v in merged.items()}
 
 
+def uploads_artifact(pool: dict[str, torch.Tensor], clients: Sequence[int]) -> dict[str, torch.Tensor]:
+    """The rows of ``pool`` sent by ``clients`` (this round's uploads), as a run saves them for
+    ``fedskew audit`` and the report's image grids: ``images`` (uint8), ``labels`` and ``clients``."""
+    mask = torch.isin(pool[OWNER], torch.tensor(list(clients), dtype=torch.int64))
+    return {"images": pool["images"][mask], "labels": pool["labels"][mask], "clients": pool[OWNER][mask]}
+
+
 def pool_to_state(state: dict[str, object], prefix: str, pool: dict[str, torch.Tensor]) -> None:
     """Store ``pool`` in a (checkpointed) server state as ``prefix + column`` entries."""
     for k, v in pool.items():
