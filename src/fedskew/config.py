@@ -61,7 +61,7 @@ TOP_LEVEL: dict[str, str] = {
     "target_accuracy": "accuracy (fraction) for rounds-to-target and bytes-to-target",
     "at_rounds": "rounds at which to report accuracy in the summary",
     "label": "name of the run in tables and plots",
-    "dataset": "table: name = dataset, data_dir, and the dataset's options",
+    "dataset": "table: name = dataset, data_dir, train_fraction, and the dataset's options",
     "partition": "table: name = partitioner, num_clients, seed (optional), and its parameters",
     "model": "table: name = model, and its options",
     "algorithm": "table: name = algorithm, and its hyper-parameters",
@@ -69,7 +69,7 @@ TOP_LEVEL: dict[str, str] = {
     "variants": "list of tables of dotted overrides, one run each (with a label)",
 }
 NAMED = ("dataset", "partition", "model", "algorithm")
-GENERIC_KEYS = {"dataset": {"data_dir"}, "partition": {"num_clients", "seed"}, "model": set()}
+GENERIC_KEYS = {"dataset": {"data_dir", "train_fraction"}, "partition": {"num_clients", "seed"}, "model": set()}
 SECTIONS = (*NAMED, "faults")
 
 DEFAULTS: dict[str, Any] = {
@@ -317,6 +317,11 @@ def validate(cfg: dict[str, Any]) -> None:
         name = cfg[sec].get("name")
         _need(isinstance(name, str), f"{sec}.name", name, "a string")
     DATASETS.get(cfg["dataset"]["name"])
+    frac = cfg["dataset"].get("train_fraction", 1.0)
+    _need(
+        isinstance(frac, int | float) and not isinstance(frac, bool) and 0 < frac <= 1,
+        "dataset.train_fraction", frac, "a number in (0, 1]",
+    )
     PARTITIONERS.get(cfg["partition"]["name"])
     MODELS.get(cfg["model"]["name"])
     nc = cfg["partition"].get("num_clients")

@@ -599,3 +599,28 @@ def test_cache_entries_round_trip_domains(tmp_path: Path) -> None:
     assert cached.domain_names == first.domain_names
     assert cached.domains_test is not None and first.domains_test is not None
     assert np.array_equal(cached.domains_test, first.domains_test)
+
+
+def test_train_subset_is_stratified_seeded_and_keeps_normalisation() -> None:
+    ds = load_dataset("synthetic", num_train=400, num_test=50, num_classes=4, num_domains=2)
+    sub = ds.train_subset(0.25, seed=3)
+    assert len(sub.y_train) == 100
+    assert np.bincount(sub.y_train, minlength=4).tolist() == [
+        round(0.25 * n) for n in np.bincount(ds.y_train, minlength=4)
+    ]
+    assert sub.domains_train is not None and len(sub.domains_train) == 100
+    assert sub.mean == ds.mean and sub.std == ds.std
+    assert np.array_equal(sub.x_test, ds.x_test)
+    # every kept image is one of the originals, with its own label
+    rows = {ds.x_train[i].tobytes(): int(ds.y_train[i]) for i in range(len(ds.y_train))}
+    assert all(rows[sub.x_train[i].tobytes()] == int(sub.y_train[i]) for i in range(100))
+    assert np.array_equal(sub.y_train, ds.train_subset(0.25, seed=3).y_train)
+    assert not np.array_equal(sub.x_train, ds.train_subset(0.25, seed=4).x_train)
+    assert ds.train_subset(1.0, seed=0) is ds
+
+
+@pytest.mark.parametrize("bad", [0, -0.5, 1.5])
+def test_train_subset_rejects_fractions_outside_0_1(bad: float) -> None:
+    ds = load_dataset("synthetic", num_train=40, num_test=10)
+    with pytest.raises(ConfigError, match=r"train_fraction.*0 < fraction <= 1"):
+        ds.train_subset(bad, seed=0)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from fedskew.config import dump
 from fedskew.engine.experiment import resume_run
@@ -80,3 +81,25 @@ def test_resume_equals_uninterrupted(tmp_path: Path, algo: dict) -> None:
     resume_run(part, {"rounds": 4}, data_dir=None, progress=False)
     assert (part / "metrics.jsonl").read_bytes() == (full / "metrics.jsonl").read_bytes()
     assert (part / "model.pt").read_bytes() != b""
+
+
+def test_train_fraction_shrinks_every_client_and_keeps_the_test_set(tmp_path: Path) -> None:
+    from fedskew.engine.federation import build_federation
+
+    cfg = tiny_config()
+    full = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], 0)
+    half = build_federation({**cfg["dataset"], "train_fraction": 0.5}, cfg["partition"], cfg["model"], 0)
+    assert len(half.y) == len(full.y) // 2
+    assert half.counts.sum() == len(half.y) and half.counts.shape == full.counts.shape
+    assert torch.equal(half.x_test, full.x_test)
+    sim = Simulation(tiny_config(dataset={"train_fraction": 0.5}, rounds=1), tmp_path / "run")
+    sim.run()
+    assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])["samples"] <= len(half.y)
+
+
+def test_train_fraction_out_of_range_is_a_config_error() -> None:
+    from fedskew.config import validate
+    from fedskew.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"dataset.train_fraction must be a number in \(0, 1\], got 2"):
+        validate(tiny_config(dataset={"train_fraction": 2}))

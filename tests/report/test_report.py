@@ -119,8 +119,8 @@ def test_comparison_table_aggregates_seeds_by_hand(experiment: Path) -> None:
     # accuracy at round 3: 20 and 25 %
     assert fedavg["acc@3"] == 22.5 and fedavg["acc@3_std"] == 3.54
     # largest drops -10 and -5 points; fedavg rises: (20+25+5)/3 and (20+25+4)/3
-    assert fedavg["max_drop"] == -7.5
-    assert fedavg["mean_drop"] == -7.5
+    assert fedavg["max_drop"] == -7.5 and fedavg["max_drop_std"] == 3.54
+    assert fedavg["mean_drop"] == -7.5 and fedavg["mean_drop_std"] == 3.54
     assert fedavg["mean_rise"] == pytest.approx((50 / 3 + 49 / 3) / 2, abs=0.005)
     assert feddc["max_drop"] == 0.0
     # 5 rounds x 1 MB down and 0.5 MB up, identical for every seed
@@ -133,12 +133,14 @@ def test_comparison_table_aggregates_seeds_by_hand(experiment: Path) -> None:
 def test_single_run_has_no_std(experiment: Path) -> None:
     (row,) = comparison_table([load_run(experiment / "feddc_s0")])
     assert row["n"] == 1 and row["final_acc"] == 40.0 and row["final_acc_std"] is None
+    assert row["max_drop_std"] is None and row["class_var_std"] is None
 
 
 def test_tables_written_and_formatted(experiment: Path, tmp_path: Path) -> None:
     rows = comparison_table([load_run(p) for p in find_runs([experiment])])
     text = format_table(rows)
     assert "52.00 ± 2.83" in text and "feddc" in text
+    assert "-7.50 ± 3.54" in text  # the stability columns carry the seeds' std too
     lines = text.splitlines()
     assert len(lines) == 4 and len({len(line) for line in lines[:2]}) == 1
     md, csv_path = write_table(rows, tmp_path / "out")

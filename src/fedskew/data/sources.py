@@ -27,7 +27,7 @@ import zipfile
 import zlib
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NamedTuple
@@ -199,6 +199,32 @@ class ArrayDataset:
         images = torch.from_numpy(np.asarray(x, dtype=np.float32))  # a fresh, writable copy
         images.div_(255.0).sub_(mean).div_(std)
         return images, torch.from_numpy(y.copy())
+
+    def train_subset(self, fraction: float, seed: int) -> ArrayDataset:
+        """A class-stratified random ``fraction`` of the training split; the test split is kept whole.
+
+        Each class keeps ``round(fraction * n_c)`` of its ``n_c`` images (at least one), drawn with
+        ``seed``. ``mean``/``std`` stay those of the full training split, so a model sees inputs
+        normalised the same way whatever the fraction. Used to scale experiments down to a small
+        machine (the ``dataset.train_fraction`` config key).
+        """
+        if not 0 < fraction <= 1:
+            raise ConfigError(f"dataset.train_fraction = {fraction!r} is not allowed; allowed: 0 < fraction <= 1")
+        if fraction == 1:
+            return self
+        rng = np.random.default_rng(seed)
+        keep = []
+        for c in np.unique(self.y_train):
+            rows = np.flatnonzero(self.y_train == c)
+            take = max(1, round(fraction * len(rows)))
+            keep.append(rng.choice(rows, size=take, replace=False))
+        index = np.sort(np.concatenate(keep))
+        return replace(
+            self,
+            x_train=self.x_train[index],
+            y_train=self.y_train[index],
+            domains_train=None if self.domains_train is None else self.domains_train[index],
+        )
 
     def __repr__(self) -> str:
         shape = "x".join(str(d) for d in self.x_train.shape[1:])

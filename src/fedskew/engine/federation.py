@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from fedskew.core.algorithm import FederationInfo, ModelSpec
+from fedskew.core.errors import ConfigError
 from fedskew.core.seeding import derive_seed, torch_generator
 
 
@@ -58,6 +59,8 @@ def build_federation(
     ----------
     dataset, partition_cfg, model
         The ``[dataset]``, ``[partition]`` and ``[model]`` config tables (each with ``name``).
+        ``dataset.train_fraction`` (default 1) keeps a class-stratified random fraction of the
+        training split, drawn from a stream of the run seed, before partitioning.
     seed
         The run's root seed. The partition uses ``partition_cfg["seed"]`` if given, else a stream
         derived from this seed, so changing the run seed also redraws the partition unless pinned.
@@ -71,7 +74,10 @@ def build_federation(
     dname = dopts.pop("name")
     ddir = data_dir or dopts.pop("data_dir", None) or None
     dopts.pop("data_dir", None)
-    ds = load_dataset(dname, ddir, **dopts)
+    fraction = dopts.pop("train_fraction", 1.0)
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+        raise ConfigError(f"dataset.train_fraction = {fraction!r} is not allowed; allowed: a number in (0, 1]")
+    ds = load_dataset(dname, ddir, **dopts).train_subset(float(fraction), derive_seed(seed, "train_fraction") % (2**32))
 
     popts = dict(partition_cfg)
     pname = popts.pop("name")

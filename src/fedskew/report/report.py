@@ -256,11 +256,11 @@ def comparison_table(runs: list[RunData]) -> list[dict[str, Any]]:
     -------
     list of dict
         Keys: ``label``, ``algorithm``, ``n`` (runs aggregated), ``rounds``; ``final_acc``,
-        ``best_acc`` and ``acc@<round>`` (for rounds in the summaries' ``accuracy_at``) in percent,
-        each with a ``<key>_std`` (None for a single run); ``max_drop``, ``mean_drop``,
-        ``mean_rise`` in percentage points; ``class_var`` (mean per-round class variance of fractional
-        accuracies) and ``class_std_pp``; ``mb_<direction>`` traffic totals; and, when the
-        summaries have them, ``rounds_to_target`` and ``mb_to_target`` (None unless every seed
+        ``best_acc`` and ``acc@<round>`` (for rounds in the summaries' ``accuracy_at``) in percent;
+        ``max_drop``, ``mean_drop``, ``mean_rise`` in percentage points; ``class_var`` (mean per-round
+        class variance of fractional accuracies) and ``class_std_pp``; each of these with a
+        ``<key>_std``, the sample std over seeds (None for a single run); ``mb_<direction>`` traffic
+        totals; and, when the summaries have them, ``rounds_to_target`` and ``mb_to_target`` (None unless every seed
         reached the target, since a mean over the seeds that did would flatter the method).
         Accuracies and points are rounded to 2 decimals.
     """
@@ -286,9 +286,9 @@ def comparison_table(runs: list[RunData]) -> list[dict[str, Any]]:
         for key, values in accs.items():
             row[key], row[f"{key}_std"] = _mean_std(values, 100, 2)
         for key in ("max_drop", "mean_drop", "mean_rise"):
-            row[key] = _mean_std((s[key] for s in summaries), 100, 2)[0]
-        row["class_var"] = _mean_std((s["mean_class_variance"] for s in summaries), 1, 5)[0]
-        row["class_std_pp"] = _mean_std((_class_std_pp(run) for run in group), 1, 2)[0]
+            row[key], row[f"{key}_std"] = _mean_std((s[key] for s in summaries), 100, 2)
+        row["class_var"], row["class_var_std"] = _mean_std((s["mean_class_variance"] for s in summaries), 1, 5)
+        row["class_std_pp"], row["class_std_pp_std"] = _mean_std((_class_std_pp(run) for run in group), 1, 2)
         for d in DIRECTIONS:
             row[f"mb_{d}"] = _mean_std((s.get(f"bytes_{d}", 0) for s in summaries), 1 / MB, 3)[0]
         if with_target:
