@@ -205,7 +205,7 @@ class FedAF(AggregationFree):
         def loss(model: nn.Module, syn: SyntheticSet) -> torch.Tensor:
             was_training = model.training
             model.eval()
-            logits = model(syn.images)
+            logits = model(as_model_format(syn.images, is_channels_last(model)))
             model.train(was_training)
             total = torch.zeros(())
             for c in sorted(set(syn.labels.tolist()) & targets.keys()):
