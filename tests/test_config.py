@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from fedskew.config import parse_overrides, read_config, resolve
@@ -63,3 +65,19 @@ def test_algorithm_override_goes_to_variants_that_have_the_parameter() -> None:
     assert all(r.config["algorithm"]["lr"] == 0.2 for r in runs)
     with pytest.raises(ConfigError, match="no variant's algorithm has this parameter"):
         resolve(raw, parse_overrides(["algorithm.zeta=1"]))
+
+
+def test_a_label_with_a_slash_gives_one_folder_and_collisions_are_refused(tmp_path: Path) -> None:
+    raw = {
+        "dataset": {"name": "synthetic"},
+        "variants": [{"label": "FedAF w/o CDC"}, {"label": "FedAF"}],
+        "seeds": [3],
+    }
+    runs = resolve(raw)
+    assert [r.folder_name for r in runs] == ["FedAF w_o CDC-seed3", "FedAF-seed3"]
+    assert runs[0].label == "FedAF w/o CDC"  # the label itself is kept for tables and plots
+    (tmp_path / runs[0].folder_name).mkdir()  # one path component
+    assert [p.name for p in tmp_path.iterdir()] == ["FedAF w_o CDC-seed3"]
+    raw["variants"] = [{"label": "a/b"}, {"label": "a_b"}]
+    with pytest.raises(ConfigError, match="folder name"):
+        resolve(raw)

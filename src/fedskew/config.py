@@ -39,6 +39,7 @@ it); when it changes the algorithm, the base's hyper-parameters that the new alg
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -177,7 +178,13 @@ class RunSpec:
 
     @property
     def folder_name(self) -> str:
-        return f"{self.label}-seed{self.config['seed']}"
+        """``<label>-seed<k>``, with path separators in the label made ``_`` ("FedAF w/o CDC" -> "FedAF w_o CDC")."""
+        return f"{folder_label(self.label)}-seed{self.config['seed']}"
+
+
+def folder_label(label: str) -> str:
+    """A label as one path component: ``/``, ``\\`` and control characters become ``_``."""
+    return re.sub(r"[/\\\x00-\x1f]", "_", label)
 
 
 def resolve(raw: dict[str, Any], overrides: dict[str, Any] | None = None, where: str = "config") -> list[RunSpec]:
@@ -233,8 +240,10 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any] | None = None, where:
         if cfg["algorithm"].get("name") != base["algorithm"].get("name"):
             _keep_shared_params(cfg, explicit["algorithm"])
         label = str(overrides.get("label") or variant.get("label") or cfg.get("label") or cfg["algorithm"]["name"])
-        if label in labels:
-            raise ConfigError(f"{where}: two variants share the label {label!r}; give each a distinct label")
+        if label in labels or folder_label(label) in {folder_label(x) for x in labels}:
+            raise ConfigError(
+                f"{where}: two variants share the label {label!r} or its folder name; give each a distinct label"
+            )
         labels.add(label)
         for seed in seeds:
             run = copy.deepcopy(cfg)
