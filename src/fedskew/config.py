@@ -206,7 +206,7 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any] | None = None, where:
     if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise ConfigError(f"seeds must be a list of integers, got {seeds!r}")
     runs: list[RunSpec] = []
-    labels: set[str] = set()
+    folders: set[str] = set()
     # A command-line algorithm.<param> goes to the variants whose algorithm has that parameter
     # (`algorithm.condense_iterations=20` on a FedAvg-vs-FedDC file); it is an error only if none has it.
     algo_overrides = {k for k in overrides if k.startswith("algorithm.") and k != "algorithm.name"}
@@ -240,11 +240,11 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any] | None = None, where:
         if cfg["algorithm"].get("name") != base["algorithm"].get("name"):
             _keep_shared_params(cfg, explicit["algorithm"])
         label = str(overrides.get("label") or variant.get("label") or cfg.get("label") or cfg["algorithm"]["name"])
-        if label in labels or folder_label(label) in {folder_label(x) for x in labels}:
+        if folder_label(label) in folders:  # equal labels have equal folder names
             raise ConfigError(
                 f"{where}: two variants share the label {label!r} or its folder name; give each a distinct label"
             )
-        labels.add(label)
+        folders.add(folder_label(label))
         for seed in seeds:
             run = copy.deepcopy(cfg)
             run["seed"] = seed

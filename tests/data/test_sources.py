@@ -619,8 +619,8 @@ def test_train_subset_is_stratified_seeded_and_keeps_normalisation() -> None:
     assert ds.train_subset(1.0, seed=0) is ds
 
 
-@pytest.mark.parametrize("bad", [0, -0.5, 1.5])
-def test_train_subset_rejects_fractions_outside_0_1(bad: float) -> None:
+@pytest.mark.parametrize("bad", [0, -0.5, 1.5, "0.5", True])
+def test_train_subset_rejects_fractions_outside_0_1(bad: object) -> None:
     ds = load_dataset("synthetic", num_train=40, num_test=10)
     with pytest.raises(ConfigError, match=r"train_fraction.*0 < fraction <= 1"):
         ds.train_subset(bad, seed=0)

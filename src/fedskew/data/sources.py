@@ -208,7 +208,7 @@ class ArrayDataset:
         normalised the same way whatever the fraction. Used to scale experiments down to a small
         machine (the ``dataset.train_fraction`` config key).
         """
-        if not 0 < fraction <= 1:
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1:
             raise ConfigError(f"dataset.train_fraction = {fraction!r} is not allowed; allowed: 0 < fraction <= 1")
         if fraction == 1:
             return self
