@@ -43,6 +43,7 @@ from fedskew.condense.evaluate import EvalConfig, evaluate_synthetic
 from fedskew.condense.gradient_matching import GMConfig, gradient_matching
 from fedskew.condense.kip import KIPConfig, kip
 from fedskew.condense.synthetic import ModelFactory, SyntheticSet, UInt8Set, init_synthetic
+from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.errors import ConfigError, DataError
 from fedskew.core.seeding import torch_generator
 from fedskew.core.threads import num_threads
@@ -261,6 +262,7 @@ def cmd_condense(args: argparse.Namespace, data_dir: str | None) -> int:
     x_test, y_test = ds.to_tensors("test")
     progress = not args.no_progress
     iterations = iterations_of(args.method, settings)
+    keep_freed_memory()
     with num_threads(args.threads):
         start = time.perf_counter()
         syn = condense_set(

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 import fedskew.algorithms  # noqa: F401  (registers the algorithms)
 from fedskew.components.evaluate import EvalCounts, chunk_bounds
 from fedskew.core.algorithm import ALGORITHMS, Algorithm, Replies, ServerContext
+from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import build_params
@@ -216,6 +217,7 @@ class Simulation:
     # ---- the loop ----------------------------------------------------------------------------------
     def run(self, resume: bool = False) -> RunResult:
         """Run all rounds (continuing from the last checkpoint when ``resume``)."""
+        keep_freed_memory()  # page faults cost a third of a small ConvNet's step (core/allocator.py)
         cfg = self.cfg
         rounds = int(cfg["rounds"])
         workers = int(cfg.get("workers", 1)) or default_workers()

@@ -19,6 +19,7 @@ import torch.multiprocessing as tmp
 from fedskew.components.evaluate import EvalCounts, evaluate_chunk
 from fedskew.components.trainer import use_channels_last
 from fedskew.core.algorithm import ALGORITHMS, Algorithm, ClientContext, ModelSpec
+from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message
 from fedskew.core.threads import num_threads
@@ -72,6 +73,7 @@ _RUNTIME: _Runtime | None = None
 def _init_worker(fed: Federation, algo_name: str, params: Any) -> None:
     global _RUNTIME
     torch.set_num_threads(1)
+    keep_freed_memory()
     _RUNTIME = _Runtime(fed, algo_name, params)
 
 

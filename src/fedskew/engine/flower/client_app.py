@@ -25,6 +25,7 @@ from flwr.clientapp import ClientApp
 
 import fedskew.algorithms  # noqa: F401  (registers the algorithms)
 from fedskew.core.algorithm import ClientContext, FederationInfo
+from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.errors import FedskewError
 from fedskew.core.threads import num_threads
 from fedskew.engine.federation import build_federation
@@ -82,6 +83,7 @@ def load_shard(
 
 def handle(message: Message, context: Context) -> Message:
     """Answer one engine request: the partition census, or one client task."""
+    keep_freed_memory()
     head = message.content[HEADER]
     assert isinstance(head, ConfigRecord)
     partitions = node_partitions(context.node_config)

@@ -34,6 +34,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedskew.config import dump, folder_label
 from fedskew.core.algorithm import FederationInfo
+from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.core.message import Message as FedskewMessage
 from fedskew.core.params import build_params, check
@@ -306,6 +307,7 @@ def main(grid: Grid, context: Context) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s fedskew %(levelname)s: %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
+    keep_freed_memory()
     settings = build_params(DeploySettings, dict(context.run_config), prefix="run config ")
     run = grid.run
     deploy(grid, settings, get_project_dir(run.fab_id, run.fab_version, run.fab_hash))
