@@ -112,3 +112,19 @@ def test_list_and_partition(capsys: pytest.CaptureFixture[str], tmp_path: Path, 
     assert main(["partition", str(cfg_file), "--out", str(png)]) == 0
     assert png.stat().st_size > 1000
     assert "total" in capsys.readouterr().out
+
+
+def test_resume_extends_a_run_with_an_override_after_the_folder(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                               cfg_file: Path) -> None:
+    """`fedskew run --resume DIR rounds=3` extends the run (the override used to be taken for a config
+    file and ignored); a config file with --resume is refused by name."""
+    out = tmp_path / "o"
+    assert main(["run", str(cfg_file), "--out", str(out), "--no-progress"]) == 0
+    run_dir = out / "fedavg-seed0"
+    assert main(["run", "--resume", str(run_dir), "rounds=3", "--no-progress"]) == 0
+    rounds = [json.loads(line)["round"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rounds == [1, 2, 3]
+    line = _err(capsys, ["run", str(cfg_file), "--resume", str(run_dir), "--no-progress"])
+    assert "--resume takes no config file" in line and "tiny.toml" in line
+    line = _err(capsys, ["run", "--resume", str(out), "--no-progress"])
+    assert "experiment folder" in line and "fedavg-seed0" in line

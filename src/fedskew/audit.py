@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from fedskew.components.trainer import LocalConfig, train_local
 from fedskew.core.errors import FedskewError
 from fedskew.core.seeding import seeded_init, torch_generator
+from fedskew.engine.experiment import run_config_path
 from fedskew.engine.federation import Federation, build_federation
 from fedskew.metrics.privacy import auc, nearest_neighbours, ssim
 
@@ -84,9 +85,7 @@ def _heldout_like(fed: Federation, labels: torch.Tensor, g: torch.Generator) -> 
 
 def audit_run(run_dir: Path, data_dir: str | None = None, max_images: int = 2000, epochs: int = 50) -> AuditResult:
     """Measure one run; see the module docstring."""
-    cfg_path = run_dir / "config.toml"
-    if not cfg_path.exists():
-        raise FedskewError(f"{run_dir} is not a run folder: no config.toml")
+    cfg_path = run_config_path(run_dir)
     cfg: dict[str, Any] = tomllib.loads(cfg_path.read_text())
     images, labels, clients, rounds = load_synthetic(run_dir)
     fed = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), data_dir)

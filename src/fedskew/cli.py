@@ -35,6 +35,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     overrides = parse_overrides(args.overrides)
     progress = not args.no_progress
     if args.resume:
+        if args.config is not None:
+            if "=" not in args.config:
+                raise FedskewError(
+                    f"--resume takes no config file ({args.config!r}): the run folder's config.toml is used; "
+                    "give only overrides (rounds, workers, checkpoint_every)"
+                )
+            overrides = parse_overrides([args.config, *args.overrides])  # `--resume DIR rounds=20`
         res = resume_run(Path(args.resume), overrides, data_dir=_data_dir(args), progress=progress)
         parents = [res.run_dir]
     else:

@@ -103,3 +103,19 @@ def test_train_fraction_out_of_range_is_a_config_error() -> None:
 
     with pytest.raises(ConfigError, match=r"dataset.train_fraction must be a number in \(0, 1\], got 2"):
         validate(tiny_config(dataset={"train_fraction": 2}))
+
+
+def test_resume_of_an_experiment_folder_names_its_runs(tmp_path: Path) -> None:
+    """--resume given the --out folder (holding run folders) says which runs are inside it."""
+    from fedskew.core.errors import FedskewError
+
+    for name in ("FedAvg-seed0", "FedAvg-seed1"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.toml").write_text(dump(tiny_config()))
+    with pytest.raises(FedskewError, match=r"experiment folder.*FedAvg-seed0, FedAvg-seed1"):
+        resume_run(tmp_path, {}, data_dir=None, progress=False)
+    with pytest.raises(FedskewError, match="does not exist"):
+        resume_run(tmp_path / "missing", {}, data_dir=None, progress=False)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FedskewError, match=r"no config\.toml"):
+        resume_run(tmp_path / "empty", {}, data_dir=None, progress=False)

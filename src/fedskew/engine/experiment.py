@@ -66,11 +66,27 @@ def run_experiment(
     return results
 
 
+def run_config_path(run_dir: Path) -> Path:
+    """``run_dir/config.toml``, or an error that says what ``run_dir`` is instead.
+
+    Passing an experiment's output folder (``--out``) where one run's folder is meant is the usual
+    slip; the error then names the run folders inside it.
+    """
+    path = run_dir / "config.toml"
+    if path.is_file():
+        return path
+    if not run_dir.is_dir():
+        raise FedskewError(f"{run_dir} is not a run folder: it does not exist")
+    inside = sorted(p.parent.name for p in run_dir.glob("*/config.toml"))
+    if inside:
+        shown = ", ".join(inside[:5]) + (f" (and {len(inside) - 5} more)" if len(inside) > 5 else "")
+        raise FedskewError(f"{run_dir} is an experiment folder, not a run folder; pass one of its runs: {shown}")
+    raise FedskewError(f"{run_dir} is not a run folder: no config.toml")
+
+
 def resume_run(run_dir: Path, overrides: dict[str, Any], *, data_dir: str | None, progress: bool) -> RunResult:
     """Continue a run from its last checkpoint (``rounds=N`` may extend it)."""
-    path = run_dir / "config.toml"
-    if not path.exists():
-        raise FedskewError(f"{run_dir} is not a run folder: no config.toml")
+    path = run_config_path(run_dir)
     cfg = tomllib.loads(path.read_text())
     for key in overrides:
         if key not in ("rounds", "workers", "checkpoint_every"):
