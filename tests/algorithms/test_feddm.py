@@ -44,7 +44,7 @@ def test_uploads_artifact_keeps_only_the_rows_this_rounds_clients_sent() -> None
 
 def test_defaults() -> None:
     p = FedDM.Params()
-    assert (p.rho, p.clip_norm, p.image_lr, p.image_momentum, p.init) == (5.0, 2.0, 1.0, 0.9, "real")
+    assert (p.rho, p.clip_norm, p.image_lr, p.image_momentum, p.init) == (5.0, 2.0, 1.0, 0.9, "mean")
     assert (p.ipc, p.condense_iterations, p.real_batch) == (50, 1000, 256)
     assert (p.epochs, p.batch_size, p.lr, p.momentum, p.restart_model) == (500, 256, 0.001, 0.9, False)
 

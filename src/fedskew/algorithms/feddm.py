@@ -9,9 +9,12 @@ clients' sets with cross-entropy.
 
 FedDM specifics (SPEC section 4, FedAF Secs. 5.1-5.2 and App. A): the matching network is drawn
 uniformly from the L2 ball of radius rho = 5 around the global model, the image gradient is clipped
-to norm 2.0, image lr 1.0, SGD momentum 0.9. Each round a client condenses afresh from randomly
-chosen real images: FedDM's clients build a new synthetic set around every new global model, unlike
-FedAF's clients, which keep refining one set across rounds.
+to norm 2.0, image lr 1.0, SGD momentum 0.9, and the sets start, as FedAF's, from averages of random
+real images (FedAF Sec. 5.1 uses one initialisation for both). Each round a client condenses afresh
+from a new draw: FedDM's clients build a new synthetic set around every new global model, unlike
+FedAF's clients, which keep refining one set across rounds. With few matching steps a set started
+from single real images stays close to them (``init = "real"``, FedDM's own paper's start): the
+uploads are then nearly the clients' raw images, a new sample every round.
 """
 
 from __future__ import annotations
@@ -167,7 +170,9 @@ class FedDM(AggregationFree):
     class Params(AggregationFree.Params):
         rho: float = 5.0  # radius of FedDM's model-sampling ball (SPEC section 4)
         clip_norm: float = 2.0  # image-gradient clipping norm (SPEC section 4)
-        init: Literal["real", "noise", "mean"] = "real"  # random real images, a new draw every round
+        # FedAF Sec. 5.1 (and SPEC: "the same" as FedAF): both start from averages of random real images,
+        # a new draw every round here; "real" is FedDM's own paper's start (random real images).
+        init: Literal["real", "noise", "mean"] = "mean"
 
         def __post_init__(self) -> None:
             super().__post_init__()
