@@ -34,21 +34,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     overrides = parse_overrides(args.overrides)
     progress = not args.no_progress
+    source = args.config
+    if source is not None and "=" in source and not Path(source).exists():
+        overrides = parse_overrides([source, *args.overrides])  # `fedskew run rounds=5`, `--resume DIR rounds=20`
+        source = None
     if args.resume:
-        if args.config is not None:
-            if "=" not in args.config:
-                raise FedskewError(
-                    f"--resume takes no config file ({args.config!r}): the run folder's config.toml is used; "
-                    "give only overrides (rounds, workers, checkpoint_every)"
-                )
-            overrides = parse_overrides([args.config, *args.overrides])  # `--resume DIR rounds=20`
+        if source is not None:
+            raise FedskewError(
+                f"--resume takes no config file ({source!r}): the run folder's config.toml is used; "
+                "give only overrides (rounds, workers, checkpoint_every)"
+            )
         res = resume_run(Path(args.resume), overrides, data_dir=_data_dir(args), progress=progress)
         parents = [res.run_dir]
     else:
-        source = args.config
-        if source is not None and "=" in source and not Path(source).exists():
-            overrides = parse_overrides([source, *args.overrides])  # `fedskew run rounds=5`
-            source = None
         raw = read_config(source)
         runs = resolve(raw, overrides, where=str(source or "default"))
         if args.only:

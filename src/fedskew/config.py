@@ -179,7 +179,12 @@ class RunSpec:
     @property
     def folder_name(self) -> str:
         """``<label>-seed<k>``, with path separators in the label made ``_`` ("FedAF w/o CDC" -> "FedAF w_o CDC")."""
-        return f"{folder_label(self.label)}-seed{self.config['seed']}"
+        return run_folder_name(self.label, self.config["seed"])
+
+
+def run_folder_name(label: str, seed: object) -> str:
+    """A run's folder name, ``<label>-seed<k>`` (simulator and Flower deployment alike)."""
+    return f"{folder_label(label)}-seed{seed}"
 
 
 def folder_label(label: str) -> str:
@@ -240,11 +245,12 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any] | None = None, where:
         if cfg["algorithm"].get("name") != base["algorithm"].get("name"):
             _keep_shared_params(cfg, explicit["algorithm"])
         label = str(overrides.get("label") or variant.get("label") or cfg.get("label") or cfg["algorithm"]["name"])
-        if folder_label(label) in folders:  # equal labels have equal folder names
+        folder = folder_label(label)
+        if folder in folders:  # equal labels have equal folder names
             raise ConfigError(
                 f"{where}: two variants share the label {label!r} or its folder name; give each a distinct label"
             )
-        folders.add(folder_label(label))
+        folders.add(folder)
         for seed in seeds:
             run = copy.deepcopy(cfg)
             run["seed"] = seed

@@ -32,7 +32,7 @@ from flwr.common.config import get_project_dir
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
-from fedskew.config import dump, folder_label
+from fedskew.config import dump, run_folder_name
 from fedskew.core.algorithm import FederationInfo
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.errors import ConfigError, FedskewError
@@ -274,7 +274,7 @@ def _resume_hint(run_dir: Path) -> str:
 def deploy(grid: Grid, settings: DeploySettings, app_dir: Path) -> RunResult:
     """Run the app's experiment with its clients on the SuperNodes; the run folder is written here."""
     cfg = resolve_experiment(app_dir / settings.experiment, settings.overrides, settings.label)
-    run_dir = Path(settings.out).expanduser() / f"{folder_label(cfg['label'])}-seed{cfg['seed']}"
+    run_dir = Path(settings.out).expanduser() / run_folder_name(cfg["label"], cfg["seed"])
     _prepare_run_dir(run_dir, cfg, settings.resume)
     data_dir = settings.data_dir or os.environ.get("FEDSKEW_DATA") or None
     fed = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), data_dir)
