@@ -1,0 +1,51 @@
+"""The experiment configs shipped in ``experiments/`` resolve and validate without loading data.
+
+docs/results.md gives commands on these files; a renamed parameter or a mistyped key in one of them
+would otherwise surface only when somebody starts a long run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fedskew.config import parse_overrides, read_config, resolve
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+CONFIGS = sorted(EXPERIMENTS.rglob("*.toml"))
+
+
+def test_the_experiments_folder_is_found() -> None:
+    assert len(CONFIGS) >= 10, f"expected the shipped experiment configs under {EXPERIMENTS}"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[str(p.relative_to(EXPERIMENTS)) for p in CONFIGS])
+def test_config_resolves_and_validates(path: Path) -> None:
+    runs = resolve(read_config(path), where=str(path))  # validate() runs on every (variant, seed)
+    assert runs, f"{path} expands to no runs"
+    raw = read_config(path)
+    assert isinstance(raw.get("name"), str) and raw["name"], f"{path} has no name"
+    labels = {r.label for r in runs}
+    assert len(labels) == len(raw.get("variants") or [{}])
+
+
+@pytest.mark.parametrize("path", [p for p in CONFIGS if p.stem.endswith("_quick")], ids=lambda p: p.stem)
+def test_each_quick_config_has_its_paper_scale_config_beside_it(path: Path) -> None:
+    paper = path.with_name(path.name.replace("_quick.toml", "_paper.toml"))
+    assert paper.is_file(), f"{path.name} has no {paper.name} beside it"
+    resolve(read_config(paper), where=str(paper))
+
+
+@pytest.mark.parametrize("dataset", ["cifar10", "fmnist"])
+def test_fedaf_quick_configs_hold_the_table_4_ablations(dataset: str) -> None:
+    path = EXPERIMENTS / "fedaf" / f"{dataset}_quick.toml"
+    runs = {r.label: r.config["algorithm"] for r in resolve(read_config(path)) if r.config["seed"] == 0}
+    assert set(runs) == {"FedAvg", "FedDM", "FedAF", "FedAF w/o CDC", "FedAF w/o LGKM"}
+    assert runs["FedAF"]["name"] == runs["FedAF w/o CDC"]["name"] == runs["FedAF w/o LGKM"]["name"] == "fedaf"
+    assert runs["FedAF w/o CDC"]["use_cdc"] is False and runs["FedAF w/o CDC"].get("use_lgkm", True) is True
+    assert runs["FedAF w/o LGKM"]["use_lgkm"] is False and runs["FedAF w/o LGKM"].get("use_cdc", True) is True
+    # The commands in docs/results.md: an alpha override reaches every variant.
+    with_alpha = resolve(read_config(path), parse_overrides(["partition.alpha=0.1"]))
+    alphas = {r.config["partition"]["alpha"] for r in with_alpha}
+    assert alphas == {0.1}
