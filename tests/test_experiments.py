@@ -22,9 +22,9 @@ def test_the_experiments_folder_is_found() -> None:
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[str(p.relative_to(EXPERIMENTS)) for p in CONFIGS])
 def test_config_resolves_and_validates(path: Path) -> None:
-    runs = resolve(read_config(path), where=str(path))  # validate() runs on every (variant, seed)
-    assert runs, f"{path} expands to no runs"
     raw = read_config(path)
+    runs = resolve(raw, where=str(path))  # validate() runs on every (variant, seed)
+    assert runs, f"{path} expands to no runs"
     assert isinstance(raw.get("name"), str) and raw["name"], f"{path} has no name"
     labels = {r.label for r in runs}
     assert len(labels) == len(raw.get("variants") or [{}])
@@ -34,18 +34,18 @@ def test_config_resolves_and_validates(path: Path) -> None:
 def test_each_quick_config_has_its_paper_scale_config_beside_it(path: Path) -> None:
     paper = path.with_name(path.name.replace("_quick.toml", "_paper.toml"))
     assert paper.is_file(), f"{path.name} has no {paper.name} beside it"
-    resolve(read_config(paper), where=str(paper))
+    assert paper in CONFIGS  # so test_config_resolves_and_validates covers it
 
 
 @pytest.mark.parametrize("dataset", ["cifar10", "fmnist"])
 def test_fedaf_quick_configs_hold_the_table_4_ablations(dataset: str) -> None:
-    path = EXPERIMENTS / "fedaf" / f"{dataset}_quick.toml"
-    runs = {r.label: r.config["algorithm"] for r in resolve(read_config(path)) if r.config["seed"] == 0}
+    raw = read_config(EXPERIMENTS / "fedaf" / f"{dataset}_quick.toml")
+    runs = {r.label: r.config["algorithm"] for r in resolve(raw) if r.config["seed"] == 0}
     assert set(runs) == {"FedAvg", "FedDM", "FedAF", "FedAF w/o CDC", "FedAF w/o LGKM"}
     assert runs["FedAF"]["name"] == runs["FedAF w/o CDC"]["name"] == runs["FedAF w/o LGKM"]["name"] == "fedaf"
     assert runs["FedAF w/o CDC"]["use_cdc"] is False and runs["FedAF w/o CDC"].get("use_lgkm", True) is True
     assert runs["FedAF w/o LGKM"]["use_lgkm"] is False and runs["FedAF w/o LGKM"].get("use_cdc", True) is True
     # The commands in docs/results.md: an alpha override reaches every variant.
-    with_alpha = resolve(read_config(path), parse_overrides(["partition.alpha=0.1"]))
+    with_alpha = resolve(raw, parse_overrides(["partition.alpha=0.1"]))
     alphas = {r.config["partition"]["alpha"] for r in with_alpha}
     assert alphas == {0.1}
