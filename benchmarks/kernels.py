@@ -7,8 +7,10 @@ less than wall time), a training step of McMahan et al.'s CNN at batch 32 with a
 channels-last memory format, and inference at several batch sizes; and the two condensation kernels of
 FedDM / FedAF with their width-32 batch-normalised ConvNet on 28x28: a distribution-matching step (a
 fresh network, 2 classes x (32 real + 10 synthetic) images, gradient to the images only) and a server
-epoch on a 220-image synthetic set in one batch. One intra-op thread, as fedskew's workers run. Prints
-images per CPU-second; the last line is a JSON object.
+epoch on a 220-image synthetic set in one batch; and FedDC's gradient matching for one client of the
+quick CIFAR-10 config, with the synthetic side batched over classes (``vmap``, the default) and class
+by class. One intra-op thread, as fedskew's workers run. Prints images (or class-steps) per
+CPU-second; the last line is a JSON object.
 """
 
 from __future__ import annotations
@@ -109,6 +111,35 @@ def server_epoch(channels_last: bool, epochs: int = 10, reps: int = 3) -> float:
     return 220 * epochs / best
 
 
+# Class sizes of one FedDC client in round 1 of experiments/feddc/cifar10_quick.toml (seed 1): at
+# Dirichlet alpha 0.05 a client holds a few large classes and several of one or two images, and each
+# held class gets a synthetic image, so most matching steps are on tiny batches.
+GM_CLASS_SIZES = (21, 855, 1, 1, 367)
+
+
+def gm_client(batched: bool, iterations: int = 10, reps: int = 3) -> float:
+    """FedDC's gradient matching for one client (``cnn``, 3x32x32, ipc 1, real batch 256, K draws).
+
+    Returns class-steps (one class's matching step of one draw) per CPU-second, with the synthetic side
+    batched over classes (``vmap``) or class by class.
+    """
+    from fedskew.condense import GMConfig, gradient_matching
+
+    x = torch.randn(sum(GM_CLASS_SIZES), 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    y = torch.cat([torch.full((n,), c, dtype=torch.int64) for c, n in enumerate(GM_CLASS_SIZES)])
+
+    def factory() -> torch.nn.Module:
+        return create_model("cnn", in_channels=3, num_classes=10, image_size=32)
+
+    cfg = GMConfig(iterations=iterations)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.process_time()
+        gradient_matching(x, y, factory, cfg, torch.Generator().manual_seed(0), batched_ok=batched)
+        best = min(best, time.process_time() - t)
+    return iterations * len(GM_CLASS_SIZES) / best
+
+
 def main() -> None:
     torch.set_num_threads(1)
     out: dict[str, float] = {}
@@ -122,6 +153,10 @@ def main() -> None:
         out[f"server_epoch_{'cl' if cl else 'nchw'}"] = server_epoch(cl)
     for k, v in out.items():
         print(f"{k:20s} {v:8.0f} images per CPU-second")
+    for batched in (False, True):
+        key = f"gm_client_{'vmap' if batched else 'loop'}"
+        out[key] = gm_client(batched)
+        print(f"{key:20s} {out[key]:8.0f} class-steps per CPU-second")
     print(json.dumps({k: round(v) for k, v in out.items()}))
 
 

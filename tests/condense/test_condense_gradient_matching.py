@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable
 
@@ -124,3 +125,74 @@ def test_config_validation() -> None:
         GMConfig(clip_norm=0.0)
     with pytest.raises(ConfigError):
         GMConfig(init="zeros")
+
+
+def _double_noise_init(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the synthetic initialisation float64 so that batched and looped runs compare exactly."""
+    gm = importlib.import_module("fedskew.condense.gradient_matching")  # the package re-exports a function of that name
+    original = gm.init_synthetic
+
+    def init64(*args: object, **kwargs: object) -> SyntheticSet:
+        syn = original(*args, **kwargs)  # type: ignore[arg-type]
+        return SyntheticSet(syn.images.double(), syn.labels)
+
+    monkeypatch.setattr(gm, "init_synthetic", init64)
+
+
+@pytest.mark.parametrize(
+    ("model", "options", "cfg"),
+    [
+        ("cnn", {}, {}),
+        ("convnet", {"net_width": 8}, {"ipc": 2, "distance": "dc"}),
+        ("convnet", {"net_width": 8, "net_norm": "groupnorm", "net_act": "swish"}, {"momentum": 0.9}),
+        ("convnet", {"net_width": 8, "net_pooling": "maxpooling"}, {"dsa": DSAConfig()}),
+    ],
+)
+def test_batched_synthetic_side_equals_the_class_loop(
+    model: str, options: dict[str, object], cfg: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The vmap path gives the images the class-by-class loop gives (float64: to rounding)."""
+    from fedskew.condense.gradient_matching import batchable
+    from fedskew.models import create_model
+
+    _double_noise_init(monkeypatch)
+    size = 32 if model == "cnn" else 16
+    with torch.random.fork_rng(devices=[]):
+        torch.set_default_dtype(torch.float64)
+        try:
+            gen = torch.Generator().manual_seed(3)
+            x = torch.randn(26, 3, size, size, generator=gen)
+            y = torch.tensor([0] * 12 + [4] * 9 + [7] * 3 + [9] * 2)
+
+            def factory() -> nn.Module:
+                return create_model(model, in_channels=3, num_classes=10, image_size=size, **options)
+
+            assert batchable(factory())
+            gm_cfg = GMConfig(iterations=3, real_batch=8, **cfg)  # type: ignore[arg-type]
+            looped = gradient_matching(x, y, factory, gm_cfg, torch.Generator().manual_seed(0), batched_ok=False)
+            batched = gradient_matching(x, y, factory, gm_cfg, torch.Generator().manual_seed(0))
+            start_cfg = GMConfig(iterations=0, ipc=gm_cfg.ipc)
+            start = gradient_matching(x, y, factory, start_cfg, torch.Generator().manual_seed(0))
+        finally:
+            torch.set_default_dtype(torch.float32)
+    assert (looped.images - start.images).abs().max() > 1e-3  # the images moved
+    torch.testing.assert_close(batched.images, looped.images, rtol=0, atol=1e-10)
+    assert torch.equal(batched.labels, looped.labels)
+
+
+@pytest.mark.parametrize("norm", ["batchnorm", "layernorm"])
+def test_networks_the_batched_path_cannot_take_use_the_loop(norm: str) -> None:
+    """BatchNorm (whole-batch statistics) and LayerNorm (wrong batched second derivative) keep the loop."""
+    from fedskew.condense.gradient_matching import batchable
+    from fedskew.models import create_model
+
+    def factory() -> nn.Module:
+        return create_model("convnet", in_channels=1, num_classes=10, image_size=16, net_width=8, net_norm=norm)
+
+    assert not batchable(factory())
+    x = torch.randn(12, 1, 16, 16, generator=torch.Generator().manual_seed(1))
+    y = torch.tensor([0] * 6 + [1] * 6)
+    cfg = GMConfig(iterations=2, ipc=2)
+    default = gradient_matching(x, y, factory, cfg, torch.Generator().manual_seed(0))
+    looped = gradient_matching(x, y, factory, cfg, torch.Generator().manual_seed(0), batched_ok=False)
+    assert torch.equal(default.images, looped.images)
