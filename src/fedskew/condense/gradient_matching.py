@@ -238,8 +238,7 @@ def gradient_matching(
     batched_ok
         Compute the synthetic side for all classes at once when there are two or more classes and
         every layer of the network allows it (:func:`batchable`; the default; same result up to float
-        rounding). ``False`` forces the
-        class-by-class loop (the reference the tests compare against).
+        rounding). ``False`` forces the class-by-class loop (the reference the tests compare against).
 
     Returns
     -------
