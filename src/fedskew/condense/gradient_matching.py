@@ -152,8 +152,9 @@ def match_distance(g_syn: Sequence[torch.Tensor], g_real: Sequence[torch.Tensor]
 
 
 # Leaf layers whose second derivative under ``vmap`` matches the class-by-class loop (checked in float64
-# against the loop, which agrees with finite differences). Not LayerNorm: its batched double backward
-# is off by ~1e-3 relative in torch 2.13; not BatchNorm: its statistics need the whole batch.
+# against the loop, which agrees with finite differences). Not LayerNorm: its second derivative under
+# torch.func.grad is off by ~1e-3 relative in torch 2.13 (its kernel's saved statistics carry no autograd
+# history; pytorch/pytorch#176234); not BatchNorm: its statistics need the whole batch.
 _BATCHABLE = (
     nn.Conv2d, nn.Linear, nn.ReLU, nn.LeakyReLU, nn.Sigmoid, nn.SiLU,
     nn.MaxPool2d, nn.AvgPool2d, nn.Flatten, nn.GroupNorm, nn.Identity,
