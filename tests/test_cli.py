@@ -128,3 +128,14 @@ def test_resume_extends_a_run_with_an_override_after_the_folder(capsys: pytest.C
     assert "--resume takes no config file" in line and "tiny.toml" in line
     line = _err(capsys, ["run", "--resume", str(out), "--no-progress"])
     assert "experiment folder" in line and "fedavg-seed0" in line
+
+
+def test_only_names_unknown_labels_and_catches_a_misplaced_override(capsys: pytest.CaptureFixture[str],
+                                                                     tmp_path: Path, cfg_file: Path) -> None:
+    out = str(tmp_path / "o")
+    line = _err(capsys, ["run", str(cfg_file), "--out", out, "--no-progress", "--only", "fedavg", "FedAFF"])
+    assert "'FedAFF'" in line and "'fedavg'" in line and "overrides go before" not in line
+    # `--only LABEL key=value` used to run LABEL and drop the override without a word
+    line = _err(capsys, ["run", str(cfg_file), "--out", out, "--no-progress", "--only", "fedavg", "rounds=2"])
+    assert "'rounds=2'" in line and "overrides go before --only" in line
+    assert not (tmp_path / "o").exists()

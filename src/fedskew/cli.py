@@ -7,8 +7,12 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedskew.core.errors import FedskewError
+
+if TYPE_CHECKING:
+    from fedskew.config import RunSpec
 
 EPILOG = """examples:
   fedskew run                                   the default experiment (digits, FedAvg vs centralised)
@@ -25,6 +29,23 @@ EPILOG = """examples:
 
 def _data_dir(args: argparse.Namespace) -> str | None:
     return args.data_dir or os.environ.get("FEDSKEW_DATA") or None
+
+
+def _only(runs: list[RunSpec], wanted: list[str]) -> list[RunSpec]:
+    """The runs whose label is in ``wanted``; every label in ``wanted`` must name one.
+
+    ``--only`` takes several labels, so an override written after it (``--only FedAF rounds=5``) would
+    otherwise be read as a label and silently dropped.
+    """
+    labels = list(dict.fromkeys(r.label for r in runs))
+    unknown = [w for w in wanted if w not in labels]
+    if unknown:
+        hint = ""
+        if any("=" in w for w in unknown):
+            hint = "; overrides go before --only, e.g. `fedskew run CONFIG rounds=5 --only LABEL`"
+        raise FedskewError(f"--only: no run is labelled {', '.join(map(repr, unknown))}; "
+                           f"this config's labels: {', '.join(map(repr, labels))}{hint}")
+    return [r for r in runs if r.label in wanted]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -50,9 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raw = read_config(source)
         runs = resolve(raw, overrides, where=str(source or "default"))
         if args.only:
-            runs = [r for r in runs if r.label in args.only]
-            if not runs:
-                raise FedskewError(f"--only {args.only}: no run has that label")
+            runs = _only(runs, args.only)
         parent = choose_parent(args.out, runs[0].config.get("name", "experiment"), runs, args.force)
         print(f"fedskew: {len(runs)} run(s) -> {parent}", file=sys.stderr)
         run_experiment(runs, parent, data_dir=_data_dir(args), progress=progress)
