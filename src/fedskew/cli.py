@@ -195,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="experiment folder (default: runs/<name>, numbered if taken)")
     r.add_argument("--data-dir", help=data_help)
     r.add_argument("--resume", metavar="RUN_DIR", help="continue a run folder from its last checkpoint")
-    r.add_argument("--only", nargs="+", metavar="LABEL", help="run only the variants with these labels")
+    r.add_argument("--only", nargs="+", metavar="LABEL",
+                   help="run only the variants with these labels (put overrides before --only)")
     r.add_argument("--force", action="store_true", help="overwrite runs already in --out")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.set_defaults(func=cmd_run)
