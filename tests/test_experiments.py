@@ -49,3 +49,20 @@ def test_fedaf_quick_configs_hold_the_table_4_ablations(dataset: str) -> None:
     with_alpha = resolve(raw, parse_overrides(["partition.alpha=0.1"]))
     alphas = {r.config["partition"]["alpha"] for r in with_alpha}
     assert alphas == {0.1}
+
+
+def test_feddc_k100_config_is_the_quick_config_with_batch_16_and_k_100() -> None:
+    # docs/results.md reports the K = 100 runs as the quick config plus two overrides; the k100 config
+    # must run exactly those (FedDC+ left out), or its numbers are not the ones in the docs.
+    k100 = resolve(read_config(EXPERIMENTS / "feddc" / "cifar10_k100.toml"))
+    quick = resolve(
+        read_config(EXPERIMENTS / "feddc" / "cifar10_quick.toml"),
+        parse_overrides(["algorithm.batch_size=16", "algorithm.condense_iterations=100"]),
+    )
+    quick_by_key = {(r.label, r.config["seed"]): r.config for r in quick}
+    assert {(r.label, r.config["seed"]) for r in k100} == {k for k in quick_by_key if k[0] != "FedDC+"}
+    for run in k100:
+        other = quick_by_key[(run.label, run.config["seed"])]
+        differing = {k for k in run.config if run.config[k] != other.get(k)}
+        assert differing == {"name", "description"}, (run.label, differing)
+        assert run.config["algorithm"]["batch_size"] == 16
