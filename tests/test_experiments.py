@@ -51,6 +51,25 @@ def test_fedaf_quick_configs_hold_the_table_4_ablations(dataset: str) -> None:
     assert alphas == {0.1}
 
 
+def test_fedaf_fmnist_k200_config_is_the_quick_config_with_200_steps() -> None:
+    # docs/results.md reports the 200-step Fashion-MNIST runs as the quick config plus one override; the
+    # k200 config must run exactly those (the two ablations left out).
+    k200 = resolve(read_config(EXPERIMENTS / "fedaf" / "fmnist_k200.toml"))
+    quick = resolve(
+        read_config(EXPERIMENTS / "fedaf" / "fmnist_quick.toml"),
+        parse_overrides(["algorithm.condense_iterations=200"]),
+    )
+    quick_by_key = {(r.label, r.config["seed"]): r.config for r in quick}
+    ablations = {"FedAF w/o CDC", "FedAF w/o LGKM"}
+    assert {(r.label, r.config["seed"]) for r in k200} == {k for k in quick_by_key if k[0] not in ablations}
+    for run in k200:
+        other = quick_by_key[(run.label, run.config["seed"])]
+        differing = {k for k in run.config if run.config[k] != other.get(k)}
+        assert differing == {"name", "description"}, (run.label, differing)
+        if run.label != "FedAvg":  # FedAvg's resolved config has no condensation parameters
+            assert run.config["algorithm"]["condense_iterations"] == 200
+
+
 def test_feddc_k100_config_is_the_quick_config_with_batch_16_and_k_100() -> None:
     # docs/results.md reports the K = 100 runs as the quick config plus two overrides; the k100 config
     # must run exactly those (FedDC+ left out), or its numbers are not the ones in the docs.
