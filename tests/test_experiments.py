@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fedskew.config import parse_overrides, read_config, resolve
+from fedskew.config import RunSpec, parse_overrides, read_config, resolve
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 CONFIGS = sorted(EXPERIMENTS.rglob("*.toml"))
@@ -51,37 +51,39 @@ def test_fedaf_quick_configs_hold_the_table_4_ablations(dataset: str) -> None:
     assert alphas == {0.1}
 
 
-def test_fedaf_fmnist_k200_config_is_the_quick_config_with_200_steps() -> None:
-    # docs/results.md reports the 200-step Fashion-MNIST runs as the quick config plus one override; the
-    # k200 config must run exactly those (the two ablations left out).
-    k200 = resolve(read_config(EXPERIMENTS / "fedaf" / "fmnist_k200.toml"))
-    quick = resolve(
-        read_config(EXPERIMENTS / "fedaf" / "fmnist_quick.toml"),
-        parse_overrides(["algorithm.condense_iterations=200"]),
-    )
-    quick_by_key = {(r.label, r.config["seed"]): r.config for r in quick}
-    ablations = {"FedAF w/o CDC", "FedAF w/o LGKM"}
-    assert {(r.label, r.config["seed"]) for r in k200} == {k for k in quick_by_key if k[0] not in ablations}
-    for run in k200:
+def assert_quick_config_plus(derived: str, quick: str, overrides: list[str], left_out: set[str]) -> list[RunSpec]:
+    """The runs of ``derived`` are exactly those of ``quick`` with ``overrides``, minus the ``left_out`` labels.
+
+    docs/results.md reports such configs' runs as the quick config plus overrides; if the two drift
+    apart, the numbers in the docs are not the ones the derived config makes. Returns its runs.
+    """
+    runs = resolve(read_config(EXPERIMENTS / derived))
+    quick_by_key = {
+        (r.label, r.config["seed"]): r.config
+        for r in resolve(read_config(EXPERIMENTS / quick), parse_overrides(overrides))
+    }
+    assert {(r.label, r.config["seed"]) for r in runs} == {k for k in quick_by_key if k[0] not in left_out}
+    for run in runs:
         other = quick_by_key[(run.label, run.config["seed"])]
         differing = {k for k in run.config if run.config[k] != other.get(k)}
         assert differing == {"name", "description"}, (run.label, differing)
+    return runs
+
+
+def test_fedaf_fmnist_k200_config_is_the_quick_config_with_200_steps() -> None:
+    runs = assert_quick_config_plus(
+        "fedaf/fmnist_k200.toml", "fedaf/fmnist_quick.toml", ["algorithm.condense_iterations=200"],
+        left_out={"FedAF w/o CDC", "FedAF w/o LGKM"},
+    )
+    for run in runs:
         if run.label != "FedAvg":  # FedAvg's resolved config has no condensation parameters
             assert run.config["algorithm"]["condense_iterations"] == 200
 
 
 def test_feddc_k100_config_is_the_quick_config_with_batch_16_and_k_100() -> None:
-    # docs/results.md reports the K = 100 runs as the quick config plus two overrides; the k100 config
-    # must run exactly those (FedDC+ left out), or its numbers are not the ones in the docs.
-    k100 = resolve(read_config(EXPERIMENTS / "feddc" / "cifar10_k100.toml"))
-    quick = resolve(
-        read_config(EXPERIMENTS / "feddc" / "cifar10_quick.toml"),
-        parse_overrides(["algorithm.batch_size=16", "algorithm.condense_iterations=100"]),
+    runs = assert_quick_config_plus(
+        "feddc/cifar10_k100.toml", "feddc/cifar10_quick.toml",
+        ["algorithm.batch_size=16", "algorithm.condense_iterations=100"], left_out={"FedDC+"},
     )
-    quick_by_key = {(r.label, r.config["seed"]): r.config for r in quick}
-    assert {(r.label, r.config["seed"]) for r in k100} == {k for k in quick_by_key if k[0] != "FedDC+"}
-    for run in k100:
-        other = quick_by_key[(run.label, run.config["seed"])]
-        differing = {k for k in run.config if run.config[k] != other.get(k)}
-        assert differing == {"name", "description"}, (run.label, differing)
+    for run in runs:
         assert run.config["algorithm"]["batch_size"] == 16
