@@ -33,9 +33,9 @@ def child(steps: int = 12, warmup: int = 3) -> dict[str, dict[str, float]]:
     import torch
     import torch.nn.functional as F
 
-    from fedskew.components.trainer import as_model_format, use_channels_last
     from fedskew.core.allocator import keep_freed_memory
     from fedskew.models import create_model
+    from fedskew.models.layout import as_model_format, use_channels_last
 
     applied = keep_freed_memory()
     torch.set_num_threads(1)

@@ -159,9 +159,8 @@ def cmd_condense(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    import fedskew.algorithms  # noqa: F401
+    from fedskew.algorithms.base import ALGORITHMS
     from fedskew.config import builtin_configs
-    from fedskew.core.algorithm import ALGORITHMS
     from fedskew.core.params import params_doc
     from fedskew.data import DATASETS
     from fedskew.data.partition import PARTITIONERS

@@ -268,8 +268,7 @@ def _param_names(name: Any) -> set[str] | None:
     """The hyper-parameter names of algorithm ``name`` (None if it is not registered: validate reports it)."""
     import dataclasses
 
-    import fedskew.algorithms  # noqa: F401  (registers algorithms)
-    from fedskew.core.algorithm import ALGORITHMS
+    from fedskew.algorithms.base import ALGORITHMS
 
     if not isinstance(name, str) or name not in ALGORITHMS:
         return None
@@ -285,8 +284,7 @@ def _keep_shared_params(cfg: dict[str, Any], explicit: set[str]) -> None:
     """
     import dataclasses
 
-    import fedskew.algorithms  # noqa: F401  (registers algorithms)
-    from fedskew.core.algorithm import ALGORITHMS
+    from fedskew.algorithms.base import ALGORITHMS
 
     table = cfg["algorithm"]
     fields = {f.name for f in dataclasses.fields(ALGORITHMS.get(table["name"]).Params)}
@@ -304,8 +302,7 @@ def _is_int(v: Any) -> bool:
 
 def validate(cfg: dict[str, Any]) -> None:
     """Check every value that can be checked without loading data; errors name key and allowed values."""
-    import fedskew.algorithms  # noqa: F401  (registers algorithms)
-    from fedskew.core.algorithm import ALGORITHMS
+    from fedskew.algorithms.base import ALGORITHMS
     from fedskew.core.params import build_params
     from fedskew.data import DATASETS
     from fedskew.data.partition import PARTITIONERS

@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-import fedskew.algorithms  # noqa: F401  (registers the algorithms)
+from fedskew.algorithms.base import ALGORITHMS
 from fedskew.config import dump
-from fedskew.core.algorithm import ALGORITHMS
 from fedskew.engine.experiment import resume_run
 from fedskew.engine.simulation import Simulation
 from tests.conftest import tiny_config

@@ -10,16 +10,16 @@ from typing import Any
 import pytest
 import torch
 
-import fedskew.algorithms  # noqa: F401  (registers the algorithms)
+from fedskew.algorithms.base import ALGORITHMS, Algorithm, ClientContext, FederationInfo, ModelSpec, ServerContext
 from fedskew.algorithms.fedbn import norm_keys
 from fedskew.algorithms.fedgen import FedGen, diversity_loss
 from fedskew.algorithms.fednova import normalizing_coefficient
-from fedskew.components.trainer import LocalConfig, batches, train_local
-from fedskew.core.algorithm import ALGORITHMS, Algorithm, ClientContext, FederationInfo, ModelSpec, ServerContext
+from fedskew.components.trainer import LocalConfig, train_local
 from fedskew.core.errors import ConfigError
 from fedskew.core.message import Message
 from fedskew.core.params import build_params
 from fedskew.engine.simulation import Simulation
+from fedskew.models.layout import shuffled_batches
 from tests.conftest import tiny_config
 
 # ---- toy federations ------------------------------------------------------------------------------
@@ -124,7 +124,7 @@ def test_scaffold_client_variate_update_by_hand() -> None:
     x = {k: v.clone() for k, v in server.model.state_dict().items()}
     model = fed.model.build()
     model.load_state_dict(x)
-    idx = batches(8, 4, client.generator("train"))
+    idx = shuffled_batches(8, 4, client.generator("train"))
     for b in idx:
         model.zero_grad()
         torch.nn.functional.cross_entropy(model(client.x[b]), client.y[b]).backward()

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
+from fedskew.algorithms.base import ClientContext, FederationInfo, ModelSpec
 from fedskew.algorithms.cim import CIM
 from fedskew.components.cim_selection import next_delta, oversampled_counts, oversampled_fraction, select_clients
 from fedskew.config import dump
-from fedskew.core.algorithm import ClientContext, FederationInfo, ModelSpec
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.seeding import numpy_rng
 from fedskew.engine.experiment import resume_run

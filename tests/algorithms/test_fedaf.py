@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import fedskew.algorithms.fedaf as fedaf_module
+from fedskew.algorithms.base import FederationInfo, ModelSpec, ServerContext
 from fedskew.algorithms.fedaf import FedAF
 from fedskew.components.server_train import class_mean_logits, knowledge_matching_term, symmetric_kl
 from fedskew.condense import (
@@ -23,7 +24,6 @@ from fedskew.condense import (
     sliced_wasserstein,
 )
 from fedskew.config import dump
-from fedskew.core.algorithm import FederationInfo, ModelSpec, ServerContext
 from fedskew.core.params import build_params
 from fedskew.core.seeding import seeded_init
 from fedskew.engine.experiment import resume_run

@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
+from fedskew.algorithms.base import FederationInfo, ModelSpec, ServerContext
 from fedskew.algorithms.fedseq import FedSeq
 from fedskew.config import dump
-from fedskew.core.algorithm import FederationInfo, ModelSpec, ServerContext
 from fedskew.core.message import Message
 from fedskew.engine.experiment import resume_run
 from fedskew.engine.simulation import Simulation

@@ -2,11 +2,11 @@ import pytest
 import torch
 
 from fedskew.components.aggregate import weighted_mean
-from fedskew.components.evaluate import evaluate
 from fedskew.components.selection import uniform_sample
 from fedskew.components.trainer import LocalConfig, train_local
 from fedskew.core.errors import FedskewError
 from fedskew.core.seeding import numpy_rng
+from fedskew.models.evaluation import evaluate_model
 
 
 def test_weighted_mean_by_hand() -> None:
@@ -35,7 +35,7 @@ def test_train_local_learns_and_is_reproducible() -> None:
         m = torch.nn.Linear(5, 2)
         res = train_local(m, x, y, LocalConfig(epochs=5, batch_size=20, lr=0.5), torch.Generator().manual_seed(3))
         assert res.steps == 50 and res.num_samples == 200
-        return m, evaluate(m, x, y, 2).accuracy
+        return m, evaluate_model(m, x, y, 2).accuracy
 
     m1, acc = run()
     m2, _ = run()

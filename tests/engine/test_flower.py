@@ -28,9 +28,9 @@ from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
 from flwr.supercore.task_identity import TaskIdentity
 
+from fedskew.algorithms.base import ALGORITHMS, ClientContext, ServerContext
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.config import dump
-from fedskew.core.algorithm import ALGORITHMS, ClientContext, ServerContext
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.core.message import Message
 from fedskew.engine.federation import build_federation

@@ -1,4 +1,8 @@
-"""Registered federated methods, one module each. Importing this package registers them all."""
+"""Federated methods, one module each, and the protocol they implement (:mod:`.base`).
+
+Importing this package (or anything in it, such as :mod:`fedskew.algorithms.base`) registers every
+built-in method in :data:`ALGORITHMS`, so a lookup by name never depends on an import made elsewhere.
+"""
 
 from fedskew.algorithms import (
     centralized,
@@ -18,8 +22,40 @@ from fedskew.algorithms import (
     moon,
     scaffold,
 )
+from fedskew.algorithms.base import (
+    ALGORITHMS,
+    Algorithm,
+    ClientContext,
+    FederationInfo,
+    ModelSpec,
+    Replies,
+    ServerContext,
+    register_algorithm,
+)
 
 __all__ = [
-    "centralized", "cim", "fedaf", "fedavg", "fedbn", "feddc", "feddm", "feddyn", "fedgen", "fednova",
-    "fedopt", "fedprox", "fedseq", "hfldd", "moon", "scaffold",
+    "ALGORITHMS",
+    "Algorithm",
+    "ClientContext",
+    "FederationInfo",
+    "ModelSpec",
+    "Replies",
+    "ServerContext",
+    "centralized",
+    "cim",
+    "fedaf",
+    "fedavg",
+    "fedbn",
+    "feddc",
+    "feddm",
+    "feddyn",
+    "fedgen",
+    "fednova",
+    "fedopt",
+    "fedprox",
+    "fedseq",
+    "hfldd",
+    "moon",
+    "register_algorithm",
+    "scaffold",
 ]

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fedskew.algorithms.base import Algorithm, ClientContext, ServerContext, register_algorithm
 from fedskew.components.trainer import LocalConfig, train_local
-from fedskew.core.algorithm import Algorithm, ClientContext, ServerContext, register_algorithm
 from fedskew.core.message import Message
 from fedskew.core.params import check
 

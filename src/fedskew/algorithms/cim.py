@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedskew.algorithms.base import ClientContext, ServerContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.cim_selection import (
     LrRule,
@@ -50,7 +51,6 @@ from fedskew.components.cim_selection import (
     select_clients,
 )
 from fedskew.components.trainer import LocalConfig, train_local
-from fedskew.core.algorithm import ClientContext, ServerContext, register_algorithm
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import check
 

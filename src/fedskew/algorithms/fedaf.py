@@ -40,9 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedskew.algorithms.base import ClientContext, Replies, ServerContext, register_algorithm
 from fedskew.algorithms.feddc import MODEL
 from fedskew.algorithms.feddm import AggregationFree, Spec
-from fedskew.components.evaluate import chunk_bounds
 from fedskew.components.server_train import (
     class_mean_logits,
     knowledge_matching_term,
@@ -50,7 +50,7 @@ from fedskew.components.server_train import (
     pool_to_state,
     update_pool,
 )
-from fedskew.components.trainer import LossTerm, as_model_format, is_channels_last
+from fedskew.components.trainer import LossTerm
 from fedskew.condense import (
     ExtraLoss,
     SyntheticSet,
@@ -58,9 +58,10 @@ from fedskew.condense import (
     interpolated_model_sampler,
     sliced_wasserstein,
 )
-from fedskew.core.algorithm import ClientContext, Replies, ServerContext, register_algorithm
 from fedskew.core.message import Message, arrays_with_prefix
 from fedskew.core.params import check
+from fedskew.models.evaluation import chunk_bounds
+from fedskew.models.layout import as_model_format, is_channels_last
 
 KNOWLEDGE_LABELS = "knowledge.labels"
 """Reply array: the classes the client holds, int64 (C_k,)."""
@@ -78,7 +79,9 @@ CLIENT_IMAGES = "syn_images"
 """Client-state key: S_k's float images, kept across rounds."""
 CLIENT_LABELS = "syn_labels"
 """Client-state key: S_k's labels."""
-EVAL_CHUNK = 500
+LOGIT_CHUNK = 500
+"""Real images per forward pass when a client computes its class logits (Eq. 5); not the engine's
+test-set chunk (``models.evaluation.EVAL_CHUNK``): a different chunk would change the logits' last bits."""
 
 
 def real_class_logits(
@@ -93,7 +96,7 @@ def real_class_logits(
     model.eval()
     cl = is_channels_last(model)
     with torch.no_grad():
-        logits = torch.cat([model(as_model_format(x[s:e], cl)) for s, e in chunk_bounds(int(y.shape[0]), EVAL_CHUNK)])
+        logits = torch.cat([model(as_model_format(x[s:e], cl)) for s, e in chunk_bounds(int(y.shape[0]), LOGIT_CHUNK)])
     model.train(was_training)
     means, counts = class_mean_logits(logits, y, num_classes)
     classes = torch.nonzero(counts > 0).flatten()

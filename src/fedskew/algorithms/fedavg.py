@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import torch
 
+from fedskew.algorithms.base import Algorithm, ClientContext, Replies, ServerContext, register_algorithm
 from fedskew.components.aggregate import weighted_mean
 from fedskew.components.selection import uniform_sample
 from fedskew.components.trainer import GradHook, LocalConfig, LocalResult, LossTerm, train_local
-from fedskew.core.algorithm import Algorithm, ClientContext, Replies, ServerContext, register_algorithm
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import check
 

@@ -22,9 +22,9 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from fedskew.algorithms.base import ClientContext, Replies, ServerContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.aggregate import weighted_mean
-from fedskew.core.algorithm import ClientContext, Replies, ServerContext, register_algorithm
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.models.registry import norm_layer_types
 

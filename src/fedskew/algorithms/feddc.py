@@ -17,6 +17,7 @@ from typing import Literal
 
 import torch
 
+from fedskew.algorithms.base import ClientContext, Replies, ServerContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.aggregate import weighted_mean
 from fedskew.components.server_train import (
@@ -28,7 +29,6 @@ from fedskew.components.server_train import (
 )
 from fedskew.components.trainer import LocalConfig
 from fedskew.condense import GMConfig, SyntheticSet, gradient_matching
-from fedskew.core.algorithm import ClientContext, Replies, ServerContext, register_algorithm
 from fedskew.core.message import Message, arrays_with_prefix
 from fedskew.core.params import check
 

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import torch
 
+from fedskew.algorithms.base import Algorithm, ClientContext, Replies, ServerContext, register_algorithm
 from fedskew.algorithms.feddc import MODEL, SYN_IMAGES, SYN_LABELS, SYN_STATE, synthetic_arrays, synthetic_reply_spec
 from fedskew.components.selection import uniform_sample
 from fedskew.components.server_train import (
@@ -36,7 +37,6 @@ from fedskew.components.server_train import (
 )
 from fedskew.components.trainer import LocalConfig, LossTerm
 from fedskew.condense import DMConfig, SyntheticSet, distribution_matching, perturbed_model_sampler
-from fedskew.core.algorithm import Algorithm, ClientContext, Replies, ServerContext, register_algorithm
 from fedskew.core.message import Message, arrays_with_prefix, state_to_arrays
 from fedskew.core.params import check
 from fedskew.core.seeding import seeded_init

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
+from fedskew.algorithms.base import ClientContext, Replies, ServerContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.aggregate import weighted_mean
 from fedskew.components.server_opt import param_keys, zeros_like
 from fedskew.components.terms import linear_term, parameter_copy, proximal_term
-from fedskew.core.algorithm import ClientContext, Replies, ServerContext, register_algorithm
 from fedskew.core.message import Message
 from fedskew.core.params import check
 

@@ -31,10 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedskew.algorithms.base import ClientContext, Replies, ServerContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.aggregate import weighted_mean
 from fedskew.components.terms import head_term
-from fedskew.core.algorithm import ClientContext, Replies, ServerContext, register_algorithm
 from fedskew.core.message import Message, arrays_with_prefix, state_to_arrays
 from fedskew.core.params import check
 from fedskew.core.seeding import seeded_init

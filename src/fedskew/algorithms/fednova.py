@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import torch
 
+from fedskew.algorithms.base import ClientContext, Replies, ServerContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.aggregate import weighted_mean
 from fedskew.components.server_opt import param_keys
-from fedskew.core.algorithm import ClientContext, Replies, ServerContext, register_algorithm
 from fedskew.core.message import Message
 
 

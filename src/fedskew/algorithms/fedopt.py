@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
+from fedskew.algorithms.base import Replies, ServerContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.aggregate import weighted_mean
 from fedskew.components.server_opt import Tensors, adam_step, apply_server_step, momentum_step, param_keys, zeros_like
-from fedskew.core.algorithm import Replies, ServerContext, register_algorithm
 from fedskew.core.params import check
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fedskew.algorithms.base import ClientContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.terms import parameter_copy, proximal_term
-from fedskew.core.algorithm import ClientContext, register_algorithm
 from fedskew.core.message import Message
 from fedskew.core.params import check
 

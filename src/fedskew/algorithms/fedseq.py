@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fedskew.algorithms.base import Replies, ServerContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.aggregate import weighted_mean
 from fedskew.components.clustering import random_clusters
-from fedskew.core.algorithm import Replies, ServerContext, register_algorithm
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import check
 

@@ -61,6 +61,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedskew.algorithms.base import ClientContext, ServerContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.clustering import (
     Divergence,
@@ -69,13 +70,13 @@ from fedskew.components.clustering import (
     pick_headers,
     soft_label_divergence,
 )
-from fedskew.components.trainer import LocalConfig, as_model_format, is_channels_last, train_local
+from fedskew.components.trainer import LocalConfig, train_local
 from fedskew.condense.kip import KIPConfig, kip
 from fedskew.condense.synthetic import SyntheticSet, UInt8Set
-from fedskew.core.algorithm import ClientContext, ServerContext, register_algorithm
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import check
+from fedskew.models.layout import as_model_format, is_channels_last
 
 PREDICT_CHUNK = 500
 

@@ -24,9 +24,9 @@ from typing import cast
 
 import torch
 
+from fedskew.algorithms.base import ClientContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.terms import FeatureTap, contrastive_term
-from fedskew.core.algorithm import ClientContext, register_algorithm
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import check
 from fedskew.models.registry import FedModel

@@ -20,8 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedskew.components.trainer import LocalConfig, LocalResult, LossTerm, train_local, use_channels_last
+from fedskew.components.trainer import LocalConfig, LocalResult, LossTerm, train_local
 from fedskew.condense import SyntheticSet, UInt8Set
+from fedskew.models.layout import use_channels_last
 
 OWNER = "owner"
 """Pool column holding the client id of each row."""

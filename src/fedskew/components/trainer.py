@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedskew.models.layout import as_model_format, is_channels_last, shuffled_batches
+
 LossTerm = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """``term(model, x, y, logits) -> scalar`` added to the cross-entropy loss."""
 
@@ -40,40 +42,6 @@ class LocalResult:
     num_samples: int
     steps: int
     mean_loss: float
-
-
-CHANNELS_LAST_FLAG = "fedskew_channels_last"
-
-
-def use_channels_last(model: nn.Module) -> nn.Module:
-    """Put a convolutional model in the channels-last memory format (in place; others unchanged).
-
-    On this CPU class a single-threaded conv training step at batch 32 runs about a third faster,
-    and inference about 80% faster, in channels-last (see docs/performance.md). The model is flagged,
-    so :func:`train_local` and evaluation feed it channels-last batches.
-    """
-    if any(p.dim() == 4 for p in model.parameters()):
-        model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-        setattr(model, CHANNELS_LAST_FLAG, True)
-    return model
-
-
-def is_channels_last(model: nn.Module) -> bool:
-    """Whether :func:`use_channels_last` converted this model."""
-    return bool(getattr(model, CHANNELS_LAST_FLAG, False))
-
-
-def as_model_format(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
-    """``x`` in the memory format of the model it is fed to."""
-    if channels_last and x.dim() == 4:
-        return x.contiguous(memory_format=torch.channels_last)
-    return x
-
-
-def batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
-    """One epoch of shuffled index batches (the last one may be smaller)."""
-    perm = torch.randperm(n, generator=generator)
-    return list(perm.split(batch_size))
 
 
 def train_local(
@@ -109,7 +77,7 @@ def train_local(
     steps = 0
     loss_sum = 0.0
     for _ in range(cfg.epochs):
-        for idx in batches(n, cfg.batch_size, generator):
+        for idx in shuffled_batches(n, cfg.batch_size, generator):
             if cfg.max_steps is not None and steps >= cfg.max_steps:
                 break
             xb, yb = as_model_format(x[idx], cl), y[idx]

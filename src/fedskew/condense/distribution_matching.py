@@ -27,7 +27,6 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from fedskew.components.trainer import as_model_format, is_channels_last, use_channels_last
 from fedskew.condense.augment import DSAConfig, apply_dsa, sample_dsa_params
 from fedskew.condense.synthetic import (
     INITS,
@@ -41,6 +40,7 @@ from fedskew.condense.synthetic import (
     sample_indices,
 )
 from fedskew.core.errors import ConfigError, DataError
+from fedskew.models.layout import as_model_format, is_channels_last, use_channels_last
 
 ModelSampler = Callable[[int, torch.Generator], nn.Module]
 """``sampler(step, generator)`` returns the network used at matching step ``step``."""

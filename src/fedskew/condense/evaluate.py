@@ -22,11 +22,11 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from fedskew.components.evaluate import evaluate
-from fedskew.components.trainer import batches
 from fedskew.condense.augment import DSAConfig, dsa
 from fedskew.condense.synthetic import ModelFactory, SyntheticSet, check_data, fresh_model
 from fedskew.core.errors import ConfigError, DataError
+from fedskew.models.evaluation import evaluate_model
+from fedskew.models.layout import shuffled_batches
 
 
 @dataclass
@@ -81,7 +81,7 @@ def _loss(logits: torch.Tensor, labels: torch.Tensor, soft: torch.Tensor | None)
     return 0.5 * ((logits - soft) ** 2).sum(dim=1).mean()
 
 
-def train_on_synthetic(
+def train_with_protocol(
     model: nn.Module,
     syn: SyntheticSet,
     cfg: EvalConfig,
@@ -117,7 +117,7 @@ def train_on_synthetic(
             for group in optimizer.param_groups:
                 group["lr"] = cfg.lr * cfg.lr_decay
         total, count = 0.0, 0
-        for idx in batches(len(syn), cfg.batch_size, generator):
+        for idx in shuffled_batches(len(syn), cfg.batch_size, generator):
             xb = x[idx] if cfg.dsa is None else dsa(x[idx], cfg.dsa, generator)
             loss = _loss(model(xb), y[idx], None if soft is None else soft[idx])
             optimizer.zero_grad(set_to_none=True)
@@ -165,6 +165,6 @@ def evaluate_synthetic(
     if x_test.shape[1:] != syn.images.shape[1:]:
         raise DataError(f"test images {tuple(x_test.shape[1:])} vs synthetic {tuple(syn.images.shape[1:])}")
     model = fresh_model(model_factory, generator)
-    train_on_synthetic(model, syn, cfg, generator, progress)
+    train_with_protocol(model, syn, cfg, generator, progress)
     num_classes = int(max(int(y_test.max()), int(syn.labels.max()))) + 1
-    return evaluate(model, x_test, y_test, num_classes).accuracy
+    return evaluate_model(model, x_test, y_test, num_classes).accuracy

@@ -37,7 +37,6 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 from tqdm import tqdm
 
-from fedskew.components.trainer import as_model_format, is_channels_last, use_channels_last
 from fedskew.condense.augment import DSAConfig, apply_dsa, dsa, sample_dsa_params
 from fedskew.condense.synthetic import (
     INITS,
@@ -50,6 +49,7 @@ from fedskew.condense.synthetic import (
     sample_indices,
 )
 from fedskew.core.errors import ConfigError
+from fedskew.models.layout import as_model_format, is_channels_last, use_channels_last
 
 DISTANCES = ("dc", "cosine")
 _EPS = 1e-12

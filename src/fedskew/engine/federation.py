@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedskew.core.algorithm import FederationInfo, ModelSpec
+from fedskew.algorithms.base import FederationInfo, ModelSpec
 from fedskew.core.seeding import derive_seed, torch_generator
 
 

@@ -24,9 +24,7 @@ from typing import Any, Protocol
 import torch
 from tqdm.auto import tqdm
 
-import fedskew.algorithms  # noqa: F401  (registers the algorithms)
-from fedskew.components.evaluate import EvalCounts, chunk_bounds
-from fedskew.core.algorithm import ALGORITHMS, Algorithm, Replies, ServerContext
+from fedskew.algorithms.base import ALGORITHMS, Algorithm, Replies, ServerContext
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message, state_to_arrays
@@ -36,8 +34,8 @@ from fedskew.engine.federation import Federation, build_federation
 from fedskew.engine.guard import Faults, check_reply, corrupt_reply
 from fedskew.engine.workers import ClientJob, Workers, default_workers
 from fedskew.metrics import Ledger, class_variance, summarize_run
+from fedskew.models.evaluation import EVAL_CHUNK, EvalCounts, chunk_bounds
 
-EVAL_CHUNK = 250  # single-thread inference is fastest at this batch here (docs/performance.md)
 log = logging.getLogger("fedskew")
 
 

@@ -16,14 +16,14 @@ from typing import Any, TypeVar
 import torch
 import torch.multiprocessing as tmp
 
-from fedskew.components.evaluate import EvalCounts, evaluate_chunk
-from fedskew.components.trainer import use_channels_last
-from fedskew.core.algorithm import ALGORITHMS, Algorithm, ClientContext, ModelSpec
+from fedskew.algorithms.base import ALGORITHMS, Algorithm, ClientContext, ModelSpec
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message
 from fedskew.core.threads import num_threads
 from fedskew.engine.federation import Federation
+from fedskew.models.evaluation import EvalCounts, evaluate_chunk
+from fedskew.models.layout import use_channels_last
 
 
 @dataclass
@@ -39,8 +39,6 @@ class _Runtime:
     """Per-process state: the federation, the algorithm's client half, reusable models."""
 
     def __init__(self, fed: Federation, algo_name: str, params: Any) -> None:
-        import fedskew.algorithms  # noqa: F401  (registers the algorithms in spawned workers)
-
         self.fed = fed
         self.algo: Algorithm = ALGORITHMS.get(algo_name)(params, fed.info)
         self.models: dict[ModelSpec, torch.nn.Module] = {}

@@ -23,8 +23,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-import fedskew.algorithms  # noqa: F401  (registers the algorithms)
-from fedskew.core.algorithm import ClientContext, FederationInfo
+from fedskew.algorithms.base import ClientContext, FederationInfo
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.errors import FedskewError
 from fedskew.core.threads import num_threads

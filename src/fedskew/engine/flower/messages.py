@@ -21,7 +21,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.common.constant import SType
 
-from fedskew.core.algorithm import FederationInfo, ModelSpec
+from fedskew.algorithms.base import FederationInfo, ModelSpec
 from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message
 

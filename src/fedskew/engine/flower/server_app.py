@@ -32,8 +32,8 @@ from flwr.common.config import get_project_dir
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
+from fedskew.algorithms.base import FederationInfo
 from fedskew.config import dump, run_folder_name
-from fedskew.core.algorithm import FederationInfo
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.core.message import Message as FedskewMessage

@@ -1,4 +1,4 @@
-"""The algorithm protocol.
+"""The algorithm protocol and the registry of federated methods.
 
 A federated method is one class that says only what is new about it. Its server half (``setup``,
 ``configure``, ``aggregate``, or a whole ``round``) runs where the global model is; its client half
@@ -21,6 +21,8 @@ from fedskew.core.message import Message
 from fedskew.core.params import check
 from fedskew.core.registry import Registry
 from fedskew.core.seeding import numpy_rng, seeded_init, torch_generator
+from fedskew.models import create_model
+from fedskew.models.layout import use_channels_last
 
 
 @dataclass(frozen=True)
@@ -35,8 +37,6 @@ class ModelSpec:
 
     def build(self) -> torch.nn.Module:
         """A freshly initialised model (initialised from the global torch RNG)."""
-        from fedskew.models import create_model
-
         return create_model(
             self.name,
             in_channels=self.in_channels,
@@ -165,8 +165,6 @@ class ClientContext:
         spec = self.fed.model
         m = self.model_cache.get(spec)
         if m is None:
-            from fedskew.components.trainer import use_channels_last
-
             m = use_channels_last(seeded_init(spec.build, self.fed.seed, "client-model"))
             self.model_cache[spec] = m
         if arrays is not None:

@@ -13,6 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedskew.models.layout import as_model_format, is_channels_last
+
+EVAL_CHUNK = 250
+"""Test-set chunk of the engine's evaluation: single-thread inference is fastest at this batch here
+(docs/performance.md). Fixed, so sums do not depend on how chunks are spread over workers."""
+
 
 @dataclass
 class EvalCounts:
@@ -39,8 +45,6 @@ class EvalCounts:
 
 def evaluate_chunk(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> EvalCounts:
     """Counts for one chunk (inference mode, eval-mode layers)."""
-    from fedskew.components.trainer import as_model_format, is_channels_last
-
     was_training = model.training
     model.eval()
     with torch.inference_mode():
@@ -60,7 +64,9 @@ def chunk_bounds(n: int, chunk: int) -> list[tuple[int, int]]:
     return [(s, min(s + chunk, n)) for s in range(0, n, chunk)]
 
 
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, chunk: int = 500) -> EvalCounts:
+def evaluate_model(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, chunk: int = EVAL_CHUNK
+) -> EvalCounts:
     """Counts over the whole set, chunk by chunk, summed in order."""
     out = EvalCounts(np.zeros(num_classes, np.int64), np.zeros(num_classes, np.int64), 0.0)
     for s, e in chunk_bounds(int(y.shape[0]), chunk):
