@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,14 @@ def tiny_config(**over: Any) -> dict[str, Any]:
     }
     for k, v in over.items():
         if isinstance(v, dict) and isinstance(cfg.get(k), dict):
-            cfg[k] = {**cfg[k], **v}
+            base = cfg[k]
+            if k == "algorithm" and v.get("name", base["name"]) != base["name"]:
+                # As a config file's variant does: keep the base settings the new algorithm also has.
+                from fedskew.algorithms.base import ALGORITHMS
+
+                fields = {f.name for f in dataclasses.fields(ALGORITHMS.get(v["name"]).Params)}
+                base = {key: value for key, value in base.items() if key in fields}
+            cfg[k] = {**base, **v}
         else:
             cfg[k] = v
     return cfg

@@ -150,8 +150,15 @@ def set_dotted(cfg: dict[str, Any], key: str, value: Any) -> None:
                 raise ConfigError(f"{key} is a table; set its entries, for example {key}.name=...")
             cfg[top] = dict(value)
             return
+        if len(parts) == 3 and top == "algorithm":  # a nested table of the algorithm (algorithm.server.lr)
+            table = cfg.setdefault(top, {}).setdefault(parts[1], {})
+            if not isinstance(table, dict):
+                raise ConfigError(f"config key {key!r}: algorithm.{parts[1]} is not a table")
+            table[parts[2]] = value
+            return
         if len(parts) != 2:
-            raise ConfigError(f"config key {key!r} is nested too deeply; use {top}.<option>")
+            deepest = f"{top}.<option>" + (" or algorithm.<table>.<option>" if top == "algorithm" else "")
+            raise ConfigError(f"config key {key!r} is nested too deeply; use {deepest}")
         cfg.setdefault(top, {})[parts[1]] = value
     else:
         if len(parts) != 1:
@@ -230,13 +237,13 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any] | None = None, where:
                 if key in ("label", "seeds"):
                     continue
                 if source is overrides and key in algo_overrides and len(variants) > 1:
-                    if params is not None and key.split(".", 1)[1] not in params:
+                    if params is not None and key.split(".")[1] not in params:
                         continue
                     taken.add(key)
                 set_dotted(cfg, key, value)
                 sec, _, leaf = key.partition(".")
                 if sec in explicit and leaf:
-                    explicit[sec].add(leaf)
+                    explicit[sec].add(leaf.split(".")[0])
         for sec in ("dataset", "partition", "model"):
             if cfg[sec].get("name") != base[sec].get("name"):
                 # Options belong to the object they were written for: a new name starts afresh.

@@ -31,10 +31,10 @@ MODEL: dict[str, Any] = {"name": "convnet", "net_width": 8, "net_depth": 2, "net
 # here they run with the same code paths scaled down.
 _CONDENSE: dict[str, Any] = {"condense_iterations": 3, "ipc": 2}
 SPECIAL: dict[str, dict[str, Any]] = {
-    "feddc": {"condense_iterations": 3, "server_epochs": 2},
-    "feddc_plus": {"condense_iterations": 3, "server_epochs": 2},
-    "feddm": {**_CONDENSE, "epochs": 2},
-    "fedaf": {**_CONDENSE, "epochs": 2},
+    "feddc": {"condense_iterations": 3, "server": {"epochs": 2}},
+    "feddc_plus": {"condense_iterations": 3, "server": {"epochs": 2}},
+    "feddm": {**_CONDENSE, "server": {"epochs": 2, "batch_size": 16, "lr": 0.1}},
+    "fedaf": {**_CONDENSE, "server": {"epochs": 2, "batch_size": 16, "lr": 0.1}},
 }
 
 

@@ -145,7 +145,7 @@ def test_scaffold_client_variate_update_by_hand() -> None:
 def test_scaffold_server_update_by_hand() -> None:
     """x <- x + eta_g mean(dy); c <- c + (|S|/N) mean(dc), with N = 4 clients and |S| = 2 replies."""
     fed = fed_info(num_clients=4)
-    algo = make("scaffold", fed, global_lr=0.5)
+    algo = make("scaffold", fed, server_lr=0.5)
     server = server_of(algo, fill=1.0)
     keys = list(server.state["c"])
     r1 = reply({**{f"dy.{k}": torch.full_like(v, 2.0) for k, v in server.state["c"].items()},

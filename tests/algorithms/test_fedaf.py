@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 import fedskew.algorithms.fedaf as fedaf_module
 from fedskew.algorithms.base import FederationInfo, ModelSpec, ServerContext
+from fedskew.algorithms.condensation.knowledge import class_mean_logits, knowledge_matching_term, symmetric_kl
 from fedskew.algorithms.fedaf import FedAF
-from fedskew.components.server_train import class_mean_logits, knowledge_matching_term, symmetric_kl
 from fedskew.condense import (
     DMConfig,
     SyntheticSet,
@@ -30,7 +30,7 @@ from fedskew.engine.experiment import resume_run
 from fedskew.engine.simulation import Simulation
 from tests.conftest import tiny_config
 
-FAST: dict[str, Any] = {"condense_iterations": 3, "ipc": 2, "epochs": 2}
+FAST: dict[str, Any] = {"condense_iterations": 3, "ipc": 2, "server": {"epochs": 2, "batch_size": 16, "lr": 0.1}}
 
 
 def fedaf_config(rounds: int = 2, **algo: Any) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from fedskew.engine.simulation import Simulation
 from fedskew.report.grids import image_grid, save_image_grid
 from tests.conftest import tiny_config
 
-FAST: dict[str, Any] = {"condense_iterations": 3, "server_epochs": 2}
+FAST: dict[str, Any] = {"condense_iterations": 3, "server": {"epochs": 2}}
 
 
 def feddc_config(name: str = "feddc", **algo: Any) -> dict[str, Any]:
@@ -69,7 +69,7 @@ def test_defaults_are_the_papers() -> None:
     assert (p.lr, p.weight_decay, p.batch_size, p.local_epochs) == (0.01, 1e-3, 64, 1)
     assert (p.condense_iterations, p.ipc, p.image_lr, p.clip_norm, p.real_batch) == (500, 1, 3.0, 10.0, 256)
     assert (p.distance, p.init, p.image_momentum, p.image_weight_decay) == ("cosine", "noise", 0.0, 0.0)
-    assert (p.server_epochs, p.server_lr) == (10, 0.01)
+    assert (p.server.epochs, p.server.lr) == (10, 0.01)
 
 
 def test_feddc_plus_differs_only_in_the_condensation_optimiser() -> None:
@@ -92,13 +92,13 @@ def test_finetunes_on_this_rounds_sets_only_and_counts_uint8_uploads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:
     tuned: list[SyntheticSet] = []
-    real_train = feddc_module.train_on_synthetic
+    real_train = feddc_module.train_global_on_synthetic
 
     def spy(model: torch.nn.Module, syn: SyntheticSet, *args: Any, **kwargs: Any) -> Any:
         tuned.append(syn)
         return real_train(model, syn, *args, **kwargs)
 
-    monkeypatch.setattr(feddc_module, "train_on_synthetic", spy)
+    monkeypatch.setattr(feddc_module, "train_global_on_synthetic", spy)
     sim = Simulation(feddc_config(name), tmp_path / "r", progress=False)
     uploads: list[list[tuple[int, Message]]] = []
     exchange = sim.exchange

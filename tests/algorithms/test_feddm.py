@@ -10,14 +10,14 @@ import pytest
 import torch
 
 import fedskew.algorithms.feddm as feddm_module
+from fedskew.algorithms.condensation.pool import OWNER, update_pool, uploads_artifact
 from fedskew.algorithms.feddm import FedDM
-from fedskew.components.server_train import OWNER, update_pool, uploads_artifact
 from fedskew.condense import SyntheticSet
 from fedskew.core.seeding import seeded_init
 from fedskew.engine.simulation import Simulation
 from tests.conftest import tiny_config
 
-FAST: dict[str, Any] = {"condense_iterations": 3, "ipc": 2, "epochs": 2}
+FAST: dict[str, Any] = {"condense_iterations": 3, "ipc": 2, "server": {"epochs": 2, "batch_size": 16, "lr": 0.1}}
 
 
 def feddm_config(rounds: int = 2, **algo: Any) -> dict[str, Any]:
@@ -46,7 +46,8 @@ def test_defaults() -> None:
     p = FedDM.Params()
     assert (p.rho, p.clip_norm, p.image_lr, p.image_momentum, p.init) == (5.0, 2.0, 1.0, 0.9, "mean")
     assert (p.ipc, p.condense_iterations, p.real_batch) == (50, 1000, 256)
-    assert (p.epochs, p.batch_size, p.lr, p.momentum, p.restart_model) == (500, 256, 0.001, 0.9, False)
+    s = p.server
+    assert (s.epochs, s.batch_size, s.lr, s.momentum, p.restart_model) == (500, 256, 0.001, 0.9, False)
 
 
 def test_uploads_only_uint8_sets_and_trains_on_every_clients_latest_set(
@@ -84,7 +85,7 @@ def test_uploads_only_uint8_sets_and_trains_on_every_clients_latest_set(
 
 
 def test_restart_model_trains_from_a_fresh_initialisation(tmp_path: Path) -> None:
-    cfg = feddm_config(rounds=1, restart_model=True, epochs=1, lr=1e-12, momentum=0.0)
+    cfg = feddm_config(rounds=1, restart_model=True, server={"epochs": 1, "lr": 1e-12, "momentum": 0.0})
     sim = Simulation(cfg, tmp_path / "r", progress=False)
     sim.run()
     fresh = seeded_init(sim.fed.info.model.build, sim.fed.info.seed, "restart", 1).state_dict()

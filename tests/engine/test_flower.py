@@ -236,7 +236,8 @@ def _simulate(cfg: dict[str, Any], path: Path) -> Path:
 
 # Fast settings of methods with more than one exchange or with client state (scaled-down code paths).
 FAST: dict[str, dict[str, Any]] = {
-    "fedaf": {"condense_iterations": 3, "ipc": 2, "epochs": 2},  # uint8 images, soft labels, client state
+    # uint8 images, soft labels, client state
+    "fedaf": {"condense_iterations": 3, "ipc": 2, "server": {"epochs": 2, "batch_size": 16, "lr": 0.1}},
     "hfldd": {  # a census of soft labels, data relayed to cluster headers, headers' state
         "pretrain_epochs": 1, "public_size": 50, "num_homogeneous": 2, "kmeans_n_init": 1, "kip_ipc": 1,
         "kip_iterations": 2,

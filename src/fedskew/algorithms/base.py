@@ -190,6 +190,10 @@ class Algorithm:
 
         def __post_init__(self) -> None:
             check(self.clients_per_round >= 1, "clients_per_round", self.clients_per_round, "at least 1")
+            # Cooperative: a parameter mixin later in the MRO (CondensationParams) checks its own fields.
+            further = getattr(super(), "__post_init__", None)
+            if further is not None:
+                further()
 
     def __init__(self, params: Any, fed: FederationInfo) -> None:
         self.params = params

@@ -41,15 +41,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedskew.algorithms.base import ClientContext, Replies, ServerContext, register_algorithm
-from fedskew.algorithms.feddc import MODEL
-from fedskew.algorithms.feddm import AggregationFree, Spec
-from fedskew.components.server_train import (
-    class_mean_logits,
-    knowledge_matching_term,
-    pool_from_state,
-    pool_to_state,
-    update_pool,
-)
+from fedskew.algorithms.condensation.base import AggregationFree
+from fedskew.algorithms.condensation.knowledge import class_mean_logits, knowledge_matching_term
+from fedskew.algorithms.condensation.pool import pool_from_state, pool_to_state, update_pool
+from fedskew.algorithms.condensation.wire import MODEL, Spec
 from fedskew.components.trainer import LossTerm
 from fedskew.condense import (
     ExtraLoss,

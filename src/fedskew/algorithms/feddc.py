@@ -12,53 +12,26 @@ balanced whatever the clients' histograms. FedDC+ only changes the condensation 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
 
 import torch
 
 from fedskew.algorithms.base import ClientContext, Replies, ServerContext, register_algorithm
+from fedskew.algorithms.condensation.base import CondensationParams
+from fedskew.algorithms.condensation.pool import receive_sets
+from fedskew.algorithms.condensation.server import ServerTraining, train_global_on_synthetic
+from fedskew.algorithms.condensation.wire import (
+    MODEL,
+    SYN_LABELS,
+    synthetic_arrays,
+    synthetic_reply_spec,
+)
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.aggregate import weighted_mean
-from fedskew.components.server_train import (
-    decode_set,
-    pool_to_state,
-    train_on_synthetic,
-    update_pool,
-    uploads_artifact,
-)
-from fedskew.components.trainer import LocalConfig
-from fedskew.condense import GMConfig, SyntheticSet, gradient_matching
+from fedskew.condense import GMConfig, gradient_matching
 from fedskew.core.message import Message, arrays_with_prefix
 from fedskew.core.params import check
-
-MODEL = "model."
-"""Prefix of the model weights in a reply (the rest of the name is the state-dict key)."""
-SYN_IMAGES = "syn.images"
-"""Reply array: the client's condensed images, uint8 (N, C, H, W)."""
-SYN_LABELS = "syn.labels"
-"""Reply array: their labels, int64 (N,)."""
-SYN_STATE = "syn_"
-"""Server-state prefix of the synthetic pool (``syn_images``, ``syn_labels``, ``syn_owner``)."""
-
-
-def synthetic_reply_spec(image_shape: tuple[int, int, int]) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Reply spec of an uploaded synthetic set: any number N of images, as many labels (wildcard -1)."""
-    return {SYN_IMAGES: ((-1, *image_shape), torch.uint8), SYN_LABELS: ((-1,), torch.int64)}
-
-
-def synthetic_arrays(syn: SyntheticSet | None, client: ClientContext) -> dict[str, torch.Tensor]:
-    """A condensed set as reply arrays: 8-bit images (FedAF App. C: one byte per pixel and channel).
-
-    ``None`` (a client without data) gives an empty set of the right shapes.
-    """
-    if syn is None:
-        return {
-            SYN_IMAGES: torch.zeros((0, *client.fed.image_shape), dtype=torch.uint8),
-            SYN_LABELS: torch.zeros((0,), dtype=torch.int64),
-        }
-    u = syn.to_uint8(client.fed.mean, client.fed.std)
-    return {SYN_IMAGES: u.images.contiguous(), SYN_LABELS: u.labels.contiguous()}
 
 
 @register_algorithm("feddc")
@@ -66,7 +39,7 @@ class FedDC(FedAvg):
     """FedAvg + per-client gradient-matching condensation + server fine-tuning on this round's sets."""
 
     @dataclass
-    class Params(FedAvg.Params):
+    class Params(FedAvg.Params, CondensationParams):
         # Local training, Sec. V-A: SGD, lr 0.01 (FedAvg's default), weight decay 1e-3.
         weight_decay: float = 1e-3
         # CondensedDataTraining (Algorithm 1, lines 13-23), Sec. V-A: K = 500 iterations, one fresh
@@ -80,23 +53,18 @@ class FedDC(FedAvg):
         real_batch: int = 256  # real images per class per step (not given; DC's 256, all if fewer)
         distance: Literal["cosine", "dc"] = "cosine"  # Eq. 6: sum over layers of 1 - cos
         init: Literal["noise", "real", "mean"] = "noise"  # not given; Fig. 7's images look like noise
-        # Server fine-tuning, Eq. 7 and Sec. V-A: 10 epochs, lr 0.01 (the clients' lr).
-        server_epochs: int = 10
-        server_lr: float = 0.01
-        server_batch_size: int = 256  # not given; 256 is usually the whole round's set (10 clients x <=10)
+        # Server fine-tuning, Eq. 7 and Sec. V-A: 10 epochs, lr 0.01 (the clients' lr); batch not
+        # given: 256 is usually the whole round's set (10 clients x <= 10 images).
+        server: ServerTraining = field(default_factory=lambda: ServerTraining(epochs=10, batch_size=256, lr=0.01))
+
+        renamed: ClassVar[dict[str, str]] = {
+            "server_epochs": "server.epochs", "server_lr": "server.lr", "server_batch_size": "server.batch_size"
+        }
 
         def __post_init__(self) -> None:
             super().__post_init__()
-            check(self.condense_iterations >= 0, "condense_iterations", self.condense_iterations, ">= 0")
-            check(self.ipc >= 1, "ipc", self.ipc, "at least 1")
-            check(self.image_lr > 0, "image_lr", self.image_lr, "> 0")
-            check(0 <= self.image_momentum < 1, "image_momentum", self.image_momentum, "in [0, 1)")
             check(self.image_weight_decay >= 0, "image_weight_decay", self.image_weight_decay, ">= 0")
             check(self.clip_norm > 0, "clip_norm", self.clip_norm, "> 0")
-            check(self.real_batch >= 1, "real_batch", self.real_batch, "at least 1")
-            check(self.server_epochs >= 0, "server_epochs", self.server_epochs, ">= 0")
-            check(self.server_lr > 0, "server_lr", self.server_lr, "> 0")
-            check(self.server_batch_size >= 1, "server_batch_size", self.server_batch_size, "at least 1")
 
     params: Params
 
@@ -120,22 +88,11 @@ class FedDC(FedAvg):
         p = self.params
         states = [arrays_with_prefix(m.arrays, MODEL) for _, m in replies]
         server.model.load_state_dict(weighted_mean(states, [m.metrics["num_samples"] for _, m in replies]))
-        pool = update_pool(
-            None,
-            [(cid, {"images": m.arrays[SYN_IMAGES], "labels": m.arrays[SYN_LABELS]}) for cid, m in replies],
-            keep_others=False,
-        )
-        pool_to_state(server.state, SYN_STATE, pool)
-        server.metrics["synthetic_images"] = int(pool["labels"].shape[0])
-        # Keep what the clients revealed this round, for `fedskew audit` (FedDC vs FedDC+ privacy).
-        server.save_artifact("synthetic", uploads_artifact(pool, [cid for cid, _ in replies]))
-        syn = decode_set(pool["images"], pool["labels"], self.fed.mean, self.fed.std)
-        if syn is None or p.server_epochs == 0:
+        # This round's sets only (Sec. IV-C); the uploads are kept for `fedskew audit` (FedDC vs FedDC+).
+        syn = receive_sets(server, replies, keep_others=False)
+        if syn is None or p.server.epochs == 0:
             return
-        res = train_on_synthetic(
-            server.model, syn, LocalConfig(p.server_epochs, p.server_batch_size, p.server_lr),
-            server.generator("finetune"),
-        )
+        res = train_global_on_synthetic(server.model, syn, p.server, server.generator("finetune"))
         server.metrics["server_loss"] = res.mean_loss
 
     # ---- client ------------------------------------------------------------------------------

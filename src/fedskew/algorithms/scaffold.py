@@ -14,6 +14,7 @@ Wire cost: down x and c, up Delta y and Delta c, i.e. twice FedAvg each way for 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -32,11 +33,13 @@ class Scaffold(FedAvg):
 
     @dataclass
     class Params(FedAvg.Params):
-        global_lr: float = 1.0  # eta_g; the paper's experiments use eta_g = 1 (Sec. 7)
+        server_lr: float = 1.0  # eta_g; the paper's experiments use eta_g = 1 (Sec. 7)
+
+        renamed: ClassVar[dict[str, str]] = {"global_lr": "server_lr"}  # FedAvgM's and FedAdam's name
 
         def __post_init__(self) -> None:
             super().__post_init__()
-            check(self.global_lr > 0, "global_lr", self.global_lr, "> 0")
+            check(self.server_lr > 0, "server_lr", self.server_lr, "> 0")
             # Option II reads (x - y_i)/(K eta) as the mean corrected gradient, which holds for plain SGD
             # steps (weight decay is fine: it is part of the local objective) but not with momentum.
             check(self.momentum == 0, "momentum", self.momentum, "0 for SCAFFOLD (option II assumes plain SGD)")
@@ -71,7 +74,7 @@ class Scaffold(FedAvg):
         dc = weighted_mean([arrays_with_prefix(m.arrays, "dc.") for _, m in replies], equal)
         x = {k: v.detach().clone() for k, v in server.model.state_dict().items()}
         floats = {k: d for k, d in dy.items() if d.is_floating_point()}
-        sgd_step(x, floats, self.params.global_lr)
+        sgd_step(x, floats, self.params.server_lr)
         for k, d in dy.items():  # integer buffers (BatchNorm's batch counter): the largest client value
             if k not in floats:
                 x[k] += d

@@ -74,7 +74,10 @@ def build_params(cls: type[P], table: Mapping[str, Any], prefix: str = "") -> P:
     Parameters
     ----------
     cls
-        A dataclass type; its field annotations drive type checking.
+        A dataclass type; its field annotations drive type checking. A field whose type is itself a
+        dataclass is a nested table (``[algorithm.server]``): its keys are merged into the field's
+        default and checked the same way. A ``renamed`` class attribute (old key -> new dotted key)
+        turns an old key into an error that names the new one.
     table
         Key -> value, as read from a config file.
     prefix
@@ -82,16 +85,32 @@ def build_params(cls: type[P], table: Mapping[str, Any], prefix: str = "") -> P:
     """
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     hints = typing.get_type_hints(cls)
+    renamed: Mapping[str, str] = getattr(cls, "renamed", {})
     kwargs: dict[str, Any] = {}
     for key, value in table.items():
         if key not in fields:
+            if key in renamed:
+                raise ConfigError(f"{prefix + key!r} is now {prefix + renamed[key]!r}; rename the key")
             allowed = ", ".join(sorted(fields))
             raise ConfigError(f"unknown key {prefix + key!r}; allowed: {allowed}")
-        kwargs[key] = _coerce(prefix + key, value, hints[key])
+        if dataclasses.is_dataclass(hints[key]):
+            kwargs[key] = _build_nested(fields[key], hints[key], key, value, prefix)
+        else:
+            kwargs[key] = _coerce(prefix + key, value, hints[key])
     try:
         return cls(**kwargs)
     except ConfigError as e:
         raise ConfigError(f"{prefix}{e}") from None
+
+
+def _build_nested(f: dataclasses.Field[Any], kind: type, key: str, value: Any, prefix: str) -> Any:
+    """A nested table: the field's default with the table's keys applied on top."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{prefix + key} must be a table, got {value!r}")
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else kind()
+    merged = {g.name: getattr(default, g.name) for g in dataclasses.fields(default)}
+    merged.update(value)
+    return build_params(kind, merged, prefix=f"{prefix}{key}.")
 
 
 def check(ok: bool, key: str, value: Any, allowed: str) -> None:
@@ -101,12 +120,17 @@ def check(ok: bool, key: str, value: Any, allowed: str) -> None:
 
 
 def params_doc(cls: type) -> list[tuple[str, str, Any]]:
-    """(name, type, default) of each field, for ``fedskew list`` and the docs."""
+    """(name, type, default) of each field, for ``fedskew list`` and the docs; nested tables are
+    listed key by key (``server.lr``)."""
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None
         )
+        if dataclasses.is_dataclass(hints[f.name]) and default is not None:
+            for name, kind, _ in params_doc(hints[f.name]):
+                out.append((f"{f.name}.{name}", kind, getattr(default, name)))
+            continue
         out.append((f.name, getattr(hints[f.name], "__name__", str(hints[f.name])), default))
     return out

@@ -1,0 +1,151 @@
+"""What the condensation-based methods share: their condensation parameters and the
+aggregation-free server of FedDM and FedAF.
+
+FedDC (Kim & Choi 2022) averages models and fine-tunes on this round's condensed sets; FedDM
+(Xiong et al., CVPR 2023) and FedAF (Wang et al., CVPR 2024) are aggregation-free: no model
+averaging, the server trains the global model on the union of the clients' latest condensed sets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from fedskew.algorithms.base import Algorithm, ClientContext, Replies, ServerContext
+from fedskew.algorithms.condensation.pool import pool_from_state, receive_sets
+from fedskew.algorithms.condensation.server import ServerTraining, train_global_on_synthetic
+from fedskew.algorithms.condensation.wire import (
+    MODEL,
+    SYN_LABELS,
+    SYN_STATE,
+    Spec,
+    synthetic_arrays,
+    synthetic_reply_spec,
+)
+from fedskew.components.selection import uniform_sample
+from fedskew.components.trainer import LossTerm
+from fedskew.condense import DMConfig, SyntheticSet
+from fedskew.core.message import Message, state_to_arrays
+from fedskew.core.params import check
+from fedskew.core.seeding import seeded_init
+
+SERVER_KEYS = ("epochs", "batch_size", "lr", "momentum", "weight_decay")
+"""The server-training settings that used to be top-level keys of these methods."""
+
+
+@dataclass
+class CondensationParams:
+    """Parameters every condensation-based method has (each gives its own defaults).
+
+    ``server`` is the nested ``[algorithm.server]`` table (:class:`ServerTraining`).
+    """
+
+    ipc: int = 1  # synthetic images per class held
+    condense_iterations: int = 500  # local condensation steps, one network draw each
+    image_lr: float = 1.0  # learning rate of the synthetic images
+    image_momentum: float = 0.0  # SGD momentum of the synthetic images
+    real_batch: int = 256  # real images per class per step (all of them if fewer)
+    server: ServerTraining = field(default_factory=ServerTraining)
+
+    def __post_init__(self) -> None:
+        check(self.ipc >= 1, "ipc", self.ipc, "at least 1")
+        check(self.condense_iterations >= 0, "condense_iterations", self.condense_iterations, ">= 0")
+        check(self.image_lr > 0, "image_lr", self.image_lr, "> 0")
+        check(0 <= self.image_momentum < 1, "image_momentum", self.image_momentum, "in [0, 1)")
+        check(self.real_batch >= 1, "real_batch", self.real_batch, "at least 1")
+
+
+class AggregationFree(Algorithm):
+    """Clients condense, the server trains the global model on the union of their latest sets.
+
+    Not registered: the common part of FedDM and FedAF. Subclasses say how a client condenses
+    (:meth:`condense`) and may add arrays to the download (:meth:`download`) and loss terms to the
+    server's training (:meth:`server_terms`).
+
+    The union holds each client's latest set (a client's upload replaces its previous one). With
+    FedAF's setup, all clients in every round, that is exactly this round's sets; with partial
+    participation the absent clients' last sets stay in, since Eq. 14's S is the union over all
+    clients.
+    """
+
+    @dataclass
+    class Params(Algorithm.Params, CondensationParams):
+        # Condensation (FedAF Sec. 5.1 and App. A; FedDM is run with the same settings there).
+        ipc: int = 50  # FedAF's label-skew setting (Table 7)
+        condense_iterations: int = 1000
+        image_lr: float = 1.0  # CIFAR-10 and DomainNet; FedAF uses 0.2 on FMNIST, 0.1 on CIFAR-100
+        image_momentum: float = 0.9  # App. A: SGD with momentum 0.9, also for condensation
+        # The server's training of the global model on the union S (FedAF Sec. 5.1): 500 epochs,
+        # batch 256, lr 0.001, momentum 0.9; weight decay not given: none.
+        server: ServerTraining = field(
+            default_factory=lambda: ServerTraining(epochs=500, batch_size=256, lr=0.001, momentum=0.9)
+        )
+        # Whether each round's training starts from a fresh random model instead of the current
+        # global model. Not given; false: the server continues from w, the model clients matched
+        # against, so knowledge from earlier rounds' sets carries over.
+        restart_model: bool = False
+
+        renamed: ClassVar[dict[str, str]] = {k: f"server.{k}" for k in SERVER_KEYS}
+
+    params: Params
+
+    # ---- server ------------------------------------------------------------------------------
+    def download(self, server: ServerContext) -> dict[str, torch.Tensor]:
+        """Arrays sent to every selected client: the global model (FedAF adds the global logits)."""
+        return state_to_arrays(server.model.state_dict(), MODEL)
+
+    def configure(self, server: ServerContext) -> list[tuple[int, Message]]:
+        msg = Message(arrays=self.download(server))
+        clients = uniform_sample(self.fed.num_clients, self.params.clients_per_round, server.rng("select"))
+        return [(cid, msg) for cid in clients]
+
+    def reply_spec(self, task: str, server: ServerContext) -> Spec | None:
+        """A synthetic set of any size (no model: nothing is averaged)."""
+        return synthetic_reply_spec(self.fed.image_shape) if task == "train" else None
+
+    def server_terms(self, server: ServerContext) -> list[LossTerm]:
+        """Loss terms added to cross-entropy in the server's training (FedDM: none)."""
+        return []
+
+    def aggregate(self, server: ServerContext, replies: Replies) -> None:
+        """Put the uploads into the union of latest sets, then train the global model on it."""
+        p = self.params
+        if not replies:  # nothing new this round: keep the model
+            previous = pool_from_state(server.state, SYN_STATE, ("images", "labels"))
+            server.metrics["synthetic_images"] = 0 if previous is None else int(previous["labels"].shape[0])
+            return
+        syn = receive_sets(server, replies, keep_others=True)
+        if syn is None or p.server.epochs == 0:
+            return
+        if p.restart_model:
+            fresh = seeded_init(self.fed.model.build, self.fed.seed, "restart", server.round)
+            server.model.load_state_dict(fresh.state_dict())
+        res = train_global_on_synthetic(
+            server.model, syn, p.server, server.generator("train"), self.server_terms(server)
+        )
+        server.metrics["server_loss"] = res.mean_loss
+
+    # ---- client ------------------------------------------------------------------------------
+    def dm_config(self, init: str, clip_norm: float | None) -> DMConfig:
+        p = self.params
+        return DMConfig(
+            iterations=p.condense_iterations, ipc=p.ipc, image_lr=p.image_lr, momentum=p.image_momentum,
+            real_batch=p.real_batch, init=init, clip_norm=clip_norm,
+        )
+
+    def condense(self, msg: Message, client: ClientContext) -> tuple[SyntheticSet, dict[str, torch.Tensor]]:
+        """The client's condensed set and any further reply arrays."""
+        raise NotImplementedError
+
+    def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
+        if task != "train":
+            return super().client_step(task, msg, client)
+        arrays: dict[str, Any] = {}
+        syn = None
+        if client.num_samples > 0:
+            syn, arrays = self.condense(msg, client)
+        arrays.update(synthetic_arrays(syn, client))
+        metrics = {"num_samples": float(client.num_samples), "synthetic_images": float(arrays[SYN_LABELS].shape[0])}
+        return Message(arrays=arrays, metrics=metrics)

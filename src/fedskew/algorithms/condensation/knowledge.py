@@ -1,0 +1,86 @@
+"""FedAF's local-global knowledge matching (LGKM, Wang et al., CVPR 2024, Eqs. 12-16) on the server.
+
+The server's training on the union of condensed sets (:mod:`.server`) takes LGKM as an extra loss
+term: the class-wise soft labels the clients computed on their real data (R) are matched against the
+model's soft labels on the condensed images (T) by a symmetric KL divergence.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedskew.components.trainer import LossTerm
+
+
+def symmetric_kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """``(KL(P||Q) + KL(Q||P)) / 2`` between row distributions, averaged over rows (FedAF Eq. 15).
+
+    Parameters
+    ----------
+    log_p, log_q
+        (n, L) log-probabilities; row i of each is a distribution over L classes.
+
+    Notes
+    -----
+    Summing the two directions gives ``KL(P||Q) + KL(Q||P) = sum_j (p_j - q_j)(log p_j - log q_j)``,
+    one non-negative term per class, so the result is symmetric, zero for equal inputs and never
+    negative. FedAF writes ``D_KL(R||T)`` between the C x C matrices R and T without saying how rows
+    are combined; we average over rows (PyTorch's ``batchmean`` convention), so the weight
+    ``lambda_glob`` does not depend on how many classes a batch holds. Zero rows give 0.
+    """
+    if log_p.shape != log_q.shape or log_p.dim() != 2:
+        shapes = f"{tuple(log_p.shape)} and {tuple(log_q.shape)}"
+        raise ValueError(f"expected two (n, L) tensors of equal shape, got {shapes}")
+    if log_p.shape[0] == 0:
+        return torch.zeros((), dtype=log_p.dtype)
+    per_row = ((log_p.exp() - log_q.exp()) * (log_p - log_q)).sum(dim=1)
+    return 0.5 * per_row.mean()
+
+
+def class_mean_logits(logits: torch.Tensor, y: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-class mean of ``logits`` over the rows labelled with that class, and the row counts.
+
+    Returns ``(means, counts)`` of shapes (num_classes, L) and (num_classes,); classes without rows
+    have a zero mean and count 0. This is FedAF Eq. 5 (real data, on the client), Eq. 6 (condensed
+    data) and the argument of the softmax in Eq. 13 (on the server).
+    """
+    counts = torch.bincount(y, minlength=num_classes)
+    sums = torch.zeros((num_classes, logits.shape[1]), dtype=logits.dtype).index_add(0, y, logits)
+    return sums / counts.clamp_min(1).to(logits.dtype)[:, None], counts
+
+
+def knowledge_matching_term(
+    soft_labels: torch.Tensor, known: torch.Tensor, tau: float, weight: float
+) -> LossTerm:
+    """FedAF's local-global knowledge matching, ``lambda_glob * L_LGKM`` (Eqs. 13, 15, 16), as a loss term.
+
+    Parameters
+    ----------
+    soft_labels
+        (L, L): row c is r_c, the clients' class-c soft labels averaged by the server (Eq. 12).
+    known
+        (L,) bool: classes for which some client sent soft labels (r_c exists).
+    tau
+        Softmax temperature of Eq. 13 (the same tau the clients used for r_{k,c}).
+    weight
+        lambda_glob.
+
+    Notes
+    -----
+    Eq. 13 defines t_c from the mean logits of *all* condensed images of class c under the current
+    model. Recomputing that over the whole set at every SGD step would cost a full pass per step; we
+    use the images of class c in the current mini-batch, an estimate of the same mean (a batch of
+    256 holds ~25 images per class on ten-class data). Classes absent from the batch, or without
+    r_c, contribute nothing in that step.
+    """
+    log_r = soft_labels.clamp_min(torch.finfo(soft_labels.dtype).tiny).log()
+
+    def term(model: nn.Module, x: torch.Tensor, y: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        means, counts = class_mean_logits(logits, y, soft_labels.shape[0])
+        rows = (counts > 0) & known
+        log_t = F.log_softmax(means[rows] / tau, dim=1)
+        return weight * symmetric_kl(log_r[rows].to(log_t.dtype), log_t)
+
+    return term
