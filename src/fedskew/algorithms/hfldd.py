@@ -81,6 +81,10 @@ from fedskew.models.layout import as_model_format, is_channels_last
 PREDICT_CHUNK = 500
 
 
+PUBLIC = "public"
+"""Request array of the pretrain task: D_p, the public images the clients predict soft labels on."""
+
+
 def auto_public_dataset(image_shape: tuple[int, int, int]) -> str:
     """The public dataset ``"auto"`` stands for: digits for grey-scale images, Fashion-MNIST for colour.
 
@@ -102,8 +106,8 @@ def public_set(
 ) -> torch.Tensor:
     """D_p: ``size`` images of dataset ``name`` in the federation's shape and normalisation.
 
-    Deterministic in its arguments, so every client (in any process) builds the same set without it
-    being sent; cached per process because every client of a run asks for it.
+    Deterministic in its arguments; built by the server half and sent to every client with the
+    pretrain request (the client half loads no dataset). Cached per process.
 
     Parameters
     ----------
@@ -183,7 +187,10 @@ class HFLDD(FedAvg):
     def setup(self, server: ServerContext) -> None:
         """Steps 1-4 of Fig. 1: soft labels, clustering, distillation and its relay to the headers."""
         p = self.params
-        replies = server.exchange("pretrain", [(cid, Message()) for cid in range(self.fed.num_clients)])
+        # D_p is public: the server loads it and hands it over with the request. It is not charged to
+        # the ledger (down=None), since the paper assumes every client holds D_p already.
+        request = Message(arrays={PUBLIC: self._public()})
+        replies = server.exchange("pretrain", [(cid, request) for cid in range(self.fed.num_clients)], down=None)
         if not replies:
             raise FedskewError("hfldd: no client returned soft labels")
         cids = [cid for cid, _ in replies]
@@ -253,7 +260,7 @@ class HFLDD(FedAvg):
     # ---- client ------------------------------------------------------------------------------
     def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
         if task == "pretrain":
-            return self._pretrain(client)
+            return self._pretrain(msg.arrays[PUBLIC], client)
         if task == "distill":
             return self._distill(client)
         if task == "receive":
@@ -265,11 +272,12 @@ class HFLDD(FedAvg):
         return super().client_step(task, msg, client)
 
     def _public(self) -> torch.Tensor:
+        """D_p, built on the server's side (see :func:`public_set`)."""
         p, fed = self.params, self.fed
         name = auto_public_dataset(fed.image_shape) if p.public_dataset == "auto" else p.public_dataset
         return public_set(name, p.public_size, p.public_seed, p.public_data_dir, fed.image_shape, fed.mean, fed.std)
 
-    def _pretrain(self, client: ClientContext) -> Message:
+    def _pretrain(self, public: torch.Tensor, client: ClientContext) -> Message:
         """Pre-train the seed-rebuilt initial model locally and predict soft labels on D_p (Sec. IV-B1)."""
         p = self.params
         model = client.model(state_to_arrays(self.init_model().state_dict()))
@@ -281,7 +289,7 @@ class HFLDD(FedAvg):
         cl = is_channels_last(model)
         with torch.inference_mode():
             probs = torch.cat([
-                torch.softmax(model(as_model_format(chunk, cl)), dim=1) for chunk in self._public().split(PREDICT_CHUNK)
+                torch.softmax(model(as_model_format(chunk, cl)), dim=1) for chunk in public.split(PREDICT_CHUNK)
             ])
         model.train()
         return Message(arrays={"soft_labels": probs.float().contiguous()}, metrics={"pretrain_loss": res.mean_loss})
