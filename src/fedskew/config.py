@@ -348,7 +348,7 @@ def validate(cfg: dict[str, Any]) -> None:
     algo = dict(cfg["algorithm"])
     cls = ALGORITHMS.get(algo.pop("name"))
     build_params(cls.Params, algo, prefix="algorithm.")
-    from fedskew.engine.guard import Faults
+    from fedskew.engine.faults import Faults
 
     build_params(Faults, cfg.get("faults", {}), prefix="faults.")
 

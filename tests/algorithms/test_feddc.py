@@ -18,7 +18,7 @@ from fedskew.algorithms.feddc import FedDC, FedDCPlus
 from fedskew.condense import SyntheticSet, UInt8Set
 from fedskew.core.message import Message
 from fedskew.core.params import build_params
-from fedskew.engine.guard import check_reply
+from fedskew.engine.replies import check_reply
 from fedskew.engine.simulation import Simulation
 from fedskew.report.grids import image_grid, save_image_grid
 from tests.conftest import tiny_config

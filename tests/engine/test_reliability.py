@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from fedskew.config import dump, resolve
 from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message
-from fedskew.engine.guard import check_reply, corrupt_reply
+from fedskew.engine.faults import corrupt_reply
+from fedskew.engine.replies import check_reply
 from fedskew.engine.simulation import Simulation
 from tests.conftest import tiny_config
 

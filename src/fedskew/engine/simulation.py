@@ -30,8 +30,9 @@ from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import build_params
 from fedskew.engine.checkpoint import load_checkpoint, save_checkpoint
+from fedskew.engine.faults import Faults, corrupt_reply
 from fedskew.engine.federation import Federation, build_federation
-from fedskew.engine.guard import Faults, check_reply, corrupt_reply
+from fedskew.engine.replies import check_reply
 from fedskew.engine.workers import ClientJob, Workers, default_workers
 from fedskew.metrics import Ledger, class_variance, summarize_run
 from fedskew.models.evaluation import EVAL_CHUNK, EvalCounts, chunk_bounds
@@ -121,7 +122,7 @@ class Simulation:
         """Deliver each message to its client, run ``client_step`` there, return replies in order.
 
         Clients that drop out (simulated faults) are not asked; replies that arrive late (stragglers)
-        or fail :func:`~fedskew.engine.guard.check_reply` are discarded. Each is recorded in the round's
+        or fail :func:`~fedskew.engine.replies.check_reply` are discarded. Each is recorded in the round's
         ``failed`` or ``rejected`` list, and the algorithm gets the replies that remain.
         """
         assert self._workers is not None
