@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from fedskew.algorithms.base import Algorithm, ClientContext, ServerContext, register_algorithm
-from fedskew.components.trainer import LocalConfig, train_local
+from fedskew.components.trainer import SGDParams, train_local
 from fedskew.core.message import Message
 from fedskew.core.params import check
 
@@ -22,17 +22,12 @@ class Centralized(Algorithm):
     """Pooled-data training, one "round" = ``epochs_per_round`` epochs."""
 
     @dataclass
-    class Params(Algorithm.Params):
-        epochs_per_round: int = 1
-        batch_size: int = 64
-        lr: float = 0.01
-        momentum: float = 0.0
-        weight_decay: float = 0.0
+    class Params(SGDParams, Algorithm.Params):
+        epochs_per_round: int = 1  # and SGD's batch_size, lr, momentum, weight_decay (SGDParams)
 
         def __post_init__(self) -> None:
             super().__post_init__()
             check(self.epochs_per_round >= 1, "epochs_per_round", self.epochs_per_round, "at least 1")
-            check(self.lr > 0, "lr", self.lr, "> 0")
 
     params: Params
 
@@ -57,7 +52,7 @@ class Centralized(Algorithm):
         p = self.params
         res = train_local(
             server.model, server.state["_x"], server.state["_y"],
-            LocalConfig(p.epochs_per_round, p.batch_size, p.lr, p.momentum, p.weight_decay),
+            p.sgd(p.epochs_per_round),
             server.generator("train"),
         )
         server.metrics.update(samples=res.num_samples, train_loss=res.mean_loss)

@@ -11,7 +11,7 @@ import torch
 from fedskew.algorithms.base import Algorithm, ClientContext, Replies, ServerContext, register_algorithm
 from fedskew.components.aggregate import weighted_mean
 from fedskew.components.selection import uniform_sample
-from fedskew.components.trainer import GradHook, LocalConfig, LocalResult, LossTerm, train_local
+from fedskew.components.trainer import GradHook, LocalConfig, LocalResult, LossTerm, SGDParams, train_local
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import check
 
@@ -21,20 +21,13 @@ class FedAvg(Algorithm):
     """Federated averaging; the base that most methods extend."""
 
     @dataclass
-    class Params(Algorithm.Params):
+    class Params(SGDParams, Algorithm.Params):
+        # batch_size, lr, momentum, weight_decay: the clients' local SGD (SGDParams)
         local_epochs: int = 1  # E, local epochs per round
-        batch_size: int = 64  # local mini-batch size (FedDC: not given, SPEC default 64)
-        lr: float = 0.01  # local SGD learning rate (FedDC Eq. 3: 0.01)
-        momentum: float = 0.0  # local SGD momentum
-        weight_decay: float = 0.0  # local SGD weight decay (FedDC uses 1e-3)
 
         def __post_init__(self) -> None:
             super().__post_init__()
             check(self.local_epochs >= 1, "local_epochs", self.local_epochs, "at least 1")
-            check(self.batch_size >= 1, "batch_size", self.batch_size, "at least 1")
-            check(self.lr > 0, "lr", self.lr, "> 0")
-            check(0 <= self.momentum < 1, "momentum", self.momentum, "in [0, 1)")
-            check(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
 
     params: Params
 
@@ -63,7 +56,7 @@ class FedAvg(Algorithm):
     # ---- client ------------------------------------------------------------------------------
     def local_config(self) -> LocalConfig:
         p = self.params
-        return LocalConfig(p.local_epochs, p.batch_size, p.lr, p.momentum, p.weight_decay)
+        return p.sgd(p.local_epochs)
 
     def local_train(
         self,

@@ -39,7 +39,7 @@ class FedDC(FedAvg):
     """FedAvg + per-client gradient-matching condensation + server fine-tuning on this round's sets."""
 
     @dataclass
-    class Params(FedAvg.Params, CondensationParams):
+    class Params(CondensationParams, FedAvg.Params):
         # Local training, Sec. V-A: SGD, lr 0.01 (FedAvg's default), weight decay 1e-3.
         weight_decay: float = 1e-3
         # CondensedDataTraining (Algorithm 1, lines 13-23), Sec. V-A: K = 500 iterations, one fresh

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedskew.core.params import check
 from fedskew.models.layout import as_model_format, is_channels_last, shuffled_batches
 
 LossTerm = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -33,6 +34,40 @@ class LocalConfig:
     momentum: float = 0.0
     weight_decay: float = 0.0
     max_steps: int | None = None
+
+
+@dataclass
+class SGDParams:
+    """Mini-batch SGD settings as a parameter table has them (FedAvg's clients, centralised
+    training, a condensation server's ``[algorithm.server]``); each user gives its own defaults.
+
+    Attributes
+    ----------
+    batch_size
+        Mini-batch size (FedDC: not given, SPEC default 64).
+    lr
+        SGD learning rate (FedDC Eq. 3: 0.01).
+    momentum, weight_decay
+        SGD momentum and weight decay (FedDC uses weight decay 1e-3).
+    """
+
+    batch_size: int = 64
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        check(self.batch_size >= 1, "batch_size", self.batch_size, "at least 1")
+        check(self.lr > 0, "lr", self.lr, "> 0")
+        check(0 <= self.momentum < 1, "momentum", self.momentum, "in [0, 1)")
+        check(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
+        further = getattr(super(), "__post_init__", None)  # cooperative, as every parameter mixin
+        if further is not None:
+            further()
+
+    def sgd(self, epochs: int) -> LocalConfig:
+        """These settings for ``epochs`` epochs of :func:`train_local`."""
+        return LocalConfig(epochs, self.batch_size, self.lr, self.momentum, self.weight_decay)
 
 
 @dataclass

@@ -47,25 +47,23 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key} must be a table, got {value!r}")
         return dict(value)
-    if annotation is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key} must be true or false, got {value!r}")
-        return value
-    if annotation is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            raise ConfigError(f"{key} must be an integer, got {value!r}")
-        return value
-    if annotation is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{key} must be a number, got {value!r}")
-        return float(value)
-    if annotation is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key} must be a string, got {value!r}")
-        return value
+    if annotation is int and isinstance(value, float) and value.is_integer():
+        return int(value)  # TOML and the command line may spell an integer as 3.0
+    if annotation in _SCALARS:
+        accepts, allowed = _SCALARS[annotation]
+        if isinstance(value, bool) != (annotation is bool) or not isinstance(value, accepts):
+            raise ConfigError(f"{key} must be {allowed}, got {value!r}")
+        return float(value) if annotation is float else value  # type: ignore[arg-type]
     return value
+
+
+_SCALARS: dict[Any, tuple[type | tuple[type, ...], str]] = {
+    bool: (bool, "true or false"),
+    int: (int, "an integer"),
+    float: ((int, float), "a number"),
+    str: (str, "a string"),
+}
+"""Scalar annotation -> (accepted Python types, what the error calls them); bool is never a number."""
 
 
 def build_params(cls: type[P], table: Mapping[str, Any], prefix: str = "") -> P:

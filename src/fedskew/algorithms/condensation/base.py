@@ -55,6 +55,9 @@ class CondensationParams:
         check(self.image_lr > 0, "image_lr", self.image_lr, "> 0")
         check(0 <= self.image_momentum < 1, "image_momentum", self.image_momentum, "in [0, 1)")
         check(self.real_batch >= 1, "real_batch", self.real_batch, "at least 1")
+        further = getattr(super(), "__post_init__", None)  # cooperative, as every parameter mixin
+        if further is not None:
+            further()
 
 
 class AggregationFree(Algorithm):
@@ -71,7 +74,7 @@ class AggregationFree(Algorithm):
     """
 
     @dataclass
-    class Params(Algorithm.Params, CondensationParams):
+    class Params(CondensationParams, Algorithm.Params):
         # Condensation (FedAF Sec. 5.1 and App. A; FedDM is run with the same settings there).
         ipc: int = 50  # FedAF's label-skew setting (Table 7)
         condense_iterations: int = 1000

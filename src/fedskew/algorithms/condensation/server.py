@@ -16,34 +16,25 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fedskew.components.trainer import LocalConfig, LocalResult, LossTerm, train_local
+from fedskew.components.trainer import LocalResult, LossTerm, SGDParams, train_local
 from fedskew.condense import SyntheticSet
 from fedskew.core.params import check
 from fedskew.models.layout import use_channels_last
 
 
 @dataclass
-class ServerTraining:
+class ServerTraining(SGDParams):
     """``[algorithm.server]``: SGD of the global model on the condensed sets the server holds.
 
     Each method gives its own defaults (FedDC: Eq. 7 and Sec. V-A; FedDM and FedAF: FedAF Sec. 5.1).
     """
 
-    epochs: int = 10
+    epochs: int = 10  # and SGD's batch_size, lr, momentum, weight_decay (SGDParams)
     batch_size: int = 256
-    lr: float = 0.01
-    momentum: float = 0.0
-    weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check(self.epochs >= 0, "epochs", self.epochs, ">= 0")
-        check(self.batch_size >= 1, "batch_size", self.batch_size, "at least 1")
-        check(self.lr > 0, "lr", self.lr, "> 0")
-        check(0 <= self.momentum < 1, "momentum", self.momentum, "in [0, 1)")
-        check(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
-
-    def local_config(self) -> LocalConfig:
-        return LocalConfig(self.epochs, self.batch_size, self.lr, self.momentum, self.weight_decay)
 
 
 
@@ -62,4 +53,4 @@ def train_global_on_synthetic(
     ``model`` is put in channels-last format first (in place): an epoch on a few hundred images in
     one batch runs about twice as fast (benchmarks/kernels.py).
     """
-    return train_local(use_channels_last(model), syn.images, syn.labels, cfg.local_config(), generator, terms)
+    return train_local(use_channels_last(model), syn.images, syn.labels, cfg.sgd(cfg.epochs), generator, terms)
