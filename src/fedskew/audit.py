@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from fedskew.components.trainer import LocalConfig, train_local
 from fedskew.core.errors import FedskewError
 from fedskew.core.seeding import seeded_init, torch_generator
-from fedskew.engine.experiment import run_config_path
 from fedskew.engine.federation import Federation, build_federation
 from fedskew.metrics.privacy import auc, nearest_neighbours, ssim
+from fedskew.runs import AUDIT_FILE, find_runs, run_config_path, synthetic_dir, synthetic_files
 
 
 @dataclass
@@ -46,7 +46,7 @@ def load_synthetic(run_dir: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     """All saved synthetic images (uint8), labels and sending clients of a run, and the round count."""
     from safetensors.torch import load_file
 
-    files = sorted((run_dir / "artifacts" / "synthetic").glob("round_*.safetensors"))
+    files = synthetic_files(run_dir)
     if not files:
         raise FedskewError(
             f"{run_dir} holds no synthetic images (artifacts/synthetic/): only methods that send condensed "
@@ -150,14 +150,12 @@ def audit(
     paths: list[Path], data_dir: str | None = None, max_images: int = 2000, epochs: int = 50
 ) -> list[AuditResult]:
     """Audit every run folder under ``paths`` that holds synthetic images; writes ``audit.json`` in each."""
-    from fedskew.report import find_runs
-
     results = []
     for run in find_runs(paths):
-        if not (run / "artifacts" / "synthetic").exists():
+        if not synthetic_dir(run).exists():
             continue
         res = audit_run(run, data_dir, max_images, epochs)
-        (run / "audit.json").write_text(json.dumps(asdict(res), indent=2) + "\n")
+        (run / AUDIT_FILE).write_text(json.dumps(asdict(res), indent=2) + "\n")
         results.append(res)
     if not results:
         raise FedskewError(f"no run under {', '.join(map(str, paths))} holds synthetic images to audit")

@@ -39,7 +39,6 @@ it); when it changes the algorithm, the base's hyper-parameters that the new alg
 from __future__ import annotations
 
 import copy
-import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -49,6 +48,7 @@ import tomli_w
 import tomllib
 
 from fedskew.core.errors import ConfigError
+from fedskew.runs import folder_label, run_folder_name
 
 TOP_LEVEL: dict[str, str] = {
     "name": "experiment name; the parent folder of its runs",
@@ -187,16 +187,6 @@ class RunSpec:
     def folder_name(self) -> str:
         """``<label>-seed<k>``, with path separators in the label made ``_`` ("FedAF w/o CDC" -> "FedAF w_o CDC")."""
         return run_folder_name(self.label, self.config["seed"])
-
-
-def run_folder_name(label: str, seed: object) -> str:
-    """A run's folder name, ``<label>-seed<k>`` (simulator and Flower deployment alike)."""
-    return f"{folder_label(label)}-seed{seed}"
-
-
-def folder_label(label: str) -> str:
-    """A label as one path component: ``/``, ``\\`` and control characters become ``_``."""
-    return re.sub(r"[/\\\x00-\x1f]", "_", label)
 
 
 def resolve(raw: dict[str, Any], overrides: dict[str, Any] | None = None, where: str = "config") -> list[RunSpec]:

@@ -17,8 +17,8 @@ from PIL import Image
 from torch import nn
 
 from fedskew.cli import main
+from fedskew.cli.condense import MethodSettings, condense_set, dsa_config, load_set
 from fedskew.condense import SyntheticSet
-from fedskew.condense.cli import MethodSettings, condense_set, dsa_config, load_set
 from fedskew.condense.evaluate import EvalConfig, evaluate_synthetic
 from fedskew.condense.kip import centered_one_hot
 from fedskew.data import load_dataset

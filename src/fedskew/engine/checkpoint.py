@@ -14,14 +14,13 @@ from typing import Any
 import torch
 
 from fedskew.core.errors import FedskewError
-
-CHECKPOINT = "last.pt"
+from fedskew.runs import CHECKPOINT_FILE
 
 
 def save_checkpoint(folder: Path, payload: dict[str, Any]) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    final = folder / CHECKPOINT
-    tmp = folder / (CHECKPOINT + ".tmp")
+    final = folder / CHECKPOINT_FILE
+    tmp = folder / (CHECKPOINT_FILE + ".tmp")
     with open(tmp, "wb") as f:
         torch.save(payload, f)
         f.flush()
@@ -31,7 +30,7 @@ def save_checkpoint(folder: Path, payload: dict[str, Any]) -> Path:
 
 
 def load_checkpoint(folder: Path) -> dict[str, Any]:
-    path = folder / CHECKPOINT
+    path = folder / CHECKPOINT_FILE
     if not path.exists():
         raise FedskewError(f"no checkpoint at {path}: nothing to resume (the run stopped before its first checkpoint)")
     try:

@@ -9,9 +9,10 @@ from typing import Any
 import tomllib
 
 from fedskew.config import RunSpec, dump, validate
-from fedskew.core.errors import ConfigError, FedskewError
+from fedskew.core.errors import ConfigError
 from fedskew.engine.federation import Federation, build_federation
 from fedskew.engine.simulation import RunResult, Simulation
+from fedskew.runs import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, TIMING_FILE, run_config_path
 
 
 def choose_parent(out: str | Path | None, name: str, runs: list[RunSpec], force: bool) -> Path:
@@ -30,7 +31,7 @@ def choose_parent(out: str | Path | None, name: str, runs: list[RunSpec], force:
     parent = Path(out)
     if not force:
         for r in runs:
-            if (parent / r.folder_name / "metrics.jsonl").exists():
+            if (parent / r.folder_name / METRICS_FILE).exists():
                 raise ConfigError(
                     f"{parent / r.folder_name} already holds a run; choose another --out, pass --force to "
                     "overwrite it, or continue it with --resume"
@@ -57,31 +58,13 @@ def run_experiment(
             feds[key] = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), data_dir)
         run_dir = parent / spec.folder_name
         if run_dir.exists():
-            for f in ("metrics.jsonl", "timing.jsonl", "summary.json"):
+            for f in (METRICS_FILE, TIMING_FILE, SUMMARY_FILE):
                 (run_dir / f).unlink(missing_ok=True)
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.toml").write_text(dump(cfg))
+        (run_dir / CONFIG_FILE).write_text(dump(cfg))
         sim = Simulation(cfg, run_dir, data_dir=data_dir, progress=progress, federation=feds[key])
         results.append(sim.run())
     return results
-
-
-def run_config_path(run_dir: Path) -> Path:
-    """``run_dir/config.toml``, or an error that says what ``run_dir`` is instead.
-
-    Passing an experiment's output folder (``--out``) where one run's folder is meant is the usual
-    slip; the error then names the run folders inside it.
-    """
-    path = run_dir / "config.toml"
-    if path.is_file():
-        return path
-    if not run_dir.is_dir():
-        raise FedskewError(f"{run_dir} is not a run folder: it does not exist")
-    inside = sorted(p.parent.name for p in run_dir.glob("*/config.toml"))
-    if inside:
-        shown = ", ".join(inside[:5]) + (f" (and {len(inside) - 5} more)" if len(inside) > 5 else "")
-        raise FedskewError(f"{run_dir} is an experiment folder, not a run folder; pass one of its runs: {shown}")
-    raise FedskewError(f"{run_dir} is not a run folder: no config.toml")
 
 
 def resume_run(run_dir: Path, overrides: dict[str, Any], *, data_dir: str | None, progress: bool) -> RunResult:
@@ -94,5 +77,5 @@ def resume_run(run_dir: Path, overrides: dict[str, Any], *, data_dir: str | None
     cfg.update(overrides)
     cfg.setdefault("target_accuracy", None)
     validate(cfg)
-    (run_dir / "config.toml").write_text(dump(cfg))
+    (run_dir / CONFIG_FILE).write_text(dump(cfg))
     return Simulation(cfg, run_dir, data_dir=data_dir, progress=progress).run(resume=True)

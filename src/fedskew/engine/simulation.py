@@ -36,6 +36,7 @@ from fedskew.engine.replies import check_reply
 from fedskew.engine.workers import ClientJob, Workers, default_workers
 from fedskew.metrics import Ledger, class_variance, summarize_run
 from fedskew.models.evaluation import EVAL_CHUNK, EvalCounts, chunk_bounds
+from fedskew.runs import ARTIFACTS_DIR, CHECKPOINTS_DIR, METRICS_FILE, MODEL_FILE, SUMMARY_FILE, TIMING_FILE
 
 log = logging.getLogger("fedskew")
 
@@ -172,7 +173,7 @@ class Simulation:
 
         if not name.replace("_", "").isalnum():
             raise FedskewError(f"artifact name {name!r} must be letters, digits and underscores")
-        folder = self.run_dir / "artifacts" / name
+        folder = self.run_dir / ARTIFACTS_DIR / name
         folder.mkdir(parents=True, exist_ok=True)
         final = folder / f"round_{self.round:04d}.safetensors"
         tmp = final.with_suffix(".tmp")
@@ -192,7 +193,7 @@ class Simulation:
     # ---- checkpoints -------------------------------------------------------------------------------
     def _checkpoint(self, records: list[dict[str, Any]]) -> None:
         save_checkpoint(
-            self.run_dir / "checkpoints",
+            self.run_dir / CHECKPOINTS_DIR,
             {
                 "round": self.round,
                 "model": self.server.model.state_dict(),
@@ -204,7 +205,7 @@ class Simulation:
         )
 
     def _restore(self) -> list[dict[str, Any]]:
-        ck = load_checkpoint(self.run_dir / "checkpoints")
+        ck = load_checkpoint(self.run_dir / CHECKPOINTS_DIR)
         self.round = int(ck["round"])
         self.server.model.load_state_dict(ck["model"])
         self.server.state.update(ck["server_state"])
@@ -236,13 +237,13 @@ class Simulation:
                 total=rounds, initial=self.round, desc=f"{cfg.get('label', cfg['algorithm']['name'])}",
                 unit="round", disable=not self.progress, leave=False,
             )
-            with bar, open(self.run_dir / "timing.jsonl", "a") as timing:
+            with bar, open(self.run_dir / TIMING_FILE, "a") as timing:
                 while self.round < rounds:
                     self.round += 1
                     t0 = time.perf_counter()
                     rec, t_eval = self._one_round(rounds)
                     records.append(rec)
-                    with open(self.run_dir / "metrics.jsonl", "a") as f:
+                    with open(self.run_dir / METRICS_FILE, "a") as f:
                         f.write(json.dumps(rec) + "\n")
                     total = time.perf_counter() - t0
                     timing.write(json.dumps({"round": self.round, "seconds": total, "eval_seconds": t_eval}) + "\n")
@@ -259,8 +260,8 @@ class Simulation:
             self._workers.close()
             self._workers = None
         summary = self._summary(records)
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        torch.save(self.server.model.state_dict(), self.run_dir / "model.pt")
+        (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+        torch.save(self.server.model.state_dict(), self.run_dir / MODEL_FILE)
         return RunResult(self.run_dir, summary, records)
 
     def _one_round(self, rounds: int) -> tuple[dict[str, Any], float]:
@@ -299,7 +300,7 @@ class Simulation:
 
     def _rewrite_metrics(self, records: list[dict[str, Any]]) -> None:
         """metrics.jsonl holds exactly the records so far (a resumed run drops rounds after the checkpoint)."""
-        with open(self.run_dir / "metrics.jsonl", "w") as f:
+        with open(self.run_dir / METRICS_FILE, "w") as f:
             for r in records:
                 f.write(json.dumps(r) + "\n")
 

@@ -68,21 +68,11 @@ def ssim(a: torch.Tensor, b: torch.Tensor, window: int = 7, sigma: float = 1.5) 
 
 def auc(member_scores: np.ndarray, nonmember_scores: np.ndarray) -> float:
     """Area under the ROC curve of telling members (higher score) from non-members (ties count half)."""
+    from sklearn.metrics import roc_auc_score
+
     m = np.asarray(member_scores, dtype=np.float64)
     n = np.asarray(nonmember_scores, dtype=np.float64)
     if len(m) == 0 or len(n) == 0:
         raise ValueError("auc needs members and non-members")
-    allv = np.concatenate([m, n])
-    order = allv.argsort(kind="mergesort")
-    ranks = np.empty(len(allv), dtype=np.float64)
-    sorted_v = allv[order]
-    # Average ranks over ties (Mann-Whitney U).
-    i = 0
-    while i < len(sorted_v):
-        j = i
-        while j + 1 < len(sorted_v) and sorted_v[j + 1] == sorted_v[i]:
-            j += 1
-        ranks[order[i : j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    u = ranks[: len(m)].sum() - len(m) * (len(m) + 1) / 2
-    return float(u / (len(m) * len(n)))
+    is_member = np.concatenate([np.ones(len(m)), np.zeros(len(n))])
+    return float(roc_auc_score(is_member, np.concatenate([m, n])))

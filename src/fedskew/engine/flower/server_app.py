@@ -33,7 +33,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
 from fedskew.algorithms.base import FederationInfo
-from fedskew.config import dump, run_folder_name
+from fedskew.config import dump
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.core.message import Message as FedskewMessage
@@ -44,6 +44,7 @@ from fedskew.engine.flower.app import resolve_experiment
 from fedskew.engine.flower.messages import HEADER, HELLO, from_records, info_to_json, to_records
 from fedskew.engine.simulation import NoReply, RunResult, Simulation
 from fedskew.engine.workers import ClientJob
+from fedskew.runs import CHECKPOINTS_DIR, CONFIG_FILE, METRICS_FILE, run_folder_name
 
 log = logging.getLogger("fedskew")
 RESUMABLE = ("rounds", "workers", "checkpoint_every")
@@ -245,7 +246,7 @@ class FlowerClients:
 # ---- the ServerApp ---------------------------------------------------------------------------------
 def _prepare_run_dir(run_dir: Path, cfg: dict[str, Any], resume: bool) -> None:
     """Write ``config.toml``; a finished run is never overwritten, a resumed one must be the same run."""
-    path = run_dir / "config.toml"
+    path = run_dir / CONFIG_FILE
     if resume:
         if not path.exists():
             raise FedskewError(f"resume=true, but {run_dir} holds no run")
@@ -254,7 +255,7 @@ def _prepare_run_dir(run_dir: Path, cfg: dict[str, Any], resume: bool) -> None:
         changed = sorted(k for k in keys if stored.get(k) != wanted.get(k))
         if changed:
             raise ConfigError(f"resume=true, but the config differs from {path} in {', '.join(changed)}")
-    elif (run_dir / "metrics.jsonl").exists():
+    elif (run_dir / METRICS_FILE).exists():
         raise ConfigError(f"{run_dir} already holds a run: set resume=true to continue it, or choose another out")
     run_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(dump(cfg))
@@ -262,7 +263,7 @@ def _prepare_run_dir(run_dir: Path, cfg: dict[str, Any], resume: bool) -> None:
 
 def _resume_hint(run_dir: Path) -> str:
     try:
-        rnd = int(load_checkpoint(run_dir / "checkpoints")["round"])
+        rnd = int(load_checkpoint(run_dir / CHECKPOINTS_DIR)["round"])
     except FedskewError:
         return "no checkpoint was written yet: start the run again"
     return (

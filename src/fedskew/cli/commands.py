@@ -1,0 +1,173 @@
+"""The ``fedskew`` commands: each takes the parsed arguments and returns the exit code.
+
+Heavy modules (torch, the engine, the report) are imported inside the commands, so that ``fedskew
+--help`` and a mistyped command answer at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fedskew.core.errors import FedskewError
+from fedskew.runs import CONFIG_FILE
+
+if TYPE_CHECKING:
+    from fedskew.config import RunSpec
+
+
+def _data_dir(args: argparse.Namespace) -> str | None:
+    return args.data_dir or os.environ.get("FEDSKEW_DATA") or None
+
+
+def _only(runs: list[RunSpec], wanted: list[str]) -> list[RunSpec]:
+    """The runs whose label is in ``wanted``; every label in ``wanted`` must name one.
+
+    ``--only`` takes several labels, so an override written after it (``--only FedAF rounds=5``) would
+    otherwise be read as a label and silently dropped.
+    """
+    labels = list(dict.fromkeys(r.label for r in runs))
+    unknown = [w for w in wanted if w not in labels]
+    if unknown:
+        hint = ""
+        if any("=" in w for w in unknown):
+            hint = "; overrides go before --only, e.g. `fedskew run CONFIG rounds=5 --only LABEL`"
+        raise FedskewError(f"--only: no run is labelled {', '.join(map(repr, unknown))}; "
+                           f"this config's labels: {', '.join(map(repr, labels))}{hint}")
+    return [r for r in runs if r.label in wanted]
+
+
+def _print_table(paths: list[Path]) -> None:
+    """Print the comparison table of the runs under ``paths``."""
+    from fedskew.report import comparison_table, find_runs, format_table, load_run
+
+    print(format_table(comparison_table([load_run(p) for p in find_runs(paths)])))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from fedskew.config import parse_overrides, read_config, resolve
+    from fedskew.engine.experiment import choose_parent, resume_run, run_experiment
+    from fedskew.report import write_report
+
+    overrides = parse_overrides(args.overrides)
+    progress = not args.no_progress
+    source = args.config
+    if source is not None and "=" in source and not Path(source).exists():
+        overrides = parse_overrides([source, *args.overrides])  # `fedskew run rounds=5`, `--resume DIR rounds=20`
+        source = None
+    if args.resume:
+        if source is not None:
+            raise FedskewError(
+                f"--resume takes no config file ({source!r}): the run folder's {CONFIG_FILE} is used; "
+                "give only overrides (rounds, workers, checkpoint_every)"
+            )
+        res = resume_run(Path(args.resume), overrides, data_dir=_data_dir(args), progress=progress)
+        parents = [res.run_dir]
+    else:
+        raw = read_config(source)
+        runs = resolve(raw, overrides, where=str(source or "default"))
+        if args.only:
+            runs = _only(runs, args.only)
+        parent = choose_parent(args.out, runs[0].config.get("name", "experiment"), runs, args.force)
+        print(f"fedskew: {len(runs)} run(s) -> {parent}", file=sys.stderr)
+        run_experiment(runs, parent, data_dir=_data_dir(args), progress=progress)
+        parents = [parent]
+    html = write_report(parents, parents[0] / "report")
+    _print_table(parents)
+    print(f"\nrun folder: {parents[0]}\nreport:     {html}")
+    return 0
+
+
+def cmd_partition(args: argparse.Namespace) -> int:
+    from fedskew.config import parse_overrides, read_config, resolve
+    from fedskew.data.partition import summarize
+    from fedskew.data.partition_plot import bubble_plot
+    from fedskew.engine.federation import build_federation
+
+    spec = resolve(read_config(args.config), parse_overrides(args.overrides), where=str(args.config))[0]
+    cfg = spec.config
+    fed = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), _data_dir(args))
+    # The federation holds each client's shard contiguously: offsets give the partition back.
+    import numpy as np
+
+    from fedskew.data.partition import Partition
+
+    part = Partition(indices=[np.arange(fed.offsets[k], fed.offsets[k + 1]) for k in range(fed.info.num_clients)])
+    labels = fed.y.numpy()
+    print(summarize(part, labels, fed.info.num_classes))
+    out = Path(args.out or f"partition-{cfg['partition']['name']}.png")
+    title = f"{cfg['dataset']['name']}: {cfg['partition']['name']} " + ", ".join(
+        f"{k}={v}" for k, v in cfg["partition"].items() if k != "name"
+    )
+    bubble_plot(fed.counts, out, title=title, class_names=fed.class_names)
+    print(f"\nbubble plot: {out}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from fedskew.report import write_report
+
+    paths = [Path(p) for p in args.runs]
+    html = write_report(paths, Path(args.out) if args.out else None)
+    _print_table(paths)
+    print(f"\nreport: {html}")
+    return 0
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    from fedskew.engine.flower.app import write_app, write_shards
+
+    config, overrides = args.config, args.overrides
+    if config is not None and "=" in config and not Path(config).exists():  # `fedskew deploy init app rounds=5`
+        config, overrides = None, [config, *overrides]
+    if args.action == "init":
+        folder = write_app(Path(args.folder), config, overrides, label=args.label, force=args.force)
+        print(f"Flower App: {folder}\nrun it with: flwr run {folder} <superlink-connection>  (see docs/deploy.md)")
+        return 0
+    from fedskew.config import parse_overrides, read_config, resolve
+
+    cfg = resolve(read_config(config), parse_overrides(overrides), where=str(config or "default"))[0].config
+    paths = write_shards(cfg, Path(args.folder), _data_dir(args))
+    print(f"{len(paths)} shard files in {args.folder}: give client-<k>.pt to the site of partition k")
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from fedskew.audit import AUDIT_LEGEND, audit, format_audit
+
+    results = audit([Path(p) for p in args.runs], _data_dir(args), args.max_images, args.epochs)
+    print(format_audit(results))
+    print("\n" + AUDIT_LEGEND)
+    from fedskew.report import write_report
+
+    # The report of these runs now shows the audit table beside the results (audit.json in each run).
+    print(f"report: {write_report([Path(p) for p in args.runs])}")
+    return 0
+
+
+def cmd_condense(args: argparse.Namespace) -> int:
+    from fedskew.cli.condense import cmd_condense as run
+
+    return run(args, _data_dir(args))
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from fedskew.algorithms.base import ALGORITHMS
+    from fedskew.config import builtin_configs
+    from fedskew.core.params import params_doc
+    from fedskew.data import DATASETS
+    from fedskew.data.partition import PARTITIONERS
+    from fedskew.models import MODELS
+
+    print("algorithms:")
+    for name in ALGORITHMS.names():
+        doc = ", ".join(f"{n}={d!r}" for n, _, d in params_doc(ALGORITHMS.get(name).Params))
+        print(f"  {name:<14} {doc}")
+    print("models:       " + ", ".join(MODELS.names()))
+    print("datasets:     " + ", ".join(DATASETS.names()))
+    print("partitioners: " + ", ".join(PARTITIONERS.names()))
+    print("configs:      " + ", ".join(builtin_configs()))
+    return 0

@@ -1,0 +1,156 @@
+"""The report of finished runs: one self-contained HTML page with the table, the plots and the audit.
+
+The engine writes one run folder per (method, seed): ``config.toml``, ``metrics.jsonl`` (one JSON
+object per round) and ``summary.json``. Everything here reads only those files (and ``audit.json``
+and the synthetic images where a run has them), so a report can be rebuilt at any time, from any mix
+of runs, without the code or data that produced them.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from fedskew.report.plots import plot_curves, synthetic_grids
+from fedskew.report.tables import comparison_table, table_cells, write_table
+from fedskew.runs import AUDIT_FILE, RunData, find_runs, load_run
+
+
+def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested TOML tables as ``{"section.key": "value"}``, values rendered compactly."""
+    flat: dict[str, str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = json.dumps(value, default=str) if not isinstance(value, str) else value
+    return flat
+
+
+def _html_table(headers: Sequence[str], cells: Iterable[Sequence[object]]) -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in cells)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _runs_section(runs: list[RunData], root: Path) -> str:
+    """The header: one line per run plus its config values that differ between runs.
+
+    Settings shared by every run go into a collapsed block: listing them per run would bury the
+    few values (method, alpha, seed ...) that the comparison is actually about.
+    """
+    fixed = ["label", "algorithm", "seed", "rounds", "folder"]
+    flat = [_flatten(run.config) for run in runs]
+    keys = list(dict.fromkeys(k for f in flat for k in f))
+    differing = [k for k in keys if len({f.get(k) for f in flat}) > 1]
+    shared = [k for k in keys if k not in differing]
+    differing = [k for k in differing if k not in fixed]  # already shown, from the summary
+    headers = [*fixed, *differing]
+    cells = [
+        [
+            run.label,
+            run.summary["algorithm"],
+            run.summary.get("seed", "-"),
+            run.summary["rounds"],
+            os.path.relpath(run.path.resolve(), root),
+            *(f.get(k, "-") for k in differing),
+        ]
+        for run, f in zip(runs, flat, strict=True)
+    ]
+    parts = [f"<h2>Runs</h2><p>{len(runs)} run(s) under <code>{html.escape(str(root))}</code>.</p>"]
+    parts.append(_html_table(headers, cells))
+    if shared:
+        rows = [[k, flat[0][k]] for k in shared]
+        parts.append(
+            "<details><summary>Settings shared by all runs</summary>"
+            + _html_table(["setting", "value"], rows)
+            + "</details>"
+        )
+    return "".join(parts)
+
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+th { background: #f2f2f2; }
+img { max-width: 100%; }
+figure { margin: 1.5em 0; }
+"""
+
+
+def _audit_section(runs: list[RunData], out: Path) -> str:
+    """The privacy audit of the runs that have one (``audit.json``, written by ``fedskew audit``).
+
+    Also writes ``audit.md`` beside ``results.md``. Empty when no run has been audited.
+    """
+    # Imported here: the audit pulls in torch and the engine, which the rest of the report does without.
+    from fedskew.audit import AUDIT_HEADERS, AUDIT_LEGEND, audit_cells, format_audit, read_audit
+
+    audited = [read_audit(run.path / AUDIT_FILE) for run in runs if (run.path / AUDIT_FILE).is_file()]
+    if not audited:
+        return ""
+    (out / "audit.md").write_text(format_audit(audited) + "\n", encoding="utf-8")
+    return (
+        f"<h2>Privacy audit of the synthetic images sent</h2><p>{html.escape(AUDIT_LEGEND)}</p>"
+        + _html_table(AUDIT_HEADERS, [audit_cells(r) for r in audited])
+    )
+
+
+def write_report(paths: Sequence[Path], out_dir: Path | None = None) -> Path:
+    """Build the full report for the runs found under ``paths``.
+
+    Writes ``results.md``, ``results.csv``, the plots and a self-contained ``report.html`` (plots
+    inlined as base64 PNG, so the page can be mailed or attached to an issue on its own).
+
+    Parameters
+    ----------
+    paths
+        Run folders or folders holding them (see :func:`find_runs`).
+    out_dir
+        Where to write; by default ``report/`` in the runs' common parent folder (inside the run
+        folder itself when there is only one run).
+
+    Returns
+    -------
+    Path
+        The HTML file.
+    """
+    run_paths = find_runs(paths)
+    runs = [load_run(p) for p in run_paths]
+    root = Path(os.path.commonpath([str(p.resolve()) for p in run_paths]))
+    out = Path(out_dir) if out_dir is not None else root / "report"
+    rows = comparison_table(runs)
+    write_table(rows, out)
+    images = plot_curves(runs, out) + synthetic_grids(runs, out)
+    headers, cells = table_cells(rows)
+    figures = "".join(
+        f'<figure><img alt="{html.escape(img.stem)}" src="data:image/png;base64,'
+        f'{base64.b64encode(img.read_bytes()).decode("ascii")}"><figcaption>{html.escape(img.name)}'
+        "</figcaption></figure>"
+        for img in images
+    )
+    page = (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>fedskew report</title>'
+        f"<style>{_STYLE}</style></head><body><h1>fedskew report</h1>"
+        + _runs_section(runs, root)
+        + "<h2>Results</h2><p>Accuracy in %; drops and rises are changes between consecutive rounds in "
+        "percentage points (FedDC's round variance); class var is the per-round variance of the "
+        "per-class accuracies (fractions) averaged over rounds, class std its square root in points. "
+        "Runs sharing a label are seeds: mean ± sample std over n runs.</p>"
+        + _html_table(headers, cells)
+        + "<h2>Curves</h2>"
+        + figures
+        + _audit_section(runs, out)
+        + "</body></html>\n"
+    )
+    html_path = out / "report.html"
+    html_path.write_text(page, encoding="utf-8")
+    return html_path

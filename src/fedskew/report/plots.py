@@ -1,0 +1,204 @@
+"""Plots of finished runs: curves per label (seeds as mean +- std), per-class heat maps, synthetic image grids."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from fedskew.core.errors import FedskewError
+from fedskew.report.tables import DIRECTIONS, MB, group_runs
+from fedskew.runs import RunData, is_number, synthetic_files
+
+
+def _value(x: object) -> float:
+    return float(x) if is_number(x) else math.nan
+
+
+def _aligned(group: list[RunData], values: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Rounds present in every run of ``group`` and a (runs, rounds, ...) array of ``values(run)``.
+
+    ``values`` maps a run to ``{round: value}``; aligning on round numbers (not positions) keeps
+    seeds comparable when one of them skipped an evaluation.
+    """
+    per_run = [values(run) for run in group]
+    common = sorted(set.intersection(*(set(v) for v in per_run)))
+    return np.array(common, dtype=np.int64), np.array([[v[r] for r in common] for v in per_run], dtype=float)
+
+
+def _accuracy(run: RunData) -> dict[int, float]:
+    """Accuracy in percent per evaluated round (rounds without evaluation are left out)."""
+    return {r["round"]: float(r["accuracy"]) * 100 for r in run.records if is_number(r.get("accuracy"))}
+
+
+def _class_variance(run: RunData) -> dict[int, float]:
+    return {r["round"]: float(r["class_variance"]) for r in run.records if is_number(r.get("class_variance"))}
+
+
+def _cumulative_mb(run: RunData) -> dict[int, float]:
+    totals = (sum(_value(r.get(f"bytes_{d}", 0)) for d in DIRECTIONS) for r in run.records)
+    return dict(zip((r["round"] for r in run.records), np.cumsum(list(totals)) / MB, strict=True))
+
+
+def _per_class(run: RunData) -> dict[int, list[float]]:
+    return {
+        r["round"]: [_value(a) * 100 for a in r["per_class_accuracy"]]
+        for r in run.records
+        if isinstance(r.get("per_class_accuracy"), list)
+    }
+
+
+def _mean_and_std(stack: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """Mean over the first axis and the sample std (None for a single run)."""
+    mean = stack.mean(axis=0)
+    return mean, (stack.std(axis=0, ddof=1) if len(stack) > 1 else None)
+
+
+def _line_with_band(ax: Axes, x: np.ndarray, stack: np.ndarray, color: Any, label: str) -> None:
+    mean, std = _mean_and_std(stack)
+    ax.plot(x, mean, color=color, label=label if len(stack) == 1 else f"{label} (n={len(stack)})")
+    if std is not None:
+        ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
+
+
+def _slug(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("_") or "run"
+
+
+def _unique_slug(label: str, used: set[str]) -> str:
+    """:func:`_slug` of ``label``, made distinct from those in ``used`` ("FedDC" and "FedDC+" share one)."""
+    slug = _slug(label)
+    while slug in used:
+        slug += "_"
+    used.add(slug)
+    return slug
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def plot_curves(runs: list[RunData], out_dir: Path) -> list[Path]:
+    """Write the comparison plots into ``out_dir``.
+
+    Writes ``accuracy.png`` (test accuracy per round), ``class_variance.png`` (per-round class
+    variance), ``bytes.png`` (accuracy against cumulative traffic in all directions, the fair axis
+    when methods send different amounts per round) and, for each label with per-class accuracies,
+    ``per_class_<label>.png`` (a classes x rounds heatmap that shows which classes a method forgets
+    from round to round). Seeds are drawn as their mean with a +-1 std band.
+
+    Figures are built with the object-oriented Agg API (no pyplot), so no global backend or figure
+    registry is touched and nothing is left open.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    groups = group_runs(runs)
+    colors = colormaps["tab10"]
+    curves = [
+        ("accuracy.png", "round", "test accuracy (%)", _accuracy),
+        ("class_variance.png", "round", "class variance (fractions squared)", _class_variance),
+    ]
+    written = []
+    for name, xlabel, ylabel, values in curves:
+        fig = Figure(figsize=(7, 4.5), layout="constrained")
+        ax = fig.add_subplot()
+        for i, (label, group) in enumerate(groups.items()):
+            x, stack = _aligned(group, values)
+            _line_with_band(ax, x, stack, colors(i % 10), label)
+        ax.set(xlabel=xlabel, ylabel=ylabel)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+        written.append(_save(fig, out_dir / name))
+
+    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    for i, (label, group) in enumerate(groups.items()):
+        x_mb, mb = _aligned(group, _cumulative_mb)
+        x_acc, acc = _aligned(group, _accuracy)
+        # traffic up to and including each evaluated round
+        _line_with_band(ax, mb[:, np.isin(x_mb, x_acc)].mean(axis=0), acc, colors(i % 10), label)
+    ax.set(xlabel="cumulative traffic, all directions (MB)", ylabel="test accuracy (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    written.append(_save(fig, out_dir / "bytes.png"))
+
+    cmap = colormaps["viridis"].with_extremes(bad="lightgrey")
+    used: set[str] = set()
+    for label, group in groups.items():
+        rounds, stack = _per_class_stack(group)
+        if rounds.size == 0 or stack.shape[1] == 0:
+            continue
+        slug = _unique_slug(label, used)
+        fig = Figure(figsize=(7, 3.5), layout="constrained")
+        ax = fig.add_subplot()
+        image = ax.imshow(
+            stack.T,
+            aspect="auto",
+            origin="lower",
+            interpolation="nearest",
+            cmap=cmap,
+            vmin=0,
+            vmax=100,
+            extent=(rounds[0] - 0.5, rounds[-1] + 0.5, -0.5, stack.shape[1] - 0.5),
+        )
+        fig.colorbar(image, ax=ax, label="accuracy (%)")
+        ax.set(xlabel="round", ylabel="class", title=f"per-class accuracy: {label}")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        written.append(_save(fig, out_dir / f"per_class_{slug}.png"))
+    return written
+
+
+def _per_class_stack(group: list[RunData]) -> tuple[np.ndarray, np.ndarray]:
+    """Rounds and the (rounds, classes) per-class accuracy averaged over seeds, NaN where absent."""
+    per_run = [_per_class(run) for run in group]
+    common = sorted(set.intersection(*(set(v) for v in per_run)))
+    n_classes = max(len(v[r]) for v in per_run for r in common) if common else 0
+    stack = np.full((len(group), len(common), n_classes), np.nan)
+    for i, v in enumerate(per_run):
+        for j, r in enumerate(common):
+            stack[i, j, : len(v[r])] = v[r]
+    present = ~np.isnan(stack)
+    counts = present.sum(axis=0)
+    sums = np.where(present, stack, 0.0).sum(axis=0)
+    mean = np.divide(sums, counts, out=np.full(counts.shape, np.nan), where=counts > 0)
+    return np.array(common), mean
+
+
+def synthetic_grids(runs: list[RunData], out_dir: Path, per_class: int = 10) -> list[Path]:
+    """``synthetic_<label>.png``: the condensed images each run's clients sent in its last round.
+
+    One row per class, at most ``per_class`` images a row (the first ones sent), from the run's
+    ``artifacts/synthetic/`` (FedDC, FedDC+, FedDM and FedAF save them); the papers' Fig. 7 view.
+    The first seed of a label stands for it. Runs without synthetic data get no grid.
+    """
+    import torch
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from fedskew.report.grids import save_image_grid
+
+    written: list[Path] = []
+    used: set[str] = set()
+    for label, group in group_runs(runs).items():
+        files = synthetic_files(group[0].path)
+        if not files:
+            continue
+        try:
+            data = load_file(str(files[-1]))
+            images, labels = data["images"], data["labels"]
+        except (OSError, SafetensorError, KeyError) as e:
+            raise FedskewError(f"cannot read synthetic images {files[-1]}: {e}") from None
+        keep = torch.cat([torch.nonzero(labels == c).flatten()[:per_class] for c in torch.unique(labels)])
+        slug = _unique_slug(label, used)
+        written.append(save_image_grid(images[keep], labels[keep], out_dir / f"synthetic_{slug}.png"))
+    return written

@@ -1,0 +1,185 @@
+"""The comparison table of finished runs: one row per label, as plain text, Markdown and CSV.
+
+Units in everything shown to people: accuracy in percent, drops and rises in percentage points
+(FedDC's "round variance", as in its Table 1), traffic in MB (10^6 bytes). Runs sharing a label are
+seeds of one setting: they are shown as mean and sample standard deviation (ddof=1).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from fedskew.runs import RunData, is_number
+
+DIRECTIONS = ("server_to_client", "client_to_server", "client_to_client")
+MB = 1e6
+
+# Display names of the table's columns; a column ``x_std`` is shown inside column ``x`` as "mean ± std".
+HEADERS = {
+    "label": "label",
+    "algorithm": "algorithm",
+    "n": "n",
+    "rounds": "rounds",
+    "final_acc": "final acc %",
+    "best_acc": "best acc %",
+    "max_drop": "max drop pp",
+    "mean_drop": "mean drop pp",
+    "mean_rise": "mean rise pp",
+    "class_var": "class var",
+    "class_std_pp": "class std pp",
+    "mb_server_to_client": "MB down",
+    "mb_client_to_server": "MB up",
+    "mb_client_to_client": "MB c2c",
+    "rounds_to_target": "rounds to target",
+    "mb_to_target": "MB to target",
+}
+
+_DECIMALS = {"class_var": 5, "rounds_to_target": 1}
+_TEXT_COLUMNS = {"label", "algorithm"}
+
+
+def group_runs(runs: Iterable[RunData]) -> dict[str, list[RunData]]:
+    """Runs by label, labels in order of first appearance."""
+    groups: dict[str, list[RunData]] = {}
+    for run in runs:
+        groups.setdefault(run.label, []).append(run)
+    return groups
+
+
+def _mean_std(values: Iterable[float | None], scale: float, ndigits: int) -> tuple[float | None, float | None]:
+    """Mean and sample std of the non-None values times ``scale``; std is None for fewer than two."""
+    vals = [float(v) * scale for v in values if v is not None]
+    if not vals:
+        return None, None
+    std = round(statistics.stdev(vals), ndigits) if len(vals) > 1 else None
+    return round(statistics.fmean(vals), ndigits), std
+
+
+def _class_std_pp(run: RunData) -> float | None:
+    """Mean over rounds of the per-class accuracy standard deviation, in percentage points.
+
+    FedDC's Table 1 "class variance" values (12-33 for CIFAR-10) exceed the largest possible variance
+    of fractions (0.25) and would mean implausibly small spreads if read as percent squared; their
+    magnitude matches a standard deviation in points. This column makes that comparison possible.
+    """
+    stds = [math.sqrt(r["class_variance"]) * 100 for r in run.records if is_number(r.get("class_variance"))]
+    return statistics.fmean(stds) if stds else None
+
+
+def comparison_table(runs: list[RunData]) -> list[dict[str, Any]]:
+    """One row per label, aggregating seeds.
+
+    Returns
+    -------
+    list of dict
+        Keys: ``label``, ``algorithm``, ``n`` (runs aggregated), ``rounds``; ``final_acc``,
+        ``best_acc`` and ``acc@<round>`` (for rounds in the summaries' ``accuracy_at``) in percent;
+        ``max_drop``, ``mean_drop``, ``mean_rise`` in percentage points; ``class_var`` (mean per-round
+        class variance of fractional accuracies) and ``class_std_pp``; each of these with a
+        ``<key>_std``, the sample std over seeds (None for a single run); ``mb_<direction>`` traffic
+        totals; and, when the summaries have them, ``rounds_to_target`` and ``mb_to_target`` (None unless every seed
+        reached the target, since a mean over the seeds that did would flatter the method).
+        Accuracies and points are rounded to 2 decimals.
+    """
+    at_rounds = sorted(
+        {int(r) for run in runs for r in (run.summary.get("accuracy_at") or {})},
+    )
+    with_target = any(run.summary.get("rounds_to_target") is not None for run in runs)
+    rows = []
+    for label, group in group_runs(runs).items():
+        summaries = [run.summary for run in group]
+        algorithms = list(dict.fromkeys(str(s["algorithm"]) for s in summaries))
+        n_rounds = sorted({int(s["rounds"]) for s in summaries})
+        row: dict[str, Any] = {
+            "label": label,
+            "algorithm": ", ".join(algorithms),
+            "n": len(group),
+            "rounds": n_rounds[0] if len(n_rounds) == 1 else f"{n_rounds[0]}-{n_rounds[-1]}",
+        }
+        accs = {"final_acc": [s["final_accuracy"] for s in summaries]}
+        accs["best_acc"] = [s["best_accuracy"] for s in summaries]
+        for r in at_rounds:
+            accs[f"acc@{r}"] = [(s.get("accuracy_at") or {}).get(str(r)) for s in summaries]
+        for key, values in accs.items():
+            row[key], row[f"{key}_std"] = _mean_std(values, 100, 2)
+        for key in ("max_drop", "mean_drop", "mean_rise"):
+            row[key], row[f"{key}_std"] = _mean_std((s[key] for s in summaries), 100, 2)
+        row["class_var"], row["class_var_std"] = _mean_std((s["mean_class_variance"] for s in summaries), 1, 5)
+        row["class_std_pp"], row["class_std_pp_std"] = _mean_std((_class_std_pp(run) for run in group), 1, 2)
+        for d in DIRECTIONS:
+            row[f"mb_{d}"] = _mean_std((s.get(f"bytes_{d}", 0) for s in summaries), 1 / MB, 3)[0]
+        if with_target:
+            reached = [s.get("rounds_to_target") is not None for s in summaries]
+            row["rounds_to_target"] = (
+                _mean_std((s["rounds_to_target"] for s in summaries), 1, 1)[0] if all(reached) else None
+            )
+            row["mb_to_target"] = (
+                _mean_std((s.get("bytes_to_target") for s in summaries), 1 / MB, 3)[0] if all(reached) else None
+            )
+        rows.append(row)
+    return rows
+
+
+def table_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Headers and cell strings: ``x`` and ``x_std`` merged into "mean ± std", all-empty columns dropped."""
+    keys = [k for k in dict.fromkeys(k for row in rows for k in row) if not k.endswith("_std")]
+    keys = [k for k in keys if any(row.get(k) is not None for row in rows)]
+
+    def cell(row: dict[str, Any], key: str) -> str:
+        value, std = row.get(key), row.get(f"{key}_std")
+        if value is None:
+            return "-"
+        if not isinstance(value, float):
+            return str(value)
+        digits = _DECIMALS.get(key, 3 if key.startswith("mb_") else 2)
+        return f"{value:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
+
+    headers = [HEADERS.get(k, k.replace("acc@", "acc % @")) for k in keys]
+    return headers, [[cell(row, k) for k in keys] for row in rows]
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """The comparison table as aligned plain text, for printing in a terminal."""
+    headers, cells = table_cells(rows)
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+
+    def line(items: list[str]) -> str:
+        padded = (
+            item.ljust(w) if h in _TEXT_COLUMNS else item.rjust(w)
+            for item, w, h in zip(items, widths, headers, strict=True)
+        )
+        return "  ".join(padded).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(headers), rule, *(line(c) for c in cells)])
+
+
+def write_table(rows: list[dict[str, Any]], out_dir: Path) -> tuple[Path, Path]:
+    """Write ``results.md`` (for docs and pull requests) and ``results.csv`` (for further analysis).
+
+    The CSV keeps means and stds in separate columns with full precision of the rows; the Markdown
+    shows them as "mean ± std".
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    headers, cells = table_cells(rows)
+    md = [
+        "| " + " | ".join(headers) + " |",
+        "|" + "|".join([":---", *["---:"] * (len(headers) - 1)]) + "|",
+        *("| " + " | ".join(c) + " |" for c in cells),
+    ]
+    md_path = out_dir / "results.md"
+    md_path.write_text("\n".join(md) + "\n", encoding="utf-8")
+    csv_path = out_dir / "results.csv"
+    fields = list(dict.fromkeys(k for row in rows for k in row))
+    with csv_path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: "" if row.get(k) is None else row[k] for k in fields})
+    return md_path, csv_path
