@@ -40,13 +40,13 @@ from __future__ import annotations
 
 import copy
 import re
+import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import tomli_w
-import tomllib
 
 from fedskew.core.errors import ConfigError
 

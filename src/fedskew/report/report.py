@@ -19,7 +19,7 @@ import math
 import os
 import re
 import statistics
-import sys
+import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,11 +32,6 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from fedskew.core.errors import FedskewError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10 has no TOML reader in the standard library: the header then omits the config
-    tomllib = None
 
 SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.jsonl"
@@ -189,7 +184,7 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    if tomllib is None or not path.is_file():
+    if not path.is_file():
         return {}
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
