@@ -12,9 +12,8 @@ import torch
 from sklearn.metrics import adjusted_rand_score
 
 from fedskew.algorithms.hfldd import auto_public_dataset, public_set
-from fedskew.config import dump
-from fedskew.engine.experiment import resume_run
 from fedskew.engine.simulation import Simulation
+from tests.algorithms.resume import assert_resumes_exactly
 from tests.conftest import tiny_config
 
 
@@ -124,17 +123,7 @@ def test_members_distil_kip_images_split_over_the_classes_they_hold(
 
 
 def test_hfldd_resumes_exactly(tmp_path: Path) -> None:
-    def run(rounds: int, path: Path) -> Path:
-        cfg = _tiny_c1(rounds)
-        path.mkdir(parents=True)
-        (path / "config.toml").write_text(dump(cfg))
-        Simulation(cfg, path, progress=False).run()
-        return path
-
-    full = run(3, tmp_path / "full")
-    part = run(2, tmp_path / "part")
-    resume_run(part, {"rounds": 3}, data_dir=None, progress=False)
-    assert (part / "metrics.jsonl").read_bytes() == (full / "metrics.jsonl").read_bytes()
+    assert_resumes_exactly(tmp_path, _tiny_c1)
 
 
 def test_public_set_is_converted_to_the_federation_shape() -> None:
