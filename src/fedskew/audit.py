@@ -9,11 +9,11 @@ the same client shards), and measures the figures of :mod:`fedskew.metrics.priva
 from __future__ import annotations
 
 import json
+import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import tomllib
 import torch
 import torch.nn.functional as F
 

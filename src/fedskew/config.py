@@ -39,13 +39,13 @@ it); when it changes the algorithm, the base's hyper-parameters that the new alg
 from __future__ import annotations
 
 import copy
+import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import tomli_w
-import tomllib
 
 from fedskew.core.errors import ConfigError
 from fedskew.runs import folder_label, run_folder_name

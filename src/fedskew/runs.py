@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
-
-import tomllib
 
 from fedskew.core.errors import FedskewError
 

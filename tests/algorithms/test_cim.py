@@ -14,11 +14,10 @@ import torch
 from fedskew.algorithms.base import ClientContext, FederationInfo, ModelSpec
 from fedskew.algorithms.cim import CIM
 from fedskew.components.cim_selection import next_delta, oversampled_counts, oversampled_fraction, select_clients
-from fedskew.config import dump
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.seeding import numpy_rng
-from fedskew.engine.experiment import resume_run
 from fedskew.engine.simulation import Simulation
+from tests.algorithms.resume import assert_resumes_exactly
 from tests.conftest import tiny_config
 
 L = 4  # classes of the tiny config
@@ -100,15 +99,9 @@ def test_client_trains_on_its_allocation_with_dynamic_batch_and_lr(dynamic: bool
 
 def test_cim_resumes_exactly(tmp_path: Path) -> None:
     """delta and the last oversampled fraction live in the checkpointed server state."""
-    def run(rounds: int, path: Path) -> Path:
+    def config(rounds: int) -> dict[str, Any]:
         cfg = tiny_config(rounds=rounds)
         cfg["algorithm"] = {"name": "cim"}
-        path.mkdir(parents=True)
-        (path / "config.toml").write_text(dump(cfg))
-        Simulation(cfg, path, progress=False).run()
-        return path
+        return cfg
 
-    full = run(4, tmp_path / "full")
-    part = run(2, tmp_path / "part")
-    resume_run(part, {"rounds": 4}, data_dir=None, progress=False)
-    assert (part / "metrics.jsonl").read_bytes() == (full / "metrics.jsonl").read_bytes()
+    assert_resumes_exactly(tmp_path, config, rounds=4)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
 import tomllib
+
+import pytest
 
 from fedskew.algorithms.base import ALGORITHMS
 from fedskew.config import parse_overrides, resolve

@@ -23,11 +23,10 @@ from fedskew.condense import (
     interpolated_model_sampler,
     sliced_wasserstein,
 )
-from fedskew.config import dump
 from fedskew.core.params import build_params
 from fedskew.core.seeding import seeded_init
-from fedskew.engine.experiment import resume_run
 from fedskew.engine.simulation import Simulation
+from tests.algorithms.resume import assert_resumes_exactly
 from tests.conftest import tiny_config
 
 FAST: dict[str, Any] = {"condense_iterations": 3, "ipc": 2, "server": {"epochs": 2, "batch_size": 16, "lr": 0.1}}
@@ -186,15 +185,7 @@ def test_ablation_switches(tmp_path: Path) -> None:
 
 
 def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
-    def run(rounds: int, path: Path) -> Path:
-        cfg = fedaf_config(rounds=rounds, clients_per_round=3) | {"checkpoint_every": 1}
-        path.mkdir(parents=True)
-        (path / "config.toml").write_text(dump(cfg))
-        Simulation(cfg, path, progress=False).run()
-        return path
-
-    full = run(3, tmp_path / "full")
-    part = run(2, tmp_path / "part")
-    resume_run(part, {"rounds": 3}, data_dir=None, progress=False)
-    assert (part / "metrics.jsonl").read_bytes() == (full / "metrics.jsonl").read_bytes()
+    full = assert_resumes_exactly(
+        tmp_path, lambda rounds: fedaf_config(rounds=rounds, clients_per_round=3) | {"checkpoint_every": 1}
+    )
     assert json.loads((full / "metrics.jsonl").read_text().splitlines()[-1])["synthetic_images"] > 0

@@ -10,10 +10,9 @@ import torch
 
 from fedskew.algorithms.base import FederationInfo, ModelSpec, ServerContext
 from fedskew.algorithms.fedseq import FedSeq
-from fedskew.config import dump
 from fedskew.core.message import Message
-from fedskew.engine.experiment import resume_run
 from fedskew.engine.simulation import Simulation
+from tests.algorithms.resume import assert_resumes_exactly
 from tests.conftest import tiny_config
 
 FED = FederationInfo(
@@ -84,14 +83,6 @@ def test_fedseq_runs_and_counts_handoffs_client_to_client(tmp_path: Path) -> Non
 
 
 def test_fedseq_resumes_exactly(tmp_path: Path) -> None:
-    def run(rounds: int, path: Path) -> Path:
-        cfg = tiny_config(rounds=rounds, algorithm={"name": "fedseq", "num_clusters": 2})
-        path.mkdir(parents=True)
-        (path / "config.toml").write_text(dump(cfg))
-        Simulation(cfg, path, progress=False).run()
-        return path
-
-    full = run(3, tmp_path / "full")
-    part = run(2, tmp_path / "part")
-    resume_run(part, {"rounds": 3}, data_dir=None, progress=False)
-    assert (part / "metrics.jsonl").read_bytes() == (full / "metrics.jsonl").read_bytes()
+    assert_resumes_exactly(
+        tmp_path, lambda rounds: tiny_config(rounds=rounds, algorithm={"name": "fedseq", "num_clusters": 2})
+    )

@@ -12,10 +12,9 @@ import torch
 from sklearn.metrics import adjusted_rand_score
 
 from fedskew.algorithms.hfldd import auto_public_dataset, public_set
-from fedskew.config import dump
-from fedskew.engine.experiment import resume_run
 from fedskew.engine.simulation import Simulation
-from tests.conftest import shared_datasets, tiny_config
+from tests.algorithms.resume import assert_resumes_exactly
+from tests.conftest import tiny_config
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
@@ -38,25 +37,20 @@ def _check_clusters(sim: Simulation) -> None:
         assert len({which[c] for c in cluster}) == len(cluster)  # one client per homogeneous cluster
 
 
-FMNIST = shared_datasets()
-
-
-@pytest.mark.skipif(
-    FMNIST is None or not (FMNIST / "fashion-mnist").is_dir(), reason="needs the shared Fashion-MNIST copy"
-)
-def test_one_class_clients_cluster_by_class_on_fashion_mnist(tmp_path: Path) -> None:
+def test_one_class_clients_cluster_by_class_on_fashion_mnist(tmp_path: Path, shared_datasets: Path) -> None:
     """40 one-class clients: K-means on the soft-label divergences recovers the classes (ARI >= 0.8).
 
     Short pre-training (1 epoch at lr 0.05 instead of 5 at 0.01) keeps the test fast; both make the
     one-class models confident enough. One epoch at lr 0.01 does not (ARI about 0.6): the rows of A then
     differ more by how far each model got than by its class.
     """
+    assert (shared_datasets / "fashion-mnist").is_dir(), f"{shared_datasets} has no fashion-mnist folder"
     cfg = tiny_config(rounds=1)
     cfg["dataset"] = {"name": "fashion_mnist"}
     cfg["partition"] = {"name": "classes_per_client", "num_clients": 40, "classes": 1}
     cfg["model"] = {"name": "cnn"}
     cfg["algorithm"] = {"name": "hfldd", "pretrain_epochs": 1, "pretrain_lr": 0.05, "kip_iterations": 5, "kip_ipc": 2}
-    sim = Simulation(cfg, tmp_path, progress=False, data_dir=str(FMNIST))
+    sim = Simulation(cfg, tmp_path, progress=False, data_dir=str(shared_datasets))
     sim.run()
     true = sim.fed.counts.argmax(axis=1)
     label = {c: k for k, g in enumerate(sim.server.state["homogeneous"]) for c in g}
@@ -129,17 +123,7 @@ def test_members_distil_kip_images_split_over_the_classes_they_hold(
 
 
 def test_hfldd_resumes_exactly(tmp_path: Path) -> None:
-    def run(rounds: int, path: Path) -> Path:
-        cfg = _tiny_c1(rounds)
-        path.mkdir(parents=True)
-        (path / "config.toml").write_text(dump(cfg))
-        Simulation(cfg, path, progress=False).run()
-        return path
-
-    full = run(3, tmp_path / "full")
-    part = run(2, tmp_path / "part")
-    resume_run(part, {"rounds": 3}, data_dir=None, progress=False)
-    assert (part / "metrics.jsonl").read_bytes() == (full / "metrics.jsonl").read_bytes()
+    assert_resumes_exactly(tmp_path, _tiny_c1)
 
 
 def test_public_set_is_converted_to_the_federation_shape() -> None:

@@ -48,7 +48,7 @@ def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
 def make_tls(folder: Path) -> tuple[Path, Path, Path]:
     """A CA and a server certificate for ``127.0.0.1``/``localhost`` signed by it: (ca, cert, key)."""
     folder.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedskew test CA")])
     ca = (

@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from fedskew.config import dump, resolve
+from fedskew.config import dump, resolve, validate
 from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message
 from fedskew.engine.faults import corrupt_reply
@@ -160,20 +162,66 @@ KEYS = [
 ]
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Equal values of equal types, tables and lists compared item by item, NaN equal to NaN."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and math.isnan(a):
+        return math.isnan(b)
+    return bool(a == b)
+
+
+def _dotted(cfg: dict[str, Any], key: str) -> Any:
+    top, _, leaf = key.partition(".")
+    return cfg[top][leaf] if leaf else cfg[top]
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.dictionaries(st.sampled_from(KEYS), VALUES, min_size=1, max_size=3))
+@example({"rounds": 2, "partition.alpha": 0.3})  # valid ones always run: the checks below are exercised
+@example({"seed": 7, "model.name": "cnn", "algorithm.lr": 0.05})
+@example({"faults.dropout": 0.25, "at_rounds": [1, 3]})
+@example({"rounds": 0})
 def test_fuzzed_configs_end_in_a_clear_error_or_a_valid_run(tmp_path_factory: pytest.TempPathFactory,
                                                             overrides: dict[str, Any]) -> None:
+    """A fuzzed config either fails with one clear line, or resolves to a run holding exactly what was asked.
+
+    A valid run's config holds every given value, keeps the base's other values (a table whose ``name``
+    was set starts afresh), and survives what a resume does with it: written by ``dump``, read back as
+    TOML, validated and resolved again, it is the same config.
+    """
     base = tiny_config()
     for k in ("label", "name"):
         base.pop(k)
     raw = {k: v for k, v in base.items()}
+    given_values = {k: v for k, v in overrides.items() if v is not None}
     try:
-        runs = resolve(raw, {k: v for k, v in overrides.items() if v is not None})
+        runs = resolve(raw, given_values)
         Simulation(runs[0].config, tmp_path_factory.mktemp("fuzz"), progress=False)
     except FedskewError as e:
         msg = str(e)
         assert msg and "\n" not in msg and "Traceback" not in msg
+        return
+    assert len(runs) == 1
+    cfg = runs[0].config
+    for key, value in given_values.items():
+        assert _same(_dotted(cfg, key), value), (key, _dotted(cfg, key), value)
+    for top, value in base.items():
+        leaves = {f"{top}.{k}": v for k, v in value.items()} if isinstance(value, dict) else {top: value}
+        for key, v in leaves.items():
+            if key not in given_values and f"{top}.name" not in given_values:
+                assert _same(_dotted(cfg, key), v), (key, _dotted(cfg, key), v)
+    assert cfg["label"] == runs[0].label == cfg["algorithm"]["name"]
+    back = tomllib.loads(dump(cfg))
+    back.setdefault("target_accuracy", None)  # as resume_run reads a run's config.toml
+    assert _same(back, cfg)
+    validate(back)
+    again = resolve(back)
+    assert len(again) == 1 and _same(again[0].config, cfg)
 
 
 def test_script_without_main_guard_fails_fast_with_advice(tmp_path: Path) -> None:

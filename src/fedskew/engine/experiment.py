@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from fedskew.config import RunSpec, dump, validate
 from fedskew.core.errors import ConfigError

@@ -21,12 +21,12 @@ import logging
 import math
 import os
 import time
+import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tomllib
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.common.config import get_project_dir
 from flwr.common.constant import ErrorCode
