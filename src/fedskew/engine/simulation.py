@@ -25,12 +25,13 @@ import torch
 from tqdm.auto import tqdm
 
 from fedskew.algorithms.base import ALGORITHMS, Algorithm, Replies, ServerContext
+from fedskew.config.schema import Faults
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import build_params
 from fedskew.engine.checkpoint import load_checkpoint, save_checkpoint
-from fedskew.engine.faults import Faults, corrupt_reply
+from fedskew.engine.faults import corrupt_reply
 from fedskew.engine.federation import Federation, build_federation
 from fedskew.engine.replies import check_reply
 from fedskew.engine.workers import ClientJob, Workers, default_workers

@@ -1,0 +1,120 @@
+"""Config files and command-line overrides: reading TOML, dotted keys, writing a resolved config."""
+
+from __future__ import annotations
+
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from fedskew.config.schema import SECTIONS
+from fedskew.core.errors import ConfigError
+
+TOP_LEVEL: dict[str, str] = {
+    "name": "experiment name; the parent folder of its runs",
+    "description": "free text shown in the report",
+    "rounds": "number of communication rounds",
+    "seed": "root seed of a single run",
+    "seeds": "one run per seed (overrides seed)",
+    "workers": "worker processes for client work and evaluation (0 = auto: one per core, at most 2)",
+    "eval_every": "evaluate the global model every N rounds (and after the last)",
+    "checkpoint_every": "write a checkpoint every N rounds (0 = only at the end)",
+    "target_accuracy": "accuracy (fraction) for rounds-to-target and bytes-to-target",
+    "at_rounds": "rounds at which to report accuracy in the summary",
+    "label": "name of the run in tables and plots",
+    "dataset": "table: name = dataset, data_dir, train_fraction, and the dataset's options",
+    "partition": "table: name = partitioner, num_clients, seed (optional), and its parameters",
+    "model": "table: name = model, and its options",
+    "algorithm": "table: name = algorithm, and its hyper-parameters",
+    "faults": "table: simulated failures: dropout, straggler (probabilities), max_reply_mb",
+    "variants": "list of tables of dotted overrides, one run each (with a label)",
+}
+
+def builtin_configs() -> list[str]:
+    """Names of the configs shipped inside the package (``fedskew run default``)."""
+    return sorted(p.name[:-5] for p in resources.files("fedskew.configs").iterdir() if p.name.endswith(".toml"))
+
+
+def read_config(source: str | Path | None) -> dict[str, Any]:
+    """Parse a config file, or a built-in config by name (None: ``default``)."""
+    if source is None:
+        source = "default"
+    path = Path(source)
+    if not path.exists() and str(source) in builtin_configs():
+        text = resources.files("fedskew.configs").joinpath(f"{source}.toml").read_text()
+        where = f"built-in config {source!r}"
+    elif path.is_file():
+        text = path.read_text()
+        where = str(path)
+    else:
+        raise ConfigError(
+            f"config {str(source)!r} not found: give a TOML file or one of the built-in configs "
+            f"({', '.join(builtin_configs())})"
+        )
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{where}: invalid TOML: {e}") from None
+
+
+def parse_value(text: str) -> Any:
+    """A command-line value as TOML (``0.1``, ``true``, ``[1, 2]``, ``"x"``); bare words stay strings."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["a.b=1", "rounds=5"]`` -> ``{"a.b": 1, "rounds": 5}``; a malformed item is a ConfigError."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} must look like key=value (for example rounds=5)")
+        out[key.strip()] = parse_value(value.strip())
+    return out
+
+
+def set_dotted(cfg: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``cfg["a"]["b"] = value`` for ``key = "a.b"``, checking the top-level key is known."""
+    parts = key.split(".")
+    top = parts[0]
+    if top not in TOP_LEVEL or top == "variants":
+        allowed = ", ".join(k for k in TOP_LEVEL if k != "variants")
+        raise ConfigError(f"unknown config key {key!r}; allowed top-level keys: {allowed}")
+    if top in SECTIONS:
+        if len(parts) == 1:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{key} is a table; set its entries, for example {key}.name=...")
+            cfg[top] = dict(value)
+            return
+        if len(parts) == 3 and top == "algorithm":  # a nested table of the algorithm (algorithm.server.lr)
+            table = cfg.setdefault(top, {}).setdefault(parts[1], {})
+            if not isinstance(table, dict):
+                raise ConfigError(f"config key {key!r}: algorithm.{parts[1]} is not a table")
+            table[parts[2]] = value
+            return
+        if len(parts) != 2:
+            deepest = f"{top}.<option>" + (" or algorithm.<table>.<option>" if top == "algorithm" else "")
+            raise ConfigError(f"config key {key!r} is nested too deeply; use {deepest}")
+        cfg.setdefault(top, {})[parts[1]] = value
+    else:
+        if len(parts) != 1:
+            raise ConfigError(f"config key {key!r}: {top!r} is not a table")
+        cfg[top] = value
+
+
+def dump(cfg: dict[str, Any]) -> str:
+    """TOML text of a resolved config (None values dropped: TOML has no null)."""
+
+    def clean(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items() if x is not None}
+        if isinstance(v, list):
+            return [clean(x) for x in v]
+        return v
+
+    return tomli_w.dumps(clean(cfg))

@@ -1,0 +1,177 @@
+"""The typed configuration of one run, and the one function that validates it.
+
+A resolved config is a plain dict (it is what ``config.toml`` holds and what travels to worker
+processes and Flower nodes); :func:`typed_config` turns it into a :class:`RunConfig`, a dataclass tree
+whose every leaf is built and checked by :func:`~fedskew.core.params.build_params`: the top-level run
+settings (:class:`RunSettings`), the dataset, partitioner, model and algorithm, each a
+:class:`Component` holding the typed ``Params`` its registry declares for that name, and the
+simulated faults (:class:`Faults`). :func:`validate` is that check without the result: every run of
+an experiment passes it before anything is loaded or trained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fedskew.core.errors import ConfigError
+from fedskew.core.params import build_params, check
+from fedskew.core.seeding import numpy_rng
+
+NAMED = ("dataset", "partition", "model", "algorithm")
+"""Tables that name a registered object (``name = ...``) and hold that object's options."""
+SECTIONS = (*NAMED, "faults")
+GENERIC_KEYS = {"dataset": {"data_dir", "train_fraction"}, "partition": {"num_clients", "seed"}, "model": set()}
+"""Keys of a table that belong to the table, not to the object it names (kept when the name changes)."""
+
+
+@dataclass
+class RunSettings:
+    """The top-level keys of one run (see ``files.TOP_LEVEL`` for what each means)."""
+
+    name: str = "experiment"
+    description: str = ""
+    rounds: int = 20
+    seed: int = 0
+    workers: int = 0
+    eval_every: int = 1
+    checkpoint_every: int = 10
+    target_accuracy: float | None = None
+    at_rounds: list[int] = field(default_factory=list)
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        check(self.rounds >= 1, "rounds", self.rounds, "an integer >= 1")
+        check(self.seed >= 0, "seed", self.seed, "an integer >= 0")
+        check(self.workers >= 0, "workers", self.workers, "an integer >= 0 (0 = auto)")
+        check(self.eval_every >= 1, "eval_every", self.eval_every, "an integer >= 1")
+        check(self.checkpoint_every >= 0, "checkpoint_every", self.checkpoint_every, "an integer >= 0")
+        t = self.target_accuracy
+        check(t is None or 0 < t <= 1, "target_accuracy", t, "a fraction in (0, 1]")
+        check(all(r >= 1 for r in self.at_rounds), "at_rounds", self.at_rounds, "a list of rounds >= 1")
+
+
+@dataclass
+class Faults:
+    """Simulated client failures (the ``[faults]`` config table).
+
+    Attributes
+    ----------
+    dropout
+        Probability that a contacted client never replies (it does no work).
+    straggler
+        Probability that a client's reply arrives after the round's deadline: it did the work, but
+        the server has moved on and discards the reply.
+    corrupt
+        Probability that a client's reply is corrupted on the way (fault injection, to test that the
+        server rejects it and carries on).
+    attack
+        How a corrupted reply is damaged: ``nan``, ``inf``, ``shape``, ``dtype``, ``missing`` (drop an
+        array), ``extra`` (add one), ``oversized``, ``labels`` (out-of-range labels) or ``not_message``.
+    max_reply_mb
+        Replies larger than this are rejected as oversized.
+    """
+
+    dropout: float = 0.0
+    straggler: float = 0.0
+    corrupt: float = 0.0
+    attack: Literal["nan", "inf", "shape", "dtype", "missing", "extra", "oversized", "labels", "not_message"] = "nan"
+    max_reply_mb: float = 512.0
+
+    def __post_init__(self) -> None:
+        check(0 <= self.dropout < 1, "faults.dropout", self.dropout, "a probability in [0, 1)")
+        check(0 <= self.straggler < 1, "faults.straggler", self.straggler, "a probability in [0, 1)")
+        check(0 <= self.corrupt < 1, "faults.corrupt", self.corrupt, "a probability in [0, 1)")
+        check(
+            self.dropout + self.straggler + self.corrupt < 1, "faults.dropout + straggler + corrupt",
+            self.dropout + self.straggler + self.corrupt, "< 1",
+        )
+        check(self.max_reply_mb > 0, "faults.max_reply_mb", self.max_reply_mb, "> 0")
+
+    def fate(self, seed: int, round: int, cid: int, task: str) -> str | None:
+        """``"dropout"``, ``"straggler"``, ``"corrupt"`` or None for this (round, client, task); deterministic."""
+        if self.dropout == 0 and self.straggler == 0 and self.corrupt == 0:
+            return None
+        u = numpy_rng(seed, "fault", round, cid, task).random()
+        if u < self.dropout:
+            return "dropout"
+        if u < self.dropout + self.straggler:
+            return "straggler"
+        if u < self.dropout + self.straggler + self.corrupt:
+            return "corrupt"
+        return None
+
+
+
+DEFAULTS: dict[str, Any] = {
+    **{f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+       for f in dataclasses.fields(RunSettings) if f.name != "label"},
+    "dataset": {"name": "digits"},
+    "partition": {"name": "iid", "num_clients": 10},
+    "model": {"name": "cnn"},
+    "algorithm": {"name": "fedavg"},
+    "faults": {},
+}
+"""A config's values where its file says nothing."""
+
+
+@dataclass(frozen=True)
+class Component:
+    """A named, registered object and its typed options (``[dataset]``, ``[model]`` ...)."""
+
+    name: str
+    params: Any
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One run's configuration, every leaf typed and checked."""
+
+    run: RunSettings
+    dataset: Component
+    partition: Component
+    model: Component
+    algorithm: Component
+    faults: Faults
+
+
+def _component(cfg: dict[str, Any], section: str) -> Component:
+    from fedskew.algorithms.base import ALGORITHMS
+    from fedskew.data import DATASETS
+    from fedskew.data.partition import PARTITIONERS
+    from fedskew.models import MODELS
+
+    registry: Any = {"dataset": DATASETS, "partition": PARTITIONERS, "model": MODELS, "algorithm": ALGORITHMS}[section]
+    table = dict(cfg[section])
+    name = table.pop("name", None)
+    check(isinstance(name, str), f"{section}.name", name, "a string")
+    if section == "algorithm":
+        return Component(name, build_params(ALGORITHMS.get(name).Params, table, prefix="algorithm."))
+    registry.get(name)  # interim: options of datasets, partitioners and models are checked when built
+    if section == "dataset":
+        frac = table.get("train_fraction", 1.0)
+        check(isinstance(frac, int | float) and not isinstance(frac, bool) and 0 < frac <= 1,
+              "dataset.train_fraction", frac, "a number in (0, 1]")
+    if section == "partition":
+        nc = table.get("num_clients")
+        check(isinstance(nc, int) and not isinstance(nc, bool) and nc >= 1, "partition.num_clients", nc,
+              "an integer >= 1")
+    return Component(name, table)
+
+
+def typed_config(cfg: dict[str, Any]) -> RunConfig:
+    """The typed form of a resolved config; a ConfigError names the first bad key and what is allowed."""
+    for section in SECTIONS:
+        if not isinstance(cfg.get(section, {}), dict):
+            raise ConfigError(f"{section} must be a table, got {cfg[section]!r}")
+    top = {k: v for k, v in cfg.items() if k not in SECTIONS}
+    run = build_params(RunSettings, top)
+    parts = {section: _component(cfg, section) for section in NAMED}
+    faults = build_params(Faults, cfg.get("faults", {}), prefix="faults.")
+    return RunConfig(run=run, faults=faults, **parts)
+
+
+def validate(cfg: dict[str, Any]) -> None:
+    """Check every value of a resolved config that can be checked without loading data."""
+    typed_config(cfg)

@@ -1,0 +1,133 @@
+"""Expanding a config into its runs: variants x seeds, with command-line overrides."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from fedskew.config.files import TOP_LEVEL, set_dotted
+from fedskew.config.schema import DEFAULTS, GENERIC_KEYS, NAMED, SECTIONS, validate
+from fedskew.core.errors import ConfigError
+from fedskew.runs import folder_label, run_folder_name
+
+
+def _check_top(raw: dict[str, Any], where: str) -> None:
+    for key in raw:
+        if key not in TOP_LEVEL:
+            allowed = ", ".join(TOP_LEVEL)
+            raise ConfigError(f"{where}: unknown config key {key!r}; allowed: {allowed}")
+    for sec in SECTIONS:
+        if sec in raw and not isinstance(raw[sec], dict):
+            raise ConfigError(f"{where}: {sec} must be a table, got {raw[sec]!r}")
+
+
+@dataclass
+class RunSpec:
+    """One run of an experiment: its label, seed and fully resolved config."""
+
+    label: str
+    config: dict[str, Any]
+
+    @property
+    def folder_name(self) -> str:
+        """``<label>-seed<k>``, with path separators in the label made ``_`` ("FedAF w/o CDC" -> "FedAF w_o CDC")."""
+        return run_folder_name(self.label, self.config["seed"])
+
+
+def resolve(raw: dict[str, Any], overrides: dict[str, Any] | None = None, where: str = "config") -> list[RunSpec]:
+    """Expand a parsed config into its runs (variants x seeds), each validated."""
+    _check_top(raw, where)
+    overrides = overrides or {}
+    base = copy.deepcopy(DEFAULTS)
+    for key, value in raw.items():
+        if key in SECTIONS:
+            base[key] = dict(value)
+        elif key != "variants":
+            base[key] = value
+    variants = raw.get("variants") or [{}]
+    if not isinstance(variants, list) or not all(isinstance(v, dict) for v in variants):
+        raise ConfigError(f"{where}: variants must be a list of tables")
+    if "algorithm.name" in overrides or "algorithm" in overrides:
+        variants = [{}]
+    seeds = overrides.get("seeds", raw.get("seeds")) or [overrides.get("seed", base["seed"])]
+    if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise ConfigError(f"seeds must be a list of integers, got {seeds!r}")
+    runs: list[RunSpec] = []
+    folders: set[str] = set()
+    # A command-line algorithm.<param> goes to the variants whose algorithm has that parameter
+    # (`algorithm.condense_iterations=20` on a FedAvg-vs-FedDC file); it is an error only if none has it.
+    algo_overrides = {k for k in overrides if k.startswith("algorithm.") and k != "algorithm.name"}
+    taken: set[str] = set()
+    for variant in variants:
+        cfg = copy.deepcopy(base)
+        explicit: dict[str, set[str]] = {sec: set() for sec in NAMED}
+        for key, value in variant.items():
+            if key != "label" and key.startswith("algorithm.name"):
+                set_dotted(cfg, key, value)
+        if "algorithm.name" in overrides:
+            set_dotted(cfg, "algorithm.name", overrides["algorithm.name"])
+        params = _param_names(cfg["algorithm"]["name"])
+        for source in (variant, overrides):
+            for key, value in source.items():
+                if key in ("label", "seeds"):
+                    continue
+                if source is overrides and key in algo_overrides and len(variants) > 1:
+                    if params is not None and key.split(".")[1] not in params:
+                        continue
+                    taken.add(key)
+                set_dotted(cfg, key, value)
+                sec, _, leaf = key.partition(".")
+                if sec in explicit and leaf:
+                    explicit[sec].add(leaf.split(".")[0])
+        for sec in ("dataset", "partition", "model"):
+            if cfg[sec].get("name") != base[sec].get("name"):
+                # Options belong to the object they were written for: a new name starts afresh.
+                keep = explicit[sec] | {"name"} | GENERIC_KEYS[sec]
+                cfg[sec] = {k: v for k, v in cfg[sec].items() if k in keep}
+        if cfg["algorithm"].get("name") != base["algorithm"].get("name"):
+            _keep_shared_params(cfg, explicit["algorithm"])
+        label = str(overrides.get("label") or variant.get("label") or cfg.get("label") or cfg["algorithm"]["name"])
+        folder = folder_label(label)
+        if folder in folders:  # equal labels have equal folder names
+            raise ConfigError(
+                f"{where}: two variants share the label {label!r} or its folder name; give each a distinct label"
+            )
+        folders.add(folder)
+        for seed in seeds:
+            run = copy.deepcopy(cfg)
+            run["seed"] = seed
+            run["label"] = label
+            run.pop("seeds", None)
+            validate(run)
+            runs.append(RunSpec(label, run))
+    if len(variants) > 1 and algo_overrides - taken:
+        key = sorted(algo_overrides - taken)[0]
+        raise ConfigError(f"unknown key {key!r}: no variant's algorithm has this parameter")
+    return runs
+
+
+def _param_names(name: Any) -> set[str] | None:
+    """The hyper-parameter names of algorithm ``name`` (None if it is not registered: validate reports it)."""
+    from fedskew.algorithms.base import ALGORITHMS
+
+    if not isinstance(name, str) or name not in ALGORITHMS:
+        return None
+    return {f.name for f in dataclasses.fields(ALGORITHMS.get(name).Params)}
+
+
+def _keep_shared_params(cfg: dict[str, Any], explicit: set[str]) -> None:
+    """A variant switched algorithm: keep the base's hyper-parameters that the new one also has.
+
+    The base ``[algorithm]`` table usually holds shared settings (lr, batch size, clients per round);
+    those the new algorithm does not have are dropped, while keys the variant set itself are kept and
+    checked, so a misspelt key still fails.
+    """
+    from fedskew.algorithms.base import ALGORITHMS
+
+    table = cfg["algorithm"]
+    fields = {f.name for f in dataclasses.fields(ALGORITHMS.get(table["name"]).Params)}
+    cfg["algorithm"] = {k: v for k, v in table.items() if k == "name" or k in fields or k in explicit}
+
+
