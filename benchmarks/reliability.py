@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from fedskew.engine.simulation import Simulation
+from fedskew.engine.round_loop import RoundLoop
 
 BASE: dict[str, Any] = {
     "name": "reliability", "label": "fedavg", "rounds": 30, "seed": 0, "workers": 1, "eval_every": 1,
@@ -44,7 +44,7 @@ def main() -> None:
     for name, faults in SETTINGS:
         cfg = {**BASE, "faults": faults}
         with tempfile.TemporaryDirectory() as tmp:
-            res = Simulation(cfg, Path(tmp), progress=False).run()
+            res = RoundLoop(cfg, Path(tmp), progress=False).run()
             model = torch.load(Path(tmp) / "model.pt", weights_only=True)
         recs = res.records
         accepted = sum(len(r["clients"]) for r in recs)

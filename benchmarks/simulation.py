@@ -1,4 +1,4 @@
-"""Simulation speed: fedskew against a plain PyTorch loop and Flower's own simulation (issue 9).
+"""RoundLoop speed: fedskew against a plain PyTorch loop and Flower's own simulation (issue 9).
 
 Workload W: Fashion-MNIST, 100 clients, Dirichlet alpha=0.1 (partition seed 0), FedAvg, 10 clients per
 round, 1 local epoch, batch 32, SGD lr 0.01, McMahan et al.'s CNN (conv 32-64, FC 512), test-set
@@ -125,7 +125,7 @@ def run_plain(data_dir: str | None, rounds: int) -> dict[str, Any]:
 
 
 def run_fedskew(data_dir: str | None, rounds: int, workers: int) -> dict[str, Any]:
-    from fedskew.engine.simulation import Simulation
+    from fedskew.engine.round_loop import RoundLoop
 
     cfg = {
         "name": "bench", "label": "fedskew", "rounds": rounds, "seed": 0, "workers": workers,
@@ -138,7 +138,7 @@ def run_fedskew(data_dir: str | None, rounds: int, workers: int) -> dict[str, An
         "faults": {},
     }
     with tempfile.TemporaryDirectory() as tmp:
-        res = Simulation(cfg, Path(tmp), data_dir=data_dir, progress=False).run()
+        res = RoundLoop(cfg, Path(tmp), data_dir=data_dir, progress=False).run()
         timing = [json.loads(line)["seconds"] for line in (Path(tmp) / "timing.jsonl").read_text().splitlines()]
     return {
         "round_seconds": timing,

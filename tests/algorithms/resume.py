@@ -8,13 +8,13 @@ from typing import Any
 
 from fedskew.config import dump
 from fedskew.engine.experiment import resume_run
-from fedskew.engine.simulation import Simulation
+from fedskew.engine.round_loop import RoundLoop
 
 
 def _run(cfg: dict[str, Any], path: Path) -> Path:
     path.mkdir(parents=True)
     (path / "config.toml").write_text(dump(cfg))
-    Simulation(cfg, path, progress=False).run()
+    RoundLoop(cfg, path, progress=False).run()
     return path
 
 

@@ -17,7 +17,7 @@ import torch
 from fedskew.algorithms.base import ALGORITHMS
 from fedskew.config import dump
 from fedskew.engine.experiment import resume_run
-from fedskew.engine.simulation import Simulation
+from fedskew.engine.round_loop import RoundLoop
 from tests.conftest import tiny_config
 
 # A small ConvNet with BatchNorm, so methods that treat normalisation layers specially (FedBN) or must
@@ -51,14 +51,14 @@ def config_for(name: str, **over: Any) -> dict[str, Any]:
 def _run(cfg: dict[str, Any], path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.toml").write_text(dump(cfg))
-    Simulation(cfg, path, progress=False).run()
+    RoundLoop(cfg, path, progress=False).run()
     return path
 
 
 @pytest.mark.parametrize("name", ALGORITHMS.names())
 def test_every_algorithm_runs_changes_the_model_and_is_counted(tmp_path: Path, name: str) -> None:
     cfg = config_for(name, rounds=2)
-    sim = Simulation(cfg, tmp_path / name, progress=False)
+    sim = RoundLoop(cfg, tmp_path / name, progress=False)
     before = {k: v.clone() for k, v in sim.server.model.state_dict().items()}
     sim.run()
     after = sim.server.model.state_dict()

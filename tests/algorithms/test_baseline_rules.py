@@ -18,7 +18,7 @@ from fedskew.components.trainer import LocalConfig, train_local
 from fedskew.core.errors import ConfigError
 from fedskew.core.message import Message
 from fedskew.core.params import build_params
-from fedskew.engine.simulation import Simulation
+from fedskew.engine.round_loop import RoundLoop
 from fedskew.models.layout import shuffled_batches
 from tests.conftest import tiny_config
 
@@ -75,7 +75,7 @@ def params_equal(server: ServerContext, value: float) -> bool:
 
 
 def run(cfg: dict[str, Any], path: Path) -> list[dict[str, Any]]:
-    Simulation(cfg, path, progress=False).run()
+    RoundLoop(cfg, path, progress=False).run()
     return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
 
 

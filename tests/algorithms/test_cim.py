@@ -16,17 +16,17 @@ from fedskew.algorithms.cim import CIM
 from fedskew.components.cim_selection import next_delta, oversampled_counts, oversampled_fraction, select_clients
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.seeding import numpy_rng
-from fedskew.engine.simulation import Simulation
+from fedskew.engine.round_loop import RoundLoop
 from tests.algorithms.resume import assert_resumes_exactly
 from tests.conftest import tiny_config
 
 L = 4  # classes of the tiny config
 
 
-def _run(tmp_path: Path, rounds: int = 3, **algo: Any) -> tuple[Simulation, list[dict[str, Any]]]:
+def _run(tmp_path: Path, rounds: int = 3, **algo: Any) -> tuple[RoundLoop, list[dict[str, Any]]]:
     cfg = tiny_config(rounds=rounds)  # seed 0
     cfg["algorithm"] = {"name": "cim", **algo}
-    sim = Simulation(cfg, tmp_path, progress=False)
+    sim = RoundLoop(cfg, tmp_path, progress=False)
     sim.run()
     recs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     return sim, recs

@@ -25,7 +25,7 @@ from fedskew.condense import (
 )
 from fedskew.core.params import build_params
 from fedskew.core.seeding import seeded_init
-from fedskew.engine.simulation import Simulation
+from fedskew.engine.round_loop import RoundLoop
 from tests.algorithms.resume import assert_resumes_exactly
 from tests.conftest import tiny_config
 
@@ -150,7 +150,7 @@ def test_sets_persist_on_clients_and_uploads_are_counted(tmp_path: Path, monkeyp
         return out
 
     monkeypatch.setattr(fedaf_module, "distribution_matching", spy)
-    sim = Simulation(fedaf_config(), tmp_path / "r", progress=False)
+    sim = RoundLoop(fedaf_config(), tmp_path / "r", progress=False)
     res = sim.run()
     n = sim.fed.info.num_clients
     assert len(calls) == 2 * n  # every client, both rounds, in client order
@@ -176,7 +176,7 @@ def test_sets_persist_on_clients_and_uploads_are_counted(tmp_path: Path, monkeyp
 
 
 def test_ablation_switches(tmp_path: Path) -> None:
-    sim = Simulation(fedaf_config(use_cdc=False, use_lgkm=False), tmp_path / "r", progress=False)
+    sim = RoundLoop(fedaf_config(use_cdc=False, use_lgkm=False), tmp_path / "r", progress=False)
     res = sim.run()
     model_bytes = sum(t.numel() * t.element_size() for t in sim.server.model.state_dict().values())
     assert res.records[1]["bytes_server_to_client"] == sim.fed.info.num_clients * model_bytes  # no V sent

@@ -19,7 +19,7 @@ from fedskew.condense import SyntheticSet, UInt8Set
 from fedskew.core.message import Message
 from fedskew.core.params import build_params
 from fedskew.engine.replies import check_reply
-from fedskew.engine.simulation import Simulation
+from fedskew.engine.round_loop import RoundLoop
 from fedskew.report.grids import image_grid, save_image_grid
 from tests.conftest import tiny_config
 
@@ -30,7 +30,7 @@ def feddc_config(name: str = "feddc", **algo: Any) -> dict[str, Any]:
     return tiny_config(rounds=2, checkpoint_every=0, algorithm={"name": name, **FAST, **algo})
 
 
-def model_bytes(sim: Simulation) -> int:
+def model_bytes(sim: RoundLoop) -> int:
     return sum(t.numel() * t.element_size() for t in sim.server.model.state_dict().values())
 
 
@@ -77,7 +77,7 @@ def test_feddc_plus_differs_only_in_the_condensation_optimiser() -> None:
     differ = {k for k in base if base[k] != plus[k]}
     assert differ == {"image_momentum", "image_weight_decay"}
     assert (plus["image_momentum"], plus["image_weight_decay"]) == (0.9, 4e-5)
-    fed = Simulation(feddc_config(), Path("/nonexistent")).fed.info
+    fed = RoundLoop(feddc_config(), Path("/nonexistent")).fed.info
     gm = dataclasses.asdict(FedDC(build_params(FedDC.Params, {}), fed).gm_config())
     gm_plus = dataclasses.asdict(FedDCPlus(build_params(FedDCPlus.Params, {}), fed).gm_config())
     assert {k for k in gm if gm[k] != gm_plus[k]} == {"momentum", "weight_decay"}
@@ -99,7 +99,7 @@ def test_finetunes_on_this_rounds_sets_only_and_counts_uint8_uploads(
         return real_train(model, syn, *args, **kwargs)
 
     monkeypatch.setattr(feddc_module, "train_global_on_synthetic", spy)
-    sim = Simulation(feddc_config(name), tmp_path / "r", progress=False)
+    sim = RoundLoop(feddc_config(name), tmp_path / "r", progress=False)
     uploads: list[list[tuple[int, Message]]] = []
     exchange = sim.exchange
 
@@ -140,7 +140,7 @@ def test_finetunes_on_this_rounds_sets_only_and_counts_uint8_uploads(
 
 
 def test_no_reply_keeps_the_model(tmp_path: Path) -> None:
-    sim = Simulation(feddc_config(), tmp_path / "r", progress=False)
+    sim = RoundLoop(feddc_config(), tmp_path / "r", progress=False)
     before = {k: v.clone() for k, v in sim.server.model.state_dict().items()}
     sim.algorithm.aggregate(sim.server, [])
     assert all(torch.equal(before[k], v) for k, v in sim.server.model.state_dict().items())

@@ -14,7 +14,7 @@ from fedskew.algorithms.condensation.pool import OWNER, update_pool, uploads_art
 from fedskew.algorithms.feddm import FedDM
 from fedskew.condense import SyntheticSet
 from fedskew.core.seeding import seeded_init
-from fedskew.engine.simulation import Simulation
+from fedskew.engine.round_loop import RoundLoop
 from tests.conftest import tiny_config
 
 FAST: dict[str, Any] = {"condense_iterations": 3, "ipc": 2, "server": {"epochs": 2, "batch_size": 16, "lr": 0.1}}
@@ -61,7 +61,7 @@ def test_uploads_only_uint8_sets_and_trains_on_every_clients_latest_set(
         return real_dm(*args, **kwargs)
 
     monkeypatch.setattr(feddm_module, "distribution_matching", spy)
-    sim = Simulation(feddm_config(rounds=3), tmp_path / "r", progress=False)
+    sim = RoundLoop(feddm_config(rounds=3), tmp_path / "r", progress=False)
     res = sim.run()
     c, h, w = sim.fed.info.image_shape
     model_bytes = sum(t.numel() * t.element_size() for t in sim.server.model.state_dict().values())
@@ -86,7 +86,7 @@ def test_uploads_only_uint8_sets_and_trains_on_every_clients_latest_set(
 
 def test_restart_model_trains_from_a_fresh_initialisation(tmp_path: Path) -> None:
     cfg = feddm_config(rounds=1, restart_model=True, server={"epochs": 1, "lr": 1e-12, "momentum": 0.0})
-    sim = Simulation(cfg, tmp_path / "r", progress=False)
+    sim = RoundLoop(cfg, tmp_path / "r", progress=False)
     sim.run()
     fresh = seeded_init(sim.fed.info.model.build, sim.fed.info.seed, "restart", 1).state_dict()
     for k, v in sim.server.model.state_dict().items():

@@ -11,7 +11,7 @@ import torch
 from fedskew.algorithms.base import FederationInfo, ModelSpec, ServerContext
 from fedskew.algorithms.fedseq import FedSeq
 from fedskew.core.message import Message
-from fedskew.engine.simulation import Simulation
+from fedskew.engine.round_loop import RoundLoop
 from tests.algorithms.resume import assert_resumes_exactly
 from tests.conftest import tiny_config
 
@@ -69,7 +69,7 @@ def _records(path: Path) -> list[dict[str, Any]]:
 
 def test_fedseq_runs_and_counts_handoffs_client_to_client(tmp_path: Path) -> None:
     cfg = tiny_config(rounds=2, algorithm={"name": "fedseq", "num_clusters": 2, "clients_per_round": 3})
-    sim = Simulation(cfg, tmp_path, progress=False)
+    sim = RoundLoop(cfg, tmp_path, progress=False)
     model_bytes = sum(t.numel() * t.element_size() for t in sim.server.model.state_dict().values())
     sim.run()
     recs = _records(tmp_path)

@@ -12,7 +12,7 @@ import torch
 from sklearn.metrics import adjusted_rand_score
 
 from fedskew.algorithms.hfldd import auto_public_dataset, public_set
-from fedskew.engine.simulation import Simulation
+from fedskew.engine.round_loop import RoundLoop
 from tests.algorithms.resume import assert_resumes_exactly
 from tests.conftest import tiny_config
 
@@ -21,12 +21,12 @@ def _records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
 
 
-def _header_classes(sim: Simulation, header: int) -> set[int]:
+def _header_classes(sim: RoundLoop, header: int) -> set[int]:
     own = set(np.flatnonzero(sim.fed.counts[header]).tolist())
     return own | set(sim.client_states[header].get("distilled_labels", torch.zeros(0)).tolist())
 
 
-def _check_clusters(sim: Simulation) -> None:
+def _check_clusters(sim: RoundLoop) -> None:
     state = sim.server.state
     n = sim.fed.info.num_clients
     assert sorted(c for g in state["homogeneous"] for c in g) == list(range(n))
@@ -50,7 +50,7 @@ def test_one_class_clients_cluster_by_class_on_fashion_mnist(tmp_path: Path, sha
     cfg["partition"] = {"name": "classes_per_client", "num_clients": 40, "classes": 1}
     cfg["model"] = {"name": "cnn"}
     cfg["algorithm"] = {"name": "hfldd", "pretrain_epochs": 1, "pretrain_lr": 0.05, "kip_iterations": 5, "kip_ipc": 2}
-    sim = Simulation(cfg, tmp_path, progress=False, data_dir=str(shared_datasets))
+    sim = RoundLoop(cfg, tmp_path, progress=False, data_dir=str(shared_datasets))
     sim.run()
     true = sim.fed.counts.argmax(axis=1)
     label = {c: k for k, g in enumerate(sim.server.state["homogeneous"]) for c in g}
@@ -72,7 +72,7 @@ def _tiny_c1(rounds: int, **algo: Any) -> dict[str, Any]:
 
 
 def test_headers_get_every_class_and_the_ledger_counts_kip_data_client_to_client(tmp_path: Path) -> None:
-    sim = Simulation(_tiny_c1(2), tmp_path, progress=False)
+    sim = RoundLoop(_tiny_c1(2), tmp_path, progress=False)
     model_bytes = sum(t.numel() * t.element_size() for t in sim.server.model.state_dict().values())
     sim.run()
     recs = _records(tmp_path)
@@ -114,7 +114,7 @@ def test_members_distil_kip_images_split_over_the_classes_they_hold(
     del cfg["algorithm"]["kip_ipc"]
     cfg["algorithm"].update(algo)
     cfg["partition"]["classes"] = classes
-    sim = Simulation(cfg, tmp_path, progress=False)
+    sim = RoundLoop(cfg, tmp_path, progress=False)
     sim.run()
     members = 8 - len(sim.server.state["headers"])
     assert members > 0

@@ -46,7 +46,7 @@ from fedskew.engine.flower.messages import (
     to_records,
 )
 from fedskew.engine.flower.server_app import DeploySettings, deploy
-from fedskew.engine.simulation import Simulation
+from fedskew.engine.round_loop import RoundLoop
 from tests.conftest import tiny_config
 from tests.engine.flower_federation import LocalFederation
 
@@ -230,7 +230,7 @@ def _deploy(grid: FakeGrid, tmp_path: Path, cfg: dict[str, Any], **settings: Any
 
 
 def _simulate(cfg: dict[str, Any], path: Path) -> Path:
-    Simulation(cfg, path, progress=False).run()
+    RoundLoop(cfg, path, progress=False).run()
     return path
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from fedskew.config import RunSpec, dump, validate
 from fedskew.core.errors import ConfigError
 from fedskew.engine.federation import Federation, build_federation
-from fedskew.engine.simulation import RunResult, Simulation
+from fedskew.engine.round_loop import RoundLoop, RunResult
 from fedskew.runs import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, TIMING_FILE, run_config_path
 
 
@@ -61,7 +61,7 @@ def run_experiment(
                 (run_dir / f).unlink(missing_ok=True)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / CONFIG_FILE).write_text(dump(cfg))
-        sim = Simulation(cfg, run_dir, data_dir=data_dir, progress=progress, federation=feds[key])
+        sim = RoundLoop(cfg, run_dir, data_dir=data_dir, progress=progress, federation=feds[key])
         results.append(sim.run())
     return results
 
@@ -77,4 +77,4 @@ def resume_run(run_dir: Path, overrides: dict[str, Any], *, data_dir: str | None
     cfg.setdefault("target_accuracy", None)
     validate(cfg)
     (run_dir / CONFIG_FILE).write_text(dump(cfg))
-    return Simulation(cfg, run_dir, data_dir=data_dir, progress=progress).run(resume=True)
+    return RoundLoop(cfg, run_dir, data_dir=data_dir, progress=progress).run(resume=True)

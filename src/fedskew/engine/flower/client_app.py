@@ -38,7 +38,7 @@ from fedskew.engine.flower.messages import (
     put_state,
     to_records,
 )
-from fedskew.engine.simulation import make_algorithm
+from fedskew.engine.round_loop import make_algorithm
 
 app = ClientApp()
 

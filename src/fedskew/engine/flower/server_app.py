@@ -1,6 +1,6 @@
 """The Flower ServerApp: the simulator's round loop, with the clients on SuperNodes.
 
-The ServerApp runs a :class:`~fedskew.engine.simulation.Simulation` whose client jobs go to Flower
+The ServerApp runs a :class:`~fedskew.engine.round_loop.RoundLoop` whose client jobs go to Flower
 (:class:`FlowerClients`) instead of local workers. Everything else is the simulator's own code: the
 algorithm's server hooks, evaluation on the server's test set, the byte ledger, checkpoints and the
 run folder (``metrics.jsonl``, ``summary.json``, ``model.pt``, the report), which is written on the
@@ -42,7 +42,7 @@ from fedskew.engine.checkpoint import load_checkpoint
 from fedskew.engine.federation import build_federation
 from fedskew.engine.flower.app import resolve_experiment
 from fedskew.engine.flower.messages import HEADER, HELLO, from_records, info_to_json, to_records
-from fedskew.engine.simulation import NoReply, RunResult, Simulation
+from fedskew.engine.round_loop import NoReply, RoundLoop, RunResult
 from fedskew.engine.workers import ClientJob
 from fedskew.runs import CHECKPOINTS_DIR, CONFIG_FILE, METRICS_FILE, run_folder_name
 
@@ -288,7 +288,7 @@ def deploy(grid: Grid, settings: DeploySettings, app_dir: Path) -> RunResult:
         acc = "-" if rec["accuracy"] is None else f"{100 * rec['accuracy']:.2f}%"
         log.info("round %d: accuracy %s, clients %s, failed %s", rec["round"], acc, rec["clients"], rec["failed"])
 
-    sim = Simulation(cfg, run_dir, progress=False, federation=fed, clients=clients, on_round=progress)
+    sim = RoundLoop(cfg, run_dir, progress=False, federation=fed, clients=clients, on_round=progress)
     log.info("fedskew run %s -> %s", cfg["label"], run_dir)
     try:
         result = sim.run(resume=settings.resume)

@@ -1,4 +1,7 @@
-"""The in-process simulator: owns the round loop, evaluation, logging, checkpoints and the ledger.
+"""The round loop of a run: the algorithm's server half, evaluation, logging, checkpoints and the ledger.
+
+The same loop drives a simulation (clients run in this machine's worker processes) and a Flower
+deployment (a ``ClientRunner`` sends each client job to the SuperNode that holds the client).
 
 A run writes one folder::
 
@@ -77,8 +80,8 @@ def make_algorithm(algorithm_cfg: dict[str, Any], fed_info: Any) -> Algorithm:
     return cls(params, fed_info)
 
 
-class Simulation:
-    """Runs one configured algorithm on one federation, round by round."""
+class RoundLoop:
+    """Runs one configured algorithm on one federation, round by round (simulated or deployed clients)."""
 
     def __init__(
         self,
