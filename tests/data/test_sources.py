@@ -29,8 +29,6 @@ from fedskew.data.sources import images as image_sources
 
 torch.set_num_threads(1)
 
-SHARED_FASHION = Path("/work/shared/datasets/fashion-mnist")
-
 
 @pytest.fixture(autouse=True)
 def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -342,9 +340,8 @@ def test_idx_label_count_mismatch(tmp_path: Path) -> None:
         load_dataset("mnist", tmp_path, verify=False)
 
 
-@pytest.mark.skipif(not SHARED_FASHION.is_dir(), reason="no shared Fashion-MNIST copy on this machine")
-def test_real_fashion_mnist(tmp_path: Path) -> None:
-    ds = load_dataset("fashion_mnist", SHARED_FASHION.parent)
+def test_real_fashion_mnist(shared_datasets: Path) -> None:
+    ds = load_dataset("fashion_mnist", shared_datasets)
     assert ds.x_test.shape == (10_000, 1, 28, 28) and ds.x_train.shape == (60_000, 1, 28, 28)
     assert np.bincount(ds.y_test).tolist() == [1000] * 10
 
