@@ -13,11 +13,38 @@ import torch
 torch.set_num_threads(1)
 
 
+_SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+
+
+@pytest.fixture(scope="session", name="shared_datasets")
+def shared_datasets_fixture() -> Path:
+    """The folder of real dataset copies, ``$FEDSKEW_DATA``, for tests that read real data.
+
+    Fails when ``$FEDSKEW_DATA`` names a missing folder, and when it is unset although this checkout
+    has ``../shared/datasets`` (scripts/test.sh sets it from there), so those tests never skip
+    silently where the data exists. Skips only where there is no data at all. Session-scoped, so it
+    reads the variable before any test's monkeypatch removes it.
+    """
+    env = os.environ.get("FEDSKEW_DATA")
+    if env:
+        folder = Path(env)
+        if not folder.is_dir():
+            pytest.fail(f"FEDSKEW_DATA={env} is not a folder")
+        return folder
+    if _SHARED.is_dir():
+        pytest.fail(f"set FEDSKEW_DATA={_SHARED} to run the tests on real datasets (scripts/test.sh sets it)")
+    pytest.skip("no real datasets: set FEDSKEW_DATA to a folder laid out like shared/datasets")
+
+
 def shared_datasets() -> Path | None:
-    """The folder of real dataset copies, if this machine has one."""
+    """The folder of real dataset copies, if this machine has one.
+
+    Kept only for tests/algorithms/test_hfldd.py until it requests the ``shared_datasets`` fixture
+    above instead; delete it then.
+    """
     env = os.environ.get("FEDSKEW_DATA")
     candidates = [Path(env)] if env else []
-    candidates.append(Path(__file__).resolve().parents[2] / "shared" / "datasets")
+    candidates.append(_SHARED)
     for c in candidates:
         if c.is_dir():
             return c

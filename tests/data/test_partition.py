@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedskew.core.errors import ConfigError, DataError
-from fedskew.data.partition import PARTITIONERS, Partition, partition, summarize
+from fedskew.core.registry import Registry
+from fedskew.data.partition import PARTITIONERS, Partition, PartitionParams, partition, summarize
 from fedskew.data.partition_plot import bubble_plot
 
 LABELS = np.repeat(np.arange(10), 100)  # 1,000 samples, 10 balanced classes
@@ -235,7 +236,7 @@ def test_mixed_group_sizes_must_add_up() -> None:
         ([], r"non-empty list"),
         ([{"name": "iid"}], r"needs 'name' and 'num_clients'"),
         ([{"name": "dirichlet", "num_clients": 10, "alpha": -1}], r"groups\[0\] \(dirichlet\).*alpha"),
-        ([{"name": "iid", "num_clients": 10, "alpha": 1}], r"groups\[0\] \(iid\).*unknown parameter"),
+        ([{"name": "iid", "num_clients": 10, "alpha": 1}], r"groups\[0\] \(iid\): unknown key 'alpha' for"),
     ],
 )
 def test_mixed_reports_bad_groups(groups: list[dict[str, Any]], match: str) -> None:
@@ -323,7 +324,7 @@ def test_more_clients_than_samples_names_both_numbers(name: str) -> None:
 def test_unknown_parameter_names_it_and_the_allowed_ones() -> None:
     with pytest.raises(ConfigError, match=r"partition\.aplha.*allowed: alpha, min_size, max_retries"):
         partition("dirichlet", LABELS, 10, 0, aplha=0.5)
-    with pytest.raises(ConfigError, match=r"partition\.alpha.*allowed: \(none\)"):
+    with pytest.raises(ConfigError, match=r"key 'partition\.alpha' for partitioner 'iid'; allowed: num_clients, seed$"):
         partition("iid", LABELS, 10, 0, alpha=0.5)
 
 
@@ -331,7 +332,7 @@ def test_unknown_parameter_names_it_and_the_allowed_ones() -> None:
     ("kwargs", "error", "match"),
     [
         ({"name": "nope"}, ConfigError, r"unknown partitioner 'nope'; allowed: classes_per_client"),
-        ({"name": "dirichlet"}, ConfigError, r"requires partition\.alpha"),
+        ({"name": "dirichlet"}, ConfigError, r"partition\.alpha is required by partitioner 'dirichlet'"),
         ({"name": "iid", "num_clients": 0}, ConfigError, r"num_clients must be an integer >= 1"),
         ({"name": "iid", "seed": -1}, ConfigError, r"seed must be a non-negative integer"),
         ({"name": "classes_per_client", "classes": 1.5}, ConfigError, r"classes must be an integer"),
@@ -348,6 +349,67 @@ def test_bad_inputs_raise_clear_errors(kwargs: dict[str, Any], error: type[Excep
     call: dict[str, Any] = {"labels": LABELS, "num_clients": 10, "seed": 0, **kwargs}
     with pytest.raises(error, match=match):
         partition(**call)
+
+
+# ------------------------------------------------------------------------ typed config tables
+
+
+def test_every_partitioner_declares_its_options() -> None:
+    for name in PARTITIONERS.names():
+        params = PARTITIONERS.params_of(name)
+        assert params is not None and issubclass(params, PartitionParams), name
+        assert PARTITIONERS.keys(name)[-2:] == ["num_clients", "seed"]
+
+
+def test_a_whole_partition_table_validates_in_one_call() -> None:
+    table = {"name": "dirichlet", "num_clients": 10, "seed": 3, "alpha": 1}
+    params = PARTITIONERS.build_params("dirichlet", table, "partition.")
+    assert (params.num_clients, params.seed, params.alpha, params.min_size) == (10, 3, 1.0, 10)
+    assert PARTITIONERS.build_params("iid", {"num_clients": 4}).seed is None  # derived from the run seed
+    bad: list[tuple[str, dict[str, Any], str]] = [
+        ("iid", {}, r"partition\.num_clients is required by partitioner 'iid'"),
+        ("iid", {"num_clients": 0}, r"partition\.num_clients must be an integer >= 1, got 0"),
+        ("iid", {"num_clients": 4, "seed": -2}, r"partition\.seed must be a non-negative integer, got -2"),
+        ("dirichlet", {"num_clients": 4, "alpha": 0.5, "min_size": -1}, r"partition\.min_size must be >= 0"),
+        ("noise", {"num_clients": 4, "base": "nope"}, r"partition\.base must be a partitioner \(classes_per_client"),
+        ("noise", {"num_clients": 4, "base": "dirichlet"}, r"partition\.alpha is required by partitioner 'dirichlet'"),
+        ("noise", {"num_clients": 4, "base": "shards", "alpha": 1}, r"partition\.alpha is not a key of partitioner"),
+        ("mixed", {"num_clients": 4, "groups": CASE_2}, r"partition\.groups: their num_clients add up to 200"),
+        ("mixed", {"num_clients": 4, "groups": [{"name": "iid", "num_clients": 4, "seed": 1}]}, r"\[0\] has a seed"),
+        ("mixed", {"num_clients": 4, "groups": [{"name": "iid", "num_clients": 4, "share": 0}]}, r"share must be"),
+        ("mixed", {"num_clients": 4, "groups": [{"name": "nope", "num_clients": 4}]}, r"unknown partitioner 'nope'"),
+        ("mixed", {"num_clients": 4, "groups": [3]}, r"partition\.groups\[0\] must be a table"),
+    ]
+    for name, options, message in bad:
+        with pytest.raises(ConfigError, match=message):
+            PARTITIONERS.build_params(name, options, "partition.")
+
+
+def test_noise_table_carries_its_base_options_inline() -> None:
+    table = {"name": "noise", "num_clients": 10, "sigma": 0.2, "base": "dirichlet", "alpha": 0.3}
+    params = PARTITIONERS.build_params("noise", table, "partition.")
+    assert params.base_options == {"alpha": 0.3} and params.base_params.alpha == 0.3
+    assert params.base_params.num_clients == 10
+    nested = {"name": "mixed", "num_clients": 10, "groups": [{"name": "noise", "num_clients": 10, **table}]}
+    assert PARTITIONERS.build_params("mixed", nested).group_params[0].base_params.min_size == 10
+
+
+def test_registry_requires_params_of_the_base_class_and_reads_class_params() -> None:
+    registry: Registry[Any] = Registry("thing", PartitionParams)
+    with pytest.raises(TypeError, match="subclass of PartitionParams"):
+        registry.register("bare")
+    with pytest.raises(TypeError, match="must be a dataclass"):
+        registry.register("odd", params=int)
+
+    class WithParams:
+        Params = PartitionParams
+
+    free: Registry[Any] = Registry("algorithm")
+    free.register("with")(WithParams)
+    free.register("without")(object)
+    assert free.params_of("with") is PartitionParams and free.params_of("without") is None
+    with pytest.raises(ConfigError, match=r"unknown algorithm 'nope'"):
+        free.params_of("nope")
 
 
 # -------------------------------------------------------------------- Partition and reporting

@@ -24,11 +24,10 @@ from fedskew.data import cache as cache_mod
 from fedskew.data import download as download_mod
 from fedskew.data import sources
 from fedskew.data.download import RemoteFile, fetch
-from fedskew.data.sources import DATASETS, ArrayDataset, load_dataset, read_idx, resolve_data_dir
+from fedskew.data.sources import DATASETS, ArrayDataset, DatasetParams, load_dataset, read_idx, resolve_data_dir
+from fedskew.data.sources import images as image_sources
 
 torch.set_num_threads(1)
-
-SHARED_FASHION = Path("/work/shared/datasets/fashion-mnist")
 
 
 @pytest.fixture(autouse=True)
@@ -224,10 +223,46 @@ def test_array_dataset_rejects_wrong_arrays() -> None:
 def test_unknown_dataset_and_option_are_config_errors() -> None:
     with pytest.raises(ConfigError, match=r"allowed: .*digits"):
         load_dataset("imagenet-1k")
-    with pytest.raises(ConfigError, match="no option num_trian; allowed: num_train"):
+    with pytest.raises(ConfigError, match=r"key 'dataset\.num_trian' for dataset 'synthetic'; allowed: num_train"):
         load_dataset("synthetic", num_trian=5)
     with pytest.raises(ConfigError, match="channels must be 1 or 3"):
         load_dataset("synthetic", channels=2)
+
+
+def test_every_dataset_declares_its_options() -> None:
+    for name in DATASETS.names():
+        params = DATASETS.params_of(name)
+        assert params is not None and issubclass(params, DatasetParams), name
+        assert DATASETS.keys(name)[-2:] == ["data_dir", "train_fraction"]
+        DATASETS.build_params(name, {})  # every option has a default
+
+
+def test_a_whole_dataset_table_validates_in_one_call() -> None:
+    table = {"name": "synthetic", "data_dir": "/data", "train_fraction": 0.5, "num_train": 10.0, "channels": 3}
+    params = DATASETS.build_params("synthetic", table, "dataset.")
+    assert (params.data_dir, params.train_fraction, params.num_train, params.channels) == ("/data", 0.5, 10, 3)
+    bad: list[tuple[str, dict[str, Any], str]] = [
+        ("digits", {"train_fraction": 0}, r"dataset\.train_fraction must be a number in \(0, 1\], got 0"),
+        ("digits", {"train_fraction": 1.5}, r"dataset\.train_fraction must be a number in \(0, 1\]"),
+        ("synthetic", {"num_train": "many"}, r"dataset\.num_train must be an integer, got 'many'"),
+        ("synthetic", {"num_classes": 1}, r"dataset\.num_classes must be an integer >= 2, got 1"),
+        ("cifar100", {"labels": "super"}, r"dataset\.labels must be 'fine' or 'coarse', got 'super'"),
+        ("mnist", {"download": "yes"}, r"dataset\.download must be true or false"),
+        ("image_folder", {"classes": ["a", "a"]}, r"dataset\.classes must be a list of distinct names"),
+        ("image_folder", {"path": 3}, r"dataset\.path must be a path"),
+        ("domain_folder", {"classes": 0}, r"dataset\.classes must be an integer >= 1, got 0"),
+        ("domainnet", {"image_size": None}, r"dataset\.image_size must be an integer >= 1, got None"),
+        ("tiny_imagenet", {"workers": 0}, r"dataset\.workers must be an integer >= 1, got 0"),
+        ("mnist", {"verfiy": False}, r"unknown key 'dataset\.verfiy' for dataset 'mnist'; allowed: download, verify, "),
+    ]
+    for name, options, message in bad:
+        with pytest.raises(ConfigError, match=message):
+            DATASETS.build_params(name, options, "dataset.")
+
+
+def test_load_dataset_leaves_train_fraction_to_the_caller() -> None:
+    with pytest.raises(ConfigError, match=r"dataset\.train_fraction is not an option of load_dataset"):
+        load_dataset("digits", train_fraction=0.5)
 
 
 def test_resolve_data_dir_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -305,9 +340,8 @@ def test_idx_label_count_mismatch(tmp_path: Path) -> None:
         load_dataset("mnist", tmp_path, verify=False)
 
 
-@pytest.mark.skipif(not SHARED_FASHION.is_dir(), reason="no shared Fashion-MNIST copy on this machine")
-def test_real_fashion_mnist(tmp_path: Path) -> None:
-    ds = load_dataset("fashion_mnist", SHARED_FASHION.parent)
+def test_real_fashion_mnist(shared_datasets: Path) -> None:
+    ds = load_dataset("fashion_mnist", shared_datasets)
     assert ds.x_test.shape == (10_000, 1, 28, 28) and ds.x_train.shape == (60_000, 1, 28, 28)
     assert np.bincount(ds.y_test).tolist() == [1000] * 10
 
@@ -419,8 +453,8 @@ def test_image_folder_directory_mixed_sizes_and_missing_classes(tmp_path: Path) 
 def test_image_folder_decodes_identically_in_a_process_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_tar(tmp_path / "pics.tar.gz", image_folder_files())
     serial = load_dataset("image_folder", tmp_path, path="pics.tar.gz", workers=1)
-    monkeypatch.setattr(sources, "_POOL_MIN_IMAGES", 1)
-    monkeypatch.setattr(sources, "_CHUNK", 3)
+    monkeypatch.setattr(image_sources, "_POOL_MIN_IMAGES", 1)
+    monkeypatch.setattr(image_sources, "_CHUNK", 3)
     pooled = load_dataset("image_folder", tmp_path, path="pics.tar.gz", workers=2, cache_dir=tmp_path / "c2")
     assert np.array_equal(serial.x_train, pooled.x_train) and np.array_equal(serial.x_test, pooled.x_test)
 
@@ -468,7 +502,7 @@ def test_domainnet_from_zip_and_extracted_folder(tmp_path: Path) -> None:
     ds = load_dataset("domainnet", tmp_path, domains=["real", "clipart"], classes=None, image_size=8)
     assert ds.domain_names == ["real", "clipart"] and ds.classes == ["ant", "bee"]
     assert ds.x_train.shape == (8, 3, 8, 8) and ds.x_test.shape == (4, 3, 8, 8)
-    with pytest.raises(ConfigError, match="unknown domains"):
+    with pytest.raises(ConfigError, match=r"domains must be a list of DomainNet domains \(clipart, .*\['cartoon'\]"):
         load_dataset("domainnet", tmp_path, domains=["cartoon"])
 
 
@@ -558,13 +592,13 @@ def test_cache_hit_skips_decoding_and_source_change_invalidates(
 ) -> None:
     write_tar(tmp_path / "pics.tar.gz", image_folder_files())
     calls = []
-    real_decode = sources._decode_all
+    real_decode = image_sources.decode_all
 
     def counting(*args: Any, **kwargs: Any) -> np.ndarray:
         calls.append(1)
         return real_decode(*args, **kwargs)
 
-    monkeypatch.setattr(sources, "_decode_all", counting)
+    monkeypatch.setattr(image_sources, "decode_all", counting)
     first = load_dataset("image_folder", tmp_path, path="pics.tar.gz")
     second = load_dataset("image_folder", tmp_path, path="pics.tar.gz")
     assert len(calls) == 1

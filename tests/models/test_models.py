@@ -10,6 +10,7 @@ from torch import nn
 
 from fedskew.core.errors import ConfigError
 from fedskew.models import MODELS, FedModel, count_parameters, create_model, model_options, norm_layer_types
+from fedskew.models.registry import ModelParams
 
 torch.set_num_threads(1)
 
@@ -97,7 +98,7 @@ def test_channels_last_matches_contiguous(name: str) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_unknown_option_is_rejected_with_the_allowed_ones(name: str) -> None:
-    with pytest.raises(ConfigError, match="'no_such_option'") as info:
+    with pytest.raises(ConfigError, match=f"unknown key 'model.no_such_option' for model '{name}'") as info:
         build(name, no_such_option=1)
     for option in model_options(name):
         assert option in str(info.value)
@@ -242,3 +243,31 @@ def test_model_options_reports_defaults() -> None:
         "net_pooling": "avgpooling",
     }
     assert model_options("logreg") == {}
+
+
+def test_every_model_declares_its_options() -> None:
+    for name in NAMES:
+        params = MODELS.params_of(name)
+        assert params is not None and issubclass(params, ModelParams), name
+        assert list(model_options(name)) == MODELS.keys(name)
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "message"),
+    [
+        ("convnet", {"net_norm": "bogus"}, r"model\.net_norm must be one of instancenorm, batchnorm, .*got 'bogus'"),
+        ("convnet", {"net_width": 6, "net_norm": "groupnorm"}, r"model\.net_width must be divisible by 4"),
+        ("vgg11", {"norm": "instancenorm"}, r"model\.norm must be one of batchnorm, groupnorm, none, got"),
+        ("resnet18", {"norm": "none"}, r"model\.norm must be one of batchnorm, groupnorm, got 'none'"),
+        ("resnet18", {"num_groups": 0}, r"model\.num_groups must be a positive integer, got 0"),
+        ("mlp", {"hidden": [200, 0]}, r"model\.hidden must be a list of positive integers, got \[200, 0\]"),
+        ("mlp", {"hidden": "200"}, r"model\.hidden must be a list, got '200'"),
+        ("cnn", {"padding": -1}, r"model\.padding must be a non-negative integer or unset, got -1"),
+        ("logreg", {"hidden": [3]}, r"unknown key 'model\.hidden' for model 'logreg'; allowed: $"),
+    ],
+)
+def test_a_model_table_validates_in_one_call(name: str, options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        MODELS.build_params(name, {"name": name, **options}, "model.")
+    defaults = MODELS.params_of(name)
+    assert defaults is not None and MODELS.build_params(name, {"name": name}, "model.") == defaults()

@@ -36,14 +36,19 @@ Entry = tuple[dict[str, np.ndarray], dict[str, Any]]
 _META_KEY = "__meta__"
 
 
+def resolve_folder(explicit: str | Path | None, env: str, default: str) -> Path:
+    """``explicit`` if given, else ``$<env>`` if set and non-empty, else ``~/.cache/fedskew/<default>``."""
+    if explicit is not None:
+        return Path(explicit).expanduser()
+    value = os.environ.get(env)
+    if value:
+        return Path(value).expanduser()
+    return Path.home() / ".cache" / "fedskew" / default
+
+
 def resolve_cache_dir(cache_dir: str | Path | None) -> Path:
     """Directory for cached arrays: explicit argument > ``$FEDSKEW_CACHE`` > ``~/.cache/fedskew/arrays``."""
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    env = os.environ.get("FEDSKEW_CACHE")
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "fedskew" / "arrays"
+    return resolve_folder(cache_dir, "FEDSKEW_CACHE", "arrays")
 
 
 def source_fingerprint(path: Path) -> list[Any]:

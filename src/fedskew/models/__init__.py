@@ -12,6 +12,7 @@ from fedskew.models import cnn, convnet, resnet, simple, vgg
 from fedskew.models.registry import (
     MODELS,
     FedModel,
+    ModelParams,
     count_parameters,
     create_model,
     model_options,
@@ -21,6 +22,7 @@ from fedskew.models.registry import (
 __all__ = [
     "MODELS",
     "FedModel",
+    "ModelParams",
     "cnn",
     "convnet",
     "count_parameters",

@@ -9,10 +9,13 @@ digits: 8 -> 8 -> 4 -> 4 -> 2 instead of collapsing to nothing).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch import nn
 
 from fedskew.core.errors import ConfigError
-from fedskew.models.registry import MODELS, FedModel
+from fedskew.core.params import check
+from fedskew.models.registry import MODELS, FedModel, ModelParams
 
 _KERNEL = 5
 _SAME = _KERNEL // 2
@@ -33,27 +36,35 @@ def _resolve_padding(model: str, image_size: int, padding: int | None) -> tuple[
     """Return ``(padding, final side)``; ``None`` means 0, or 2 if 0 leaves no feature map."""
     if padding is None:
         padding = 0 if _side_after_convs(image_size, 0) else _SAME
-    elif isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:
-        raise ConfigError(f"model {model!r}: padding must be a non-negative integer or None, got {padding!r}")
     side = _side_after_convs(image_size, padding)
     if side == 0:
         raise ConfigError(f"model {model!r}: image_size {image_size} is too small for padding {padding}")
     return padding, side
 
 
-def _two_conv_cnn(
-    model: str,
-    *,
-    in_channels: int,
-    num_classes: int,
-    image_size: int,
-    channels: tuple[int, int],
-    hidden: tuple[int, ...],
-    padding: int | None,
-) -> FedModel:
-    """Build conv-ReLU-pool x2, then ReLU hidden layers ``hidden``, then a linear head."""
-    pad, side = _resolve_padding(model, image_size, padding)
-    c1, c2 = channels
+@dataclass(kw_only=True)
+class CnnParams(ModelParams):
+    """Options of the two-conv CNNs: ``padding`` of both convolutions, >= 0; unset: automatic (see above)."""
+
+    padding: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.padding is None or self.padding >= 0, "padding", self.padding, "a non-negative integer or unset")
+
+
+_WIDTHS: dict[str, tuple[tuple[int, int], tuple[int, ...]]] = {
+    "cnn": ((6, 16), (120, 84)),
+    "fedavg_cnn": ((32, 64), (512,)),
+    "cnn_cim": ((64, 128), (384, 192)),
+}
+"""Per model: the channels of the two convolutions and the widths of the hidden linear layers."""
+
+
+def _two_conv_cnn(model: str, p: CnnParams, in_channels: int, num_classes: int, image_size: int) -> FedModel:
+    """Build conv-ReLU-pool x2 with the widths of ``model``, then ReLU hidden layers, then a linear head."""
+    (c1, c2), hidden = _WIDTHS[model]
+    pad, side = _resolve_padding(model, image_size, p.padding)
     layers: list[nn.Module] = [
         nn.Conv2d(in_channels, c1, _KERNEL, padding=pad),
         nn.ReLU(),
@@ -70,10 +81,8 @@ def _two_conv_cnn(
     return FedModel(nn.Sequential(*layers), nn.Linear(width, num_classes))
 
 
-@MODELS.register("cnn")
-def simple_cnn(
-    *, in_channels: int, num_classes: int, image_size: int, padding: int | None = None
-) -> FedModel:
+@MODELS.register("cnn", params=CnnParams)
+def simple_cnn(p: CnnParams, *, in_channels: int, num_classes: int, image_size: int) -> FedModel:
     """The small CNN of MOON (Li, He & Song, CVPR 2021, "simple-cnn") used by FedDC (Kim & Choi, 2022).
 
     conv(C,6,5)-ReLU-pool-conv(6,16,5)-ReLU-pool-FC(16*5*5,120)-ReLU-FC(120,84)-ReLU-FC(84,classes) on
@@ -85,40 +94,22 @@ def simple_cnn(
     in MOON's MNIST variant, giving 44,426 parameters on 28x28x1, exactly the MNIST CNN size HFLDD
     reports.
     """
-    return _two_conv_cnn(
-        "cnn",
-        in_channels=in_channels,
-        num_classes=num_classes,
-        image_size=image_size,
-        channels=(6, 16),
-        hidden=(120, 84),
-        padding=padding,
-    )
+    return _two_conv_cnn("cnn", p, in_channels, num_classes, image_size)
 
 
-@MODELS.register("fedavg_cnn")
-def fedavg_cnn(
-    *, in_channels: int, num_classes: int, image_size: int, padding: int | None = None
-) -> FedModel:
+@MODELS.register("fedavg_cnn", params=CnnParams)
+def fedavg_cnn(p: CnnParams, *, in_channels: int, num_classes: int, image_size: int) -> FedModel:
     """The CNN of FedAvg (McMahan et al., AISTATS 2017): conv(C,32,5)-conv(32,64,5)-FC(512)-FC(classes).
 
     Unpadded by default, so 28x28 gives 64*4*4 = 1024 inputs to FC(1024,512) and 582,026 parameters
     (28x28x1, 10 classes), the size used by LEAF-style benchmarks. ``padding=2`` gives the "same"
     convolutions behind the paper's reported 1,663,370 parameters (64*7*7 = 3136 inputs).
     """
-    return _two_conv_cnn(
-        "fedavg_cnn",
-        in_channels=in_channels,
-        num_classes=num_classes,
-        image_size=image_size,
-        channels=(32, 64),
-        hidden=(512,),
-        padding=padding,
-    )
+    return _two_conv_cnn("fedavg_cnn", p, in_channels, num_classes, image_size)
 
 
-@MODELS.register("cnn_cim")
-def cnn_cim(*, in_channels: int, num_classes: int, image_size: int, padding: int | None = None) -> FedModel:
+@MODELS.register("cnn_cim", params=CnnParams)
+def cnn_cim(p: CnnParams, *, in_channels: int, num_classes: int, image_size: int) -> FedModel:
     """The CIFAR-10 CNN of the class-imbalance-mitigation paper: two 5x5 convolutions with 64 and 128
     filters (each ReLU + 2x2 max-pool), three fully connected layers.
 
@@ -127,12 +118,4 @@ def cnn_cim(*, in_channels: int, num_classes: int, image_size: int, padding: int
     unpadded convolutions like the other two CNNs here, giving 128*5*5 = 3200 features on 32x32 and
     1,514,826 parameters (32x32x3, 10 classes). ``padding=2`` gives the tutorial's "same" convolutions.
     """
-    return _two_conv_cnn(
-        "cnn_cim",
-        in_channels=in_channels,
-        num_classes=num_classes,
-        image_size=image_size,
-        channels=(64, 128),
-        hidden=(384, 192),
-        padding=padding,
-    )
+    return _two_conv_cnn("cnn_cim", p, in_channels, num_classes, image_size)

@@ -10,11 +10,13 @@ FedAF reports for its experiments).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from torch import nn
 
 from fedskew.core.errors import ConfigError
-from fedskew.models.registry import MODELS, FedModel, require_choice, require_positive_int
+from fedskew.core.params import check
+from fedskew.models.registry import MODELS, FedModel, ModelParams
 
 NORMS = ("instancenorm", "batchnorm", "layernorm", "groupnorm", "none")
 POOLINGS = ("avgpooling", "maxpooling", "none")
@@ -40,32 +42,47 @@ def _norm(kind: str, channels: int, side: int) -> list[nn.Module]:
     return []
 
 
-@MODELS.register("convnet")
-def convnet(
-    *,
-    in_channels: int,
-    num_classes: int,
-    image_size: int,
-    net_width: int = 128,
-    net_depth: int = 3,
-    net_norm: str = "instancenorm",
-    net_act: str = "relu",
-    net_pooling: str = "avgpooling",
-) -> FedModel:
-    """Build the DC/DM ConvNet.
+@dataclass(kw_only=True)
+class ConvNetParams(ModelParams):
+    """Options of ``convnet``.
 
-    Parameters
+    Attributes
     ----------
     net_width, net_depth
-        Channels of every conv layer and number of blocks.
+        Channels of every conv layer and number of blocks (positive integers).
     net_norm
         One of :data:`NORMS`. "instancenorm" (the DC default) is ``GroupNorm(width, width)``, as in the
-        DC code; "groupnorm" uses 4 groups; "layernorm" normalises each sample's (C, H, W) map. FedAF
-        uses "batchnorm" to compare with FedBN.
+        DC code; "groupnorm" uses 4 groups (``net_width`` must be divisible by 4); "layernorm"
+        normalises each sample's (C, H, W) map. FedAF uses "batchnorm" to compare with FedBN.
     net_act
         One of :data:`ACTIVATIONS`.
     net_pooling
         One of :data:`POOLINGS`; each pooling halves the side (rounding down).
+    """
+
+    net_width: int = 128
+    net_depth: int = 3
+    net_norm: str = "instancenorm"
+    net_act: str = "relu"
+    net_pooling: str = "avgpooling"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.net_width >= 1, "net_width", self.net_width, "a positive integer")
+        check(self.net_depth >= 1, "net_depth", self.net_depth, "a positive integer")
+        for key, value, allowed in (
+            ("net_norm", self.net_norm, NORMS),
+            ("net_act", self.net_act, tuple(ACTIVATIONS)),
+            ("net_pooling", self.net_pooling, POOLINGS),
+        ):
+            check(value in allowed, key, value, f"one of {', '.join(allowed)}")
+        groupnorm_ok = self.net_norm != "groupnorm" or self.net_width % _GROUPS == 0
+        check(groupnorm_ok, "net_width", self.net_width, f"divisible by {_GROUPS} with net_norm 'groupnorm'")
+
+
+@MODELS.register("convnet", params=ConvNetParams)
+def convnet(p: ConvNetParams, *, in_channels: int, num_classes: int, image_size: int) -> FedModel:
+    """Build the DC/DM ConvNet (options: :class:`ConvNetParams`).
 
     Notes
     -----
@@ -73,22 +90,15 @@ def convnet(
     which treats 28x28 images as 32x32: 28 -> 32 -> 16 -> 8 -> 4, so the embedding is 128*4*4 = 2048
     (not 128*3*3). Other sizes use padding 1 throughout (8x8: 8 -> 4 -> 2 -> 1).
     """
-    require_positive_int("convnet", "net_width", net_width)
-    require_positive_int("convnet", "net_depth", net_depth)
-    require_choice("convnet", "net_norm", net_norm, NORMS)
-    require_choice("convnet", "net_act", net_act, ACTIVATIONS)
-    require_choice("convnet", "net_pooling", net_pooling, POOLINGS)
-    if net_norm == "groupnorm" and net_width % _GROUPS:
-        raise ConfigError(f"model 'convnet': net_norm 'groupnorm' needs net_width divisible by {_GROUPS}")
-
+    net_width, net_depth, net_pooling = p.net_width, p.net_depth, p.net_pooling
     layers: list[nn.Module] = []
     channels, side = in_channels, image_size
     for depth in range(net_depth):
         padding = 3 if depth == 0 and image_size == 28 else 1
         side += 2 * padding - 2
         layers.append(nn.Conv2d(channels, net_width, kernel_size=3, padding=padding))
-        layers += _norm(net_norm, net_width, side)
-        layers.append(ACTIVATIONS[net_act]())
+        layers += _norm(p.net_norm, net_width, side)
+        layers.append(ACTIVATIONS[p.net_act]())
         if net_pooling != "none":
             pool = nn.AvgPool2d if net_pooling == "avgpooling" else nn.MaxPool2d
             layers.append(pool(kernel_size=2, stride=2))

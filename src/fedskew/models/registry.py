@@ -3,20 +3,22 @@
 Every model is a :class:`FedModel`: ``forward(x) = classifier(features(x))``. Algorithms rely on the
 split: FedAF and distribution matching (DM) embed images with ``features`` (all layers before the last
 linear layer), FedGen, FedBN and MOON work on the ``classifier`` head. Model families register a factory
-``f(*, in_channels, num_classes, image_size, **options) -> FedModel`` in :data:`MODELS`;
-:func:`create_model` builds one by name and rejects options the factory does not take.
+``f(params, *, in_channels, num_classes, image_size) -> FedModel`` in :data:`MODELS`, together with the
+Params dataclass (a :class:`ModelParams`) of its options; :func:`create_model` builds one by name and
+rejects options the model does not take.
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Collection
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from fedskew.core.errors import ConfigError
+from fedskew.core.params import check, params_doc
 from fedskew.core.registry import Registry
 
 norm_layer_types: tuple[type[nn.Module], ...] = (
@@ -63,20 +65,53 @@ class FedModel(nn.Module):
         return self.classifier(self.features(x))
 
 
-MODELS: Registry[Callable[..., FedModel]] = Registry("model")
-"""Model factories by name; each takes ``in_channels``, ``num_classes``, ``image_size`` and its options."""
+@dataclass(kw_only=True)
+class ModelParams:
+    """Keys every ``[model]`` table may hold besides ``name`` (none so far); each model's Params adds its options."""
+
+    def __post_init__(self) -> None:
+        """Range checks; subclasses extend them."""
+
+
+@dataclass(kw_only=True)
+class NormParams(ModelParams):
+    """Options of a network with 2-d normalisation layers (VGG, ResNet).
+
+    Attributes
+    ----------
+    norm
+        One of the class's ``NORMS``; "groupnorm" uses ``num_groups`` groups (an FL-friendly choice, as
+        BatchNorm statistics differ across non-IID clients).
+    num_groups
+        Groups for "groupnorm"; must divide the channels of every layer (64 divides them all).
+    """
+
+    NORMS: ClassVar[tuple[str, ...]] = ("batchnorm", "groupnorm")
+
+    norm: str = "batchnorm"
+    num_groups: int = 2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.norm in self.NORMS, "norm", self.norm, f"one of {', '.join(self.NORMS)}")
+        check(self.num_groups >= 1, "num_groups", self.num_groups, "a positive integer")
+
+
+MODELS: Registry[Callable[..., FedModel]] = Registry("model", ModelParams)
+"""Model factories by name, each registered with its Params class; a factory is called as
+``f(params, *, in_channels, num_classes, image_size)``."""
 
 
 def model_options(name: str) -> dict[str, Any]:
-    """Return the options of model ``name`` with their defaults (read from the factory's signature).
+    """Return the options of model ``name`` with their defaults (the fields of its Params class).
 
     Raises
     ------
     ConfigError
         If ``name`` is not a registered model.
     """
-    params = inspect.signature(MODELS.get(name)).parameters.values()
-    return {p.name: p.default for p in params if p.name not in _DIMENSIONS}
+    cls = MODELS.params_of(name)
+    return {} if cls is None else {key: default for key, _, default in params_doc(cls)}
 
 
 def create_model(
@@ -91,7 +126,7 @@ def create_model(
     in_channels, num_classes, image_size
         Input channels, number of classes and image side in pixels (positive integers).
     **options
-        Model-specific options (see :func:`model_options`).
+        Model-specific options (the fields of ``MODELS.params_of(name)``; see :func:`model_options`).
 
     Raises
     ------
@@ -101,14 +136,8 @@ def create_model(
     factory = MODELS.get(name)
     for key, value in zip(_DIMENSIONS, (in_channels, num_classes, image_size), strict=True):
         require_positive_int(name, key, value)
-    allowed = model_options(name)
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise ConfigError(
-            f"unknown option(s) {', '.join(map(repr, unknown))} for model {name!r}; "
-            f"allowed: {', '.join(allowed) or 'none'}"
-        )
-    return factory(in_channels=in_channels, num_classes=num_classes, image_size=image_size, **options)
+    params = MODELS.build_params(name, options, prefix="model.")
+    return factory(params, in_channels=in_channels, num_classes=num_classes, image_size=image_size)
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -120,12 +149,6 @@ def require_positive_int(model: str, option: str, value: object) -> None:
     """Raise a :class:`ConfigError` naming the option unless ``value`` is an integer >= 1."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"model {model!r}: {option} must be a positive integer, got {value!r}")
-
-
-def require_choice(model: str, option: str, value: object, allowed: Collection[str]) -> None:
-    """Raise a :class:`ConfigError` listing ``allowed`` unless ``value`` is one of them."""
-    if not isinstance(value, str) or value not in allowed:
-        raise ConfigError(f"model {model!r}: {option} must be one of {', '.join(allowed)}; got {value!r}")
 
 
 def norm2d(model: str, kind: str, channels: int, num_groups: int) -> nn.Module:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 from torch import nn
 
-from fedskew.models.registry import MODELS, FedModel, norm2d, require_choice, require_positive_int
+from fedskew.core.params import check
+from fedskew.models.registry import MODELS, FedModel, NormParams, norm2d
 
 NORMS = ("batchnorm", "groupnorm")
 STEMS = ("cifar", "imagenet")
@@ -35,39 +39,43 @@ class BasicBlock(nn.Module):
         return torch.relu(self.norm2(self.conv2(out)) + self.shortcut(x))
 
 
-@MODELS.register("resnet18")
-def resnet18(
-    *,
-    in_channels: int,
-    num_classes: int,
-    image_size: int,
-    norm: str = "batchnorm",
-    num_groups: int = 2,
-    stem: str = "cifar",
-) -> FedModel:
-    """Build ResNet-18: a stem, four stages of two BasicBlocks, global average pooling, Linear(512).
+@dataclass(kw_only=True)
+class ResNetParams(NormParams):
+    """Options of ``resnet18``.
 
-    Parameters
+    Attributes
     ----------
-    norm
-        "batchnorm" or "groupnorm" (``num_groups`` groups, must divide 64), the usual FL replacement
-        since BatchNorm statistics differ across non-IID clients.
+    norm, num_groups
+        One of :data:`NORMS` ("groupnorm" is the usual FL replacement, since BatchNorm statistics
+        differ across non-IID clients) and its groups; see :class:`NormParams`.
     stem
         "cifar" (default): conv3x3 stride 1 and no max-pool, the standard CIFAR ResNet-18
         (11,173,962 parameters on 32x32x3, 10 classes). "imagenet": conv7x7 stride 2 + 3x3 max-pool
         as in torchvision, which is the 11,181,642-parameter ResNet18 FedAF's appendix reports.
+    """
+
+    NORMS: ClassVar[tuple[str, ...]] = NORMS
+
+    stem: str = "cifar"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.stem in STEMS, "stem", self.stem, f"one of {', '.join(STEMS)}")
+
+
+@MODELS.register("resnet18", params=ResNetParams)
+def resnet18(p: ResNetParams, *, in_channels: int, num_classes: int, image_size: int) -> FedModel:
+    """Build ResNet-18: a stem, four stages of two BasicBlocks, global average pooling, Linear(512).
 
     Notes
     -----
     Global average pooling makes the embedding 512-d for every image size (8x8 with the CIFAR stem:
     8 -> 8 -> 4 -> 2 -> 1).
     """
-    require_choice("resnet18", "norm", norm, NORMS)
-    require_choice("resnet18", "stem", stem, STEMS)
-    require_positive_int("resnet18", "num_groups", num_groups)
+    norm, num_groups = p.norm, p.num_groups
     del image_size  # global average pooling: the network is the same for every image size
     layers: list[nn.Module]
-    if stem == "cifar":
+    if p.stem == "cifar":
         layers = [
             nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False),
             norm2d("resnet18", norm, 64, num_groups),

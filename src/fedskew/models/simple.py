@@ -2,42 +2,43 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from torch import nn
 
-from fedskew.core.errors import ConfigError
-from fedskew.models.registry import MODELS, FedModel, require_positive_int
+from fedskew.core.params import check
+from fedskew.models.registry import MODELS, FedModel, ModelParams
 
 
-@MODELS.register("mlp")
-def mlp(
-    *, in_channels: int, num_classes: int, image_size: int, hidden: Sequence[int] = (200, 200)
-) -> FedModel:
+@dataclass(kw_only=True)
+class MlpParams(ModelParams):
+    """Options of ``mlp``: ``hidden``, the widths of the hidden layers (positive integers; empty gives
+    logistic regression)."""
+
+    hidden: list[int] = field(default_factory=lambda: [200, 200])
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(all(units >= 1 for units in self.hidden), "hidden", self.hidden, "a list of positive integers")
+
+
+@MODELS.register("mlp", params=MlpParams)
+def mlp(p: MlpParams, *, in_channels: int, num_classes: int, image_size: int) -> FedModel:
     """Build a ReLU multilayer perceptron on the flattened image.
 
     The default is the "2NN" of FedAvg (McMahan et al., AISTATS 2017): two hidden layers of 200 units,
     199,210 parameters on 28x28x1 with 10 classes. ``features`` ends at the last hidden ReLU.
-
-    Parameters
-    ----------
-    hidden
-        Widths of the hidden layers (a list or tuple of positive integers; empty gives logistic
-        regression).
     """
-    if isinstance(hidden, str | bytes) or not isinstance(hidden, Sequence):
-        raise ConfigError(f"model 'mlp': hidden must be a list of positive integers, got {hidden!r}")
     layers: list[nn.Module] = [nn.Flatten()]
     width = in_channels * image_size * image_size
-    for units in hidden:
-        require_positive_int("mlp", "hidden", units)
+    for units in p.hidden:
         layers += [nn.Linear(width, units), nn.ReLU()]
         width = units
     return FedModel(nn.Sequential(*layers), nn.Linear(width, num_classes))
 
 
-@MODELS.register("logreg")
-def logreg(*, in_channels: int, num_classes: int, image_size: int) -> FedModel:
+@MODELS.register("logreg", params=ModelParams)
+def logreg(p: ModelParams, *, in_channels: int, num_classes: int, image_size: int) -> FedModel:
     """Build multinomial logistic regression: one linear layer on the flattened image.
 
     The class-imbalance-mitigation paper's MNIST model (its case 4): 7,850 parameters on 28x28x1 with

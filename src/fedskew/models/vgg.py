@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 from torch import nn
 
-from fedskew.models.registry import MODELS, FedModel, norm2d, require_choice, require_positive_int
+from fedskew.models.registry import MODELS, FedModel, NormParams, norm2d
 
 VGG11_CFG: tuple[int | str, ...] = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 """Conv widths of VGG-11 ("M": 2x2 max-pooling)."""
@@ -13,28 +16,20 @@ VGG11_CFG: tuple[int | str, ...] = (64, "M", 128, "M", 256, 256, "M", 512, 512, 
 NORMS = ("batchnorm", "groupnorm", "none")
 
 
-@MODELS.register("vgg11")
-def vgg11(
-    *,
-    in_channels: int,
-    num_classes: int,
-    image_size: int,
-    norm: str = "batchnorm",
-    num_groups: int = 2,
-) -> FedModel:
+@dataclass(kw_only=True)
+class VggParams(NormParams):
+    """Options of ``vgg11``: ``norm`` (one of :data:`NORMS`) and ``num_groups`` (see :class:`NormParams`)."""
+
+    NORMS: ClassVar[tuple[str, ...]] = NORMS
+
+
+@MODELS.register("vgg11", params=VggParams)
+def vgg11(p: VggParams, *, in_channels: int, num_classes: int, image_size: int) -> FedModel:
     """Build VGG-11: eight conv3x3(padding 1)-norm-ReLU layers, five max-pools, one linear classifier.
 
     As in the usual CIFAR variant, the three-layer ImageNet classifier is replaced by a single
     ``Linear(512, classes)`` on the 1x1x512 map of a 32x32 input (9,231,114 parameters with
     batchnorm on 32x32x3, 10 classes).
-
-    Parameters
-    ----------
-    norm
-        One of :data:`NORMS`; "groupnorm" uses ``num_groups`` groups (an FL-friendly choice, as
-        BatchNorm statistics differ across non-IID clients).
-    num_groups
-        Groups for "groupnorm"; must divide 64.
 
     Notes
     -----
@@ -43,8 +38,6 @@ def vgg11(
     8 -> 4 -> 2 -> 1 -> 1 -> 1. Larger images keep a larger map, flattened into the classifier
     (64x64: 512*2*2 = 2048 inputs).
     """
-    require_choice("vgg11", "norm", norm, NORMS)
-    require_positive_int("vgg11", "num_groups", num_groups)
     layers: list[nn.Module] = []
     channels, side = in_channels, image_size
     for item in VGG11_CFG:
@@ -54,8 +47,8 @@ def vgg11(
         else:
             width = int(item)
             layers.append(nn.Conv2d(channels, width, kernel_size=3, padding=1))
-            if norm != "none":
-                layers.append(norm2d("vgg11", norm, width, num_groups))
+            if p.norm != "none":
+                layers.append(norm2d("vgg11", p.norm, width, p.num_groups))
             layers.append(nn.ReLU())
             channels = width
     layers.append(nn.Flatten())

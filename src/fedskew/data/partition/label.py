@@ -1,0 +1,206 @@
+"""Label and size skews (and the IID control): who holds how many samples of which class."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedskew.core.errors import ConfigError
+from fedskew.core.params import check
+from fedskew.data.partition.base import (
+    PARTITIONERS,
+    Partition,
+    PartitionParams,
+    by_class,
+    check_positive,
+    finish,
+)
+
+
+@PARTITIONERS.register("iid", params=PartitionParams)
+def iid(labels: np.ndarray, rng: np.random.Generator, p: PartitionParams, domains: np.ndarray | None) -> Partition:
+    """Uniform random split into sizes that differ by at most one: the no-skew control."""
+    chunks = np.array_split(rng.permutation(len(labels)), p.num_clients)
+    return Partition(finish([[c] for c in chunks]))
+
+
+@dataclass(kw_only=True)
+class DirichletParams(PartitionParams):
+    """Options of ``dirichlet``.
+
+    Attributes
+    ----------
+    alpha
+        Concentration, > 0 (papers: 0.02 to 1); required.
+    min_size
+        The whole draw is repeated while some client holds fewer samples, because tiny clients
+        make local training and per-client metrics meaningless. Capped at half the mean client
+        size, ``max(1, N // (2 M))``, because the default of 10 is unreachable once ``N / M``
+        nears 10; the cap never goes below 1, so no client is left empty unless the user asks
+        for ``min_size=0``. The cap only matters for small datasets or many clients (CIFAR-10
+        over 200 clients keeps 10). Close to the cap, many redraws may be needed.
+    max_retries
+        Draws to try before giving up with a :class:`ConfigError`.
+    """
+
+    alpha: float
+    min_size: int = 10
+    max_retries: int = 1000
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive("alpha", self.alpha)
+        check(self.min_size >= 0, "min_size", self.min_size, ">= 0")
+        check(self.max_retries >= 1, "max_retries", self.max_retries, ">= 1")
+
+
+@PARTITIONERS.register("dirichlet", params=DirichletParams)
+def dirichlet(
+    labels: np.ndarray, rng: np.random.Generator, p: DirichletParams, domains: np.ndarray | None
+) -> Partition:
+    """Label skew: each class is spread over the clients by proportions drawn from Dir(alpha).
+
+    This is the NIID-Bench procedure the FedDC, FedAF and class-imbalance papers use: for each
+    class ``c``, ``p_c ~ Dir(alpha * 1_M)``; clients already holding at least ``N / M`` samples get
+    proportion 0 (NIID-Bench's balancing trick, which keeps one client from collecting most of
+    the data); the class's shuffled indices are cut at the cumulative proportions. Small
+    ``alpha`` gives clients few classes; large ``alpha`` approaches IID. Client sizes vary too.
+    See :class:`DirichletParams` for ``min_size`` and ``max_retries``.
+
+    Notes
+    -----
+    With tiny ``alpha`` a class's proportions can be exactly zero for every client that still has
+    room; that class is then split evenly among those clients instead of being dropped.
+    """
+    n, num_clients = len(labels), p.num_clients
+    needed = min(p.min_size, max(1, n // (2 * num_clients)))
+    classes = by_class(labels)
+    for _ in range(p.max_retries):
+        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        sizes = np.zeros(num_clients, dtype=np.int64)
+        for idx in classes:
+            has_room = sizes < n / num_clients
+            share = rng.dirichlet(np.full(num_clients, p.alpha)) * has_room
+            share = share / share.sum() if share.sum() > 0 else has_room / has_room.sum()
+            cuts = (np.cumsum(share)[:-1] * len(idx)).astype(np.int64)
+            for client, chunk in enumerate(np.split(rng.permutation(idx), cuts)):
+                parts[client].append(chunk)
+                sizes[client] += len(chunk)
+        if sizes.min() >= needed:
+            return Partition(finish(parts))
+    capped = f" (capped from {p.min_size})" if needed < p.min_size else ""
+    raise ConfigError(
+        f"dirichlet partition: no draw with alpha={p.alpha}, num_clients={num_clients} gave every client "
+        f"at least min_size={needed}{capped} samples in {p.max_retries} tries; use a smaller "
+        "partition.min_size, fewer clients or a larger alpha"
+    )
+
+
+@dataclass(kw_only=True)
+class ClassesParams(PartitionParams):
+    """Options of ``classes_per_client``: ``classes`` (required, >= 1), the classes every client holds."""
+
+    classes: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.classes >= 1, "classes", self.classes, ">= 1")
+
+
+@PARTITIONERS.register("classes_per_client", params=ClassesParams)
+def classes_per_client(
+    labels: np.ndarray, rng: np.random.Generator, p: ClassesParams, domains: np.ndarray | None
+) -> Partition:
+    """Label skew: every client holds exactly ``classes`` distinct classes (HFLDD's ``C``).
+
+    Classes are assigned client by client, each taking the ``classes`` least-used classes so far
+    (ties broken at random), so every class is held by the same number of clients give or take
+    one while the class combinations still vary with the seed. Each class's shuffled samples are
+    then split evenly among its holders. ``classes=1`` is the extreme case (one class per
+    client); ``classes`` equal to the number of classes gives every client every class.
+
+    Only classes present in ``labels`` count. If ``num_clients * classes`` is below the number of
+    classes, some classes have no holder and their samples are left unused.
+    """
+    present = np.unique(labels)
+    num_classes = len(present)
+    if p.classes > num_classes:
+        raise ConfigError(f"partition.classes={p.classes} exceeds the {num_classes} classes in the labels")
+    usage = np.zeros(num_classes, dtype=np.int64)
+    holders: list[list[int]] = [[] for _ in range(num_classes)]
+    for client in range(p.num_clients):
+        # Integer usage plus a tie-breaker in [0, 1): least used first, random among equals.
+        for k in np.argsort(usage + rng.random(num_classes))[: p.classes]:
+            holders[k].append(client)
+            usage[k] += 1
+    parts: list[list[np.ndarray]] = [[] for _ in range(p.num_clients)]
+    for k, idx in enumerate(by_class(labels)):
+        if not holders[k]:
+            continue
+        if len(idx) < len(holders[k]):
+            raise ConfigError(
+                f"class {present[k]} has {len(idx)} samples but {len(holders[k])} clients must hold it; "
+                "use fewer clients or more partition.classes"
+            )
+        for client, chunk in zip(holders[k], np.array_split(rng.permutation(idx), len(holders[k])), strict=True):
+            parts[client].append(chunk)
+    return Partition(finish(parts))
+
+
+@dataclass(kw_only=True)
+class ShardsParams(PartitionParams):
+    """Options of ``shards``: ``shards_per_client`` (>= 1), the shards dealt to every client."""
+
+    shards_per_client: int = 2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.shards_per_client >= 1, "shards_per_client", self.shards_per_client, ">= 1")
+
+
+@PARTITIONERS.register("shards", params=ShardsParams)
+def shards(labels: np.ndarray, rng: np.random.Generator, p: ShardsParams, domains: np.ndarray | None) -> Partition:
+    """Label skew of McMahan et al. (2017): sort by label, cut into shards, deal them out.
+
+    The samples, sorted by label (shuffled within a class), are cut into
+    ``num_clients * shards_per_client`` equal shards and each client gets ``shards_per_client``
+    random shards. When class sizes are multiples of the shard size a client holds at most
+    ``shards_per_client`` classes; otherwise a shard can straddle two classes, as in the
+    original MNIST setup.
+    """
+    num_shards = p.num_clients * p.shards_per_client
+    if num_shards > len(labels):
+        raise ConfigError(
+            f"{p.num_clients} clients x partition.shards_per_client={p.shards_per_client} = {num_shards} "
+            f"shards exceed the {len(labels)} samples"
+        )
+    ordered = np.concatenate([rng.permutation(idx) for idx in by_class(labels)])
+    pieces = np.array_split(ordered, num_shards)
+    dealt = rng.permutation(num_shards).reshape(p.num_clients, p.shards_per_client)
+    return Partition(finish([[pieces[s] for s in row] for row in dealt]))
+
+
+@dataclass(kw_only=True)
+class QuantityParams(PartitionParams):
+    """Options of ``quantity``: ``alpha`` (> 0), the concentration of the clients' Dirichlet size shares."""
+
+    alpha: float = 0.5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive("alpha", self.alpha)
+
+
+@PARTITIONERS.register("quantity", params=QuantityParams)
+def quantity(labels: np.ndarray, rng: np.random.Generator, p: QuantityParams, domains: np.ndarray | None) -> Partition:
+    """Quantity skew: client sizes vary as Dir(alpha) shares, labels stay IID within a client.
+
+    Every client first gets one sample, and the remaining ``N - M`` are shared out by a
+    multinomial draw with Dir(alpha) probabilities, so no client is empty (NIID-Bench instead
+    redraws until every client has 10 samples, which fails for small ``N / M``).
+    """
+    shares = rng.dirichlet(np.full(p.num_clients, p.alpha))
+    sizes = 1 + rng.multinomial(len(labels) - p.num_clients, shares)
+    chunks = np.split(rng.permutation(len(labels)), np.cumsum(sizes)[:-1])
+    return Partition(finish([[c] for c in chunks]))
