@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-# Tests that read real datasets look here (skipped when absent).
+# Tests that read real datasets look here; with ../shared/datasets present they fail if it is not set.
 if [ -z "${FEDSKEW_DATA:-}" ] && [ -d ../shared/datasets ]; then
   export FEDSKEW_DATA="$(cd ../shared/datasets && pwd)"
 fi

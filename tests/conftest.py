@@ -36,21 +36,6 @@ def shared_datasets_fixture() -> Path:
     pytest.skip("no real datasets: set FEDSKEW_DATA to a folder laid out like shared/datasets")
 
 
-def shared_datasets() -> Path | None:
-    """The folder of real dataset copies, if this machine has one.
-
-    Kept only for tests/algorithms/test_hfldd.py until it requests the ``shared_datasets`` fixture
-    above instead; delete it then.
-    """
-    env = os.environ.get("FEDSKEW_DATA")
-    candidates = [Path(env)] if env else []
-    candidates.append(_SHARED)
-    for c in candidates:
-        if c.is_dir():
-            return c
-    return None
-
-
 def tiny_config(**over: Any) -> dict[str, Any]:
     """A resolved single-run config on the synthetic dataset (about a second a round)."""
     cfg: dict[str, Any] = {

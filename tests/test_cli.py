@@ -108,6 +108,11 @@ def test_list_and_partition(capsys: pytest.CaptureFixture[str], tmp_path: Path, 
     listed = capsys.readouterr().out
     for word in ("fedavg", "centralized", "dirichlet", "convnet", "fashion_mnist"):
         assert word in listed
+    lines = {line.split()[0]: line for line in listed.splitlines() if line.startswith("  ")}
+    # Every kind lists its options with defaults, nested tables key by key, shared keys once per kind.
+    assert "server.lr=0.001" in lines["feddm"] and "net_width=128" in lines["convnet"]
+    assert "alpha=None" in lines["dirichlet"] and "num_clients" not in lines["dirichlet"]
+    assert "partitioners: (all also take: num_clients, seed)" in listed
     png = tmp_path / "bubbles.png"
     assert main(["partition", str(cfg_file), "--out", str(png)]) == 0
     assert png.stat().st_size > 1000

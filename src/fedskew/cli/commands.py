@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fedskew.core.errors import FedskewError
 from fedskew.runs import CONFIG_FILE
@@ -155,6 +155,8 @@ def cmd_condense(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from fedskew.algorithms.base import ALGORITHMS
     from fedskew.config import builtin_configs
     from fedskew.core.params import params_doc
@@ -162,12 +164,16 @@ def cmd_list(args: argparse.Namespace) -> int:
     from fedskew.data.partition import PARTITIONERS
     from fedskew.models import MODELS
 
-    print("algorithms:")
-    for name in ALGORITHMS.names():
-        doc = ", ".join(f"{n}={d!r}" for n, _, d in params_doc(ALGORITHMS.get(name).Params))
-        print(f"  {name:<14} {doc}")
-    print("models:       " + ", ".join(MODELS.names()))
-    print("datasets:     " + ", ".join(DATASETS.names()))
-    print("partitioners: " + ", ".join(PARTITIONERS.names()))
+    registries: dict[str, Any] = {
+        "algorithms": ALGORITHMS, "models": MODELS, "datasets": DATASETS, "partitioners": PARTITIONERS,
+    }
+    for title, registry in registries.items():
+        base = registry.base
+        common = {f.name for f in dataclasses.fields(base)} if base is not None else set()
+        print(f"{title}:" + (f" (all also take: {', '.join(sorted(common))})" if common else ""))
+        for name in registry.names():
+            cls = registry.params_of(name)
+            doc = ", ".join(f"{n}={d!r}" for n, _, d in params_doc(cls) if n not in common) if cls else ""
+            print(f"  {name:<14} {doc}")
     print("configs:      " + ", ".join(builtin_configs()))
     return 0

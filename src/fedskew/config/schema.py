@@ -146,18 +146,7 @@ def _component(cfg: dict[str, Any], section: str) -> Component:
     table = dict(cfg[section])
     name = table.pop("name", None)
     check(isinstance(name, str), f"{section}.name", name, "a string")
-    if section == "algorithm":
-        return Component(name, build_params(ALGORITHMS.get(name).Params, table, prefix="algorithm."))
-    registry.get(name)  # interim: options of datasets, partitioners and models are checked when built
-    if section == "dataset":
-        frac = table.get("train_fraction", 1.0)
-        check(isinstance(frac, int | float) and not isinstance(frac, bool) and 0 < frac <= 1,
-              "dataset.train_fraction", frac, "a number in (0, 1]")
-    if section == "partition":
-        nc = table.get("num_clients")
-        check(isinstance(nc, int) and not isinstance(nc, bool) and nc >= 1, "partition.num_clients", nc,
-              "an integer >= 1")
-    return Component(name, table)
+    return Component(name, registry.build_params(name, table, prefix=f"{section}."))
 
 
 def typed_config(cfg: dict[str, Any]) -> RunConfig:

@@ -105,8 +105,9 @@ class Registry(Generic[T]):
             given = values.get(extra, {})
             if rest and isinstance(given, Mapping):
                 values[extra] = {**given, **rest}
+        renamed = getattr(cls, "renamed", {})  # moved keys: build_params names the new one
         for key in values:
-            if key not in allowed:
+            if key not in allowed and key not in renamed:
                 raise ConfigError(
                     f"unknown key {prefix + key!r} for {self.kind} {name!r}; allowed: {', '.join(allowed)}"
                 )
