@@ -130,13 +130,13 @@ def test_config_validation() -> None:
 def _double_noise_init(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the synthetic initialisation float64 so that batched and looped runs compare exactly."""
     gm = importlib.import_module("fedskew.condense.gradient_matching")  # the package re-exports a function of that name
-    original = gm.init_synthetic
+    original = gm.start_set
 
     def init64(*args: object, **kwargs: object) -> SyntheticSet:
         syn = original(*args, **kwargs)  # type: ignore[arg-type]
         return SyntheticSet(syn.images.double(), syn.labels)
 
-    monkeypatch.setattr(gm, "init_synthetic", init64)
+    monkeypatch.setattr(gm, "start_set", init64)
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ import torch
 
 from fedskew.core.errors import ConfigError
 from fedskew.core.message import Message
-from fedskew.core.params import check
+from fedskew.core.params import check, next_checks
 from fedskew.core.registry import Registry
 from fedskew.core.seeding import numpy_rng, seeded_init, torch_generator
 from fedskew.models import create_model
@@ -190,10 +190,7 @@ class Algorithm:
 
         def __post_init__(self) -> None:
             check(self.clients_per_round >= 1, "clients_per_round", self.clients_per_round, "at least 1")
-            # Cooperative: a parameter mixin later in the MRO (CondensationParams) checks its own fields.
-            further = getattr(super(), "__post_init__", None)
-            if further is not None:
-                further()
+            next_checks(super())
 
     def __init__(self, params: Any, fed: FederationInfo) -> None:
         self.params = params

@@ -274,7 +274,7 @@ def cmd_condense(args: argparse.Namespace, data_dir: str | None) -> int:
         stored = SyntheticSet.from_uint8(u, ds.mean, ds.std)
         start = time.perf_counter()
         accuracy = evaluate_synthetic(
-            stored, x_test, y_test, factory, eval_cfg, torch_generator(args.seed, "evaluate"), progress
+            stored, x_test, y_test, factory, eval_cfg, torch_generator(args.seed, "evaluate"), progress=progress
         )
         eval_seconds = time.perf_counter() - start
     info = {"dataset": args.dataset, "method": args.method, "ipc": args.ipc}

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedskew.core.params import check
+from fedskew.core.params import check, next_checks
 from fedskew.models.layout import as_model_format, is_channels_last, shuffled_batches
 
 LossTerm = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -61,9 +61,7 @@ class SGDParams:
         check(self.lr > 0, "lr", self.lr, "> 0")
         check(0 <= self.momentum < 1, "momentum", self.momentum, "in [0, 1)")
         check(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
-        further = getattr(super(), "__post_init__", None)  # cooperative, as every parameter mixin
-        if further is not None:
-            further()
+        next_checks(super())
 
     def sgd(self, epochs: int) -> LocalConfig:
         """These settings for ``epochs`` epochs of :func:`train_local`."""

@@ -29,15 +29,15 @@ from tqdm import tqdm
 
 from fedskew.condense.augment import DSAConfig, apply_dsa, sample_dsa_params
 from fedskew.condense.synthetic import (
-    INITS,
     ModelFactory,
     SyntheticSet,
     check_data,
+    check_init,
     class_indices,
     fresh_model,
-    init_synthetic,
     model_features,
     sample_indices,
+    start_set,
 )
 from fedskew.core.errors import ConfigError, DataError
 from fedskew.models.layout import as_model_format, is_channels_last, use_channels_last
@@ -86,8 +86,7 @@ class DMConfig:
     clip_norm: float | None = None
 
     def __post_init__(self) -> None:
-        if self.init not in INITS:
-            raise ConfigError(f"init must be one of {INITS}, got {self.init!r}")
+        check_init(self.init)
         if self.iterations < 0:
             raise ConfigError(f"iterations must be >= 0, got {self.iterations}")
         if min(self.ipc, self.real_batch) < 1:
@@ -238,14 +237,13 @@ def distribution_matching(
         With ``init_set``: its labels and order. Otherwise the classes of ``y_real`` in increasing
         order, ``cfg.ipc`` images each.
     """
-    check_data(x_real, y_real)
     if init_set is None:
-        classes = sorted(set(y_real.tolist()))
-        init_set = init_synthetic(x_real, y_real, classes, cfg.ipc, cfg.init, generator)
+        init_set = start_set(x_real, y_real, cfg.ipc, cfg.init, generator)
     else:
+        check_data(x_real, y_real)
         if init_set.images.shape[1:] != x_real.shape[1:]:
             raise DataError(f"init_set images {tuple(init_set.images.shape[1:])} vs real {tuple(x_real.shape[1:])}")
-        classes = list(init_set.by_class())
+    classes = list(init_set.by_class())
     real_indices = class_indices(y_real, classes)
     labels = init_set.labels.clone()
     syn_indices = [torch.nonzero(labels == c).flatten() for c in classes]

@@ -96,10 +96,8 @@ def train_with_protocol(
         A network whose outputs index the labels of ``syn`` (and match the width of its soft labels).
     syn
         The training set; its ``soft_labels``, if any, are the targets instead of ``labels``.
-    cfg
-        Settings.
-    generator
-        Shuffling and augmentation draws.
+    cfg, generator
+        Settings; shuffling and augmentation draws.
     progress
         Show a tqdm bar on stderr.
 
@@ -130,13 +128,8 @@ def train_with_protocol(
 
 
 def evaluate_synthetic(
-    syn: SyntheticSet,
-    x_test: torch.Tensor,
-    y_test: torch.Tensor,
-    model_factory: ModelFactory,
-    cfg: EvalConfig,
-    generator: torch.Generator,
-    progress: bool = False,
+    syn: SyntheticSet, x_test: torch.Tensor, y_test: torch.Tensor, model_factory: ModelFactory, cfg: EvalConfig,
+    generator: torch.Generator, *, progress: bool = False,
 ) -> float:
     """Test accuracy of a fresh ``model_factory()`` network trained on ``syn`` only.
 
@@ -149,10 +142,8 @@ def evaluate_synthetic(
     model_factory
         Builds the randomly initialised network (DC's ConvNet for the published protocol); called
         inside :func:`~fedskew.condense.synthetic.fresh_model`, so ``generator`` fixes its weights.
-    cfg
-        Training settings.
-    generator
-        The only source of randomness: initial weights, shuffling and augmentation.
+    cfg, generator
+        Training settings; the only source of randomness (initial weights, shuffling, augmentation).
     progress
         Show a tqdm bar for the training.
 
@@ -165,6 +156,6 @@ def evaluate_synthetic(
     if x_test.shape[1:] != syn.images.shape[1:]:
         raise DataError(f"test images {tuple(x_test.shape[1:])} vs synthetic {tuple(syn.images.shape[1:])}")
     model = fresh_model(model_factory, generator)
-    train_with_protocol(model, syn, cfg, generator, progress)
+    train_with_protocol(model, syn, cfg, generator, progress=progress)
     num_classes = int(max(int(y_test.max()), int(syn.labels.max()))) + 1
     return evaluate_model(model, x_test, y_test, num_classes).accuracy

@@ -39,14 +39,13 @@ from tqdm import tqdm
 
 from fedskew.condense.augment import DSAConfig, apply_dsa, dsa, sample_dsa_params
 from fedskew.condense.synthetic import (
-    INITS,
     ModelFactory,
     SyntheticSet,
-    check_data,
+    check_init,
     class_indices,
     fresh_model,
-    init_synthetic,
     sample_indices,
+    start_set,
 )
 from fedskew.core.errors import ConfigError
 from fedskew.models.layout import as_model_format, is_channels_last, use_channels_last
@@ -111,8 +110,7 @@ class GMConfig:
     def __post_init__(self) -> None:
         if self.distance not in DISTANCES:
             raise ConfigError(f"distance must be one of {DISTANCES}, got {self.distance!r}")
-        if self.init not in INITS:
-            raise ConfigError(f"init must be one of {INITS}, got {self.init!r}")
+        check_init(self.init)
         if self.iterations < 0 or self.inner_loop < 0:
             raise ConfigError("iterations and inner_loop must be >= 0")
         if min(self.ipc, self.real_batch, self.outer_loop) < 1:
@@ -246,10 +244,9 @@ def gradient_matching(
     SyntheticSet
         Images of the classes present in ``y_real``, in increasing label order, ``ipc`` each.
     """
-    check_data(x_real, y_real)
-    classes = sorted(set(y_real.tolist()))
+    syn = start_set(x_real, y_real, cfg.ipc, cfg.init, generator)
+    classes = list(syn.by_class())
     indices = class_indices(y_real, classes)
-    syn = init_synthetic(x_real, y_real, classes, cfg.ipc, cfg.init, generator)
     images = syn.images.clone().requires_grad_(True)
     optimizer = torch.optim.SGD([images], lr=cfg.image_lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     targets = [torch.full((cfg.ipc,), c, dtype=torch.int64) for c in classes]

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from fedskew.condense.synthetic import INITS, SyntheticSet, check_data, init_synthetic
+from fedskew.condense.synthetic import SyntheticSet, check_data, check_init, start_set
 from fedskew.core.errors import ConfigError, DataError
 
 Kernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -224,8 +224,7 @@ class KIPConfig:
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
             raise ConfigError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
-        if self.init not in INITS:
-            raise ConfigError(f"init must be one of {INITS}, got {self.init!r}")
+        check_init(self.init)
         if self.iterations < 0 or self.depth < 0 or self.reg < 0:
             raise ConfigError("iterations, depth and reg must be >= 0")
         if min(self.ipc, self.target_batch, self.rf_width, self.rf_draws) < 1:
@@ -280,8 +279,7 @@ def kip(
     check_data(x_real, y_real)
     if num_classes < 1 or int(y_real.min()) < 0 or int(y_real.max()) >= num_classes:
         raise DataError(f"labels must lie in [0, {num_classes})")
-    classes = sorted(set(y_real.tolist()))
-    syn = init_synthetic(x_real, y_real, classes, cfg.ipc, cfg.init, generator)
+    syn = start_set(x_real, y_real, cfg.ipc, cfg.init, generator)
     x_s = syn.images.clone().requires_grad_(True)
     y_s = centered_one_hot(syn.labels, num_classes).requires_grad_(cfg.learn_labels)
     targets = centered_one_hot(y_real, num_classes)

@@ -69,6 +69,12 @@ def model_features(model: nn.Module) -> nn.Module:
     return features
 
 
+def check_init(init: str) -> None:
+    """Raise :class:`ConfigError` unless ``init`` is one of :data:`INITS`."""
+    if init not in INITS:
+        raise ConfigError(f"init must be one of {INITS}, got {init!r}")
+
+
 def check_data(x: torch.Tensor, y: torch.Tensor) -> None:
     """Raise :class:`DataError` unless ``x`` is a float (N, C, H, W) batch with N matching labels."""
     if x.dim() != 4 or not x.is_floating_point():
@@ -222,8 +228,7 @@ def init_synthetic(
     DataError
         If ``init`` needs real images of a class that has none.
     """
-    if init not in INITS:
-        raise ConfigError(f"init must be one of {INITS}, got {init!r}")
+    check_init(init)
     if ipc < 1 or mean_samples < 1:
         raise ConfigError(f"ipc and mean_samples must be positive, got {ipc} and {mean_samples}")
     if len(classes) == 0:
@@ -243,3 +248,12 @@ def init_synthetic(
         else:
             parts.append(torch.stack([x[sample_indices(idx, mean_samples, g)].mean(dim=0) for _ in range(ipc)]))
     return SyntheticSet(torch.cat(parts).to(torch.float32).clone(), labels)
+
+
+def start_set(
+    x: torch.Tensor, y: torch.Tensor, ipc: int, init: str, generator: torch.Generator
+) -> SyntheticSet:
+    """Where a condensation starts: ``ipc`` images of every class present in ``y``, in increasing
+    label order, initialised by :func:`init_synthetic` (DC, DM and KIP alike)."""
+    check_data(x, y)
+    return init_synthetic(x, y, sorted(set(y.tolist())), ipc, init, generator)

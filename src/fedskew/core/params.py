@@ -117,6 +117,17 @@ def check(ok: bool, key: str, value: Any, allowed: str) -> None:
         raise ConfigError(f"{key} must be {allowed}, got {value!r}")
 
 
+def next_checks(parent: Any) -> None:
+    """Run the next ``__post_init__`` in the method resolution order, if there is one.
+
+    Parameter dataclasses combine as mixins (``FedDC.Params(CondensationParams, FedAvg.Params)``);
+    each ends its ``__post_init__`` with ``next_checks(super())`` so every class's checks run once.
+    """
+    post_init = getattr(parent, "__post_init__", None)
+    if post_init is not None:
+        post_init()
+
+
 def params_doc(cls: type) -> list[tuple[str, str, Any]]:
     """(name, type, default) of each field, for ``fedskew list`` and the docs; nested tables are
     listed key by key (``server.lr``)."""

@@ -28,7 +28,7 @@ from fedskew.components.selection import uniform_sample
 from fedskew.components.trainer import LossTerm
 from fedskew.condense import DMConfig, SyntheticSet
 from fedskew.core.message import Message, state_to_arrays
-from fedskew.core.params import check
+from fedskew.core.params import check, next_checks
 from fedskew.core.seeding import seeded_init
 
 SERVER_KEYS = ("epochs", "batch_size", "lr", "momentum", "weight_decay")
@@ -55,9 +55,7 @@ class CondensationParams:
         check(self.image_lr > 0, "image_lr", self.image_lr, "> 0")
         check(0 <= self.image_momentum < 1, "image_momentum", self.image_momentum, "in [0, 1)")
         check(self.real_batch >= 1, "real_batch", self.real_batch, "at least 1")
-        further = getattr(super(), "__post_init__", None)  # cooperative, as every parameter mixin
-        if further is not None:
-            further()
+        next_checks(super())
 
 
 class AggregationFree(Algorithm):
