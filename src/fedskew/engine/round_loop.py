@@ -185,10 +185,10 @@ class RoundLoop:
         os.replace(tmp, final)
 
     # ---- evaluation --------------------------------------------------------------------------------
-    def evaluate(self) -> EvalCounts:
+    def evaluate_global(self) -> EvalCounts:
         assert self._workers is not None
         state = state_to_arrays(self.server.model.state_dict())
-        parts = self._workers.evaluate(state, chunk_bounds(int(self.fed.y_test.shape[0]), EVAL_CHUNK))
+        parts = self._workers.evaluate_chunks(state, chunk_bounds(int(self.fed.y_test.shape[0]), EVAL_CHUNK))
         total = parts[0]
         for p in parts[1:]:
             total = total + p
@@ -280,7 +280,7 @@ class RoundLoop:
         t_eval = 0.0
         if self.round % every == 0 or self.round == rounds:
             t0 = time.perf_counter()
-            ev = self.evaluate()
+            ev = self.evaluate_global()
             t_eval = time.perf_counter() - t0
             per_class = ev.per_class()
             rec.update(

@@ -139,7 +139,7 @@ class Workers:
     def _size(self, cid: int) -> int:
         return self._offsets[cid + 1] - self._offsets[cid]
 
-    def evaluate(self, model_state: dict[str, torch.Tensor], bounds: list[tuple[int, int]]) -> list[EvalCounts]:
+    def evaluate_chunks(self, model_state: dict[str, torch.Tensor], bounds: list[tuple[int, int]]) -> list[EvalCounts]:
         if self._inline is not None:
             return [self._inline.run_eval(model_state, s, e) for s, e in bounds]
         return _gather([self._pool.submit(_eval_task, (model_state, s, e)) for s, e in bounds])
