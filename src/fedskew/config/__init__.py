@@ -46,6 +46,7 @@ from fedskew.config.schema import (
     SECTIONS,
     Component,
     Faults,
+    RayParams,
     RunConfig,
     RunSettings,
     typed_config,
@@ -55,7 +56,8 @@ from fedskew.config.variants import RunSpec, resolve
 from fedskew.runs import folder_label, run_folder_name
 
 __all__ = [
-    "DEFAULTS", "NAMED", "SECTIONS", "TOP_LEVEL", "Component", "Faults", "RunConfig", "RunSettings", "RunSpec",
+    "DEFAULTS", "NAMED", "SECTIONS", "TOP_LEVEL", "Component", "Faults", "RayParams", "RunConfig", "RunSettings",
+    "RunSpec",
     "builtin_configs", "dump", "folder_label", "parse_overrides", "parse_value", "read_config", "resolve",
     "run_folder_name", "set_dotted", "typed_config", "validate",
 ]

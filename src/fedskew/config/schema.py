@@ -12,6 +12,7 @@ an experiment passes it before anything is loaded or trained.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -19,9 +20,12 @@ from fedskew.core.errors import ConfigError
 from fedskew.core.params import build_params, check
 from fedskew.core.seeding import numpy_rng
 
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
+"""What ``device`` may say; whether the device is present is checked before a run starts."""
+
 NAMED = ("dataset", "partition", "model", "algorithm")
 """Tables that name a registered object (``name = ...``) and hold that object's options."""
-SECTIONS = (*NAMED, "faults")
+SECTIONS = (*NAMED, "faults", "ray")
 GENERIC_KEYS = {"dataset": {"data_dir", "train_fraction"}, "partition": {"num_clients", "seed"}, "model": set()}
 """Keys of a table that belong to the table, not to the object it names (kept when the name changes)."""
 
@@ -40,8 +44,14 @@ class RunSettings:
     target_accuracy: float | None = None
     at_rounds: list[int] = field(default_factory=list)
     label: str = ""
+    device: str = "auto"
+    amp: Literal["off", "bf16", "fp16"] = "off"
+    deterministic: bool = False
+    engine: Literal["local", "ray"] = "local"
 
     def __post_init__(self) -> None:
+        check(DEVICE_PATTERN.fullmatch(self.device) is not None, "device", self.device,
+              "one of auto, cpu, cuda, cuda:N, mps")
         check(self.rounds >= 1, "rounds", self.rounds, "an integer >= 1")
         check(self.seed >= 0, "seed", self.seed, "an integer >= 0")
         check(self.workers >= 0, "workers", self.workers, "an integer >= 0 (0 = auto)")
@@ -104,6 +114,28 @@ class Faults:
 
 
 
+@dataclass
+class RayParams:
+    """The ``[ray]`` table: where the Ray engine (``engine = "ray"``) runs client jobs.
+
+    Attributes
+    ----------
+    address
+        A running cluster to join (``"auto"``, ``"HOST:PORT"``, ``"ray://HOST:PORT"``); empty: start a
+        local Ray instance for this run.
+    num_cpus, num_gpus
+        Resources each client job asks of Ray (fractions allowed: 0.5 GPU lets two jobs share one).
+    """
+
+    address: str = ""
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+
+    def __post_init__(self) -> None:
+        check(self.num_cpus > 0, "num_cpus", self.num_cpus, "> 0")
+        check(self.num_gpus >= 0, "num_gpus", self.num_gpus, ">= 0")
+
+
 DEFAULTS: dict[str, Any] = {
     **{f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
        for f in dataclasses.fields(RunSettings) if f.name != "label"},
@@ -112,6 +144,7 @@ DEFAULTS: dict[str, Any] = {
     "model": {"name": "cnn"},
     "algorithm": {"name": "fedavg"},
     "faults": {},
+    "ray": {},
 }
 """A config's values where its file says nothing."""
 
@@ -134,6 +167,7 @@ class RunConfig:
     model: Component
     algorithm: Component
     faults: Faults
+    ray: RayParams
 
 
 def _component(cfg: dict[str, Any], section: str) -> Component:
@@ -158,7 +192,8 @@ def typed_config(cfg: dict[str, Any]) -> RunConfig:
     run = build_params(RunSettings, top)
     parts = {section: _component(cfg, section) for section in NAMED}
     faults = build_params(Faults, cfg.get("faults", {}), prefix="faults.")
-    return RunConfig(run=run, faults=faults, **parts)
+    ray = build_params(RayParams, cfg.get("ray", {}), prefix="ray.")
+    return RunConfig(run=run, faults=faults, ray=ray, **parts)
 
 
 def validate(cfg: dict[str, Any]) -> None:
