@@ -97,6 +97,8 @@ class ServerContext:
         any exchange this round) and ``samples`` (default: the sum of the replies' ``num_samples``).
     artifacts
         Engine callback behind :meth:`save_artifact`.
+    device
+        Where the global model, ``state``'s tensors and the replies' arrays are (the run's ``device``).
     """
 
     fed: FederationInfo
@@ -106,6 +108,7 @@ class ServerContext:
     round: int = 0
     metrics: dict[str, Any] = field(default_factory=dict)
     artifacts: Callable[[str, dict[str, torch.Tensor]], None] | None = None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     def save_artifact(self, name: str, tensors: dict[str, torch.Tensor]) -> None:
         """Keep named tensors of this round in the run folder (``artifacts/<name>/round_NNNN.safetensors``).
@@ -130,7 +133,10 @@ class ClientContext:
     """One client as its algorithm half sees it: its data, its persistent state, its random streams.
 
     ``state`` persists across rounds on the client side (SCAFFOLD's control variate, MOON's previous
-    model, FedAF's condensed set); the server never sees it.
+    model, FedAF's condensed set); the server never sees it. ``x``, ``y``, the message's arrays and
+    the tensors in ``state`` are on ``device`` (the engine moves them there and back); tensors a
+    method creates should be too (``device=client.device``; random draws come from the CPU streams
+    of :meth:`generator` and are moved, see :mod:`fedskew.core.device`).
     """
 
     cid: int
@@ -140,6 +146,7 @@ class ClientContext:
     fed: FederationInfo
     state: dict[str, Any] = field(default_factory=dict)
     model_cache: dict[ModelSpec, torch.nn.Module] = field(default_factory=dict)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @property
     def num_samples(self) -> int:
@@ -165,7 +172,7 @@ class ClientContext:
         spec = self.fed.model
         m = self.model_cache.get(spec)
         if m is None:
-            m = use_channels_last(seeded_init(spec.build, self.fed.seed, "client-model"))
+            m = use_channels_last(seeded_init(spec.build, self.fed.seed, "client-model").to(self.device))
             self.model_cache[spec] = m
         if arrays is not None:
             m.load_state_dict(arrays, strict=True)

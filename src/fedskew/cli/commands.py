@@ -49,7 +49,7 @@ def _print_table(paths: list[Path]) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from fedskew.config import parse_overrides, read_config, resolve
-    from fedskew.engine.experiment import choose_parent, resume_run, run_experiment
+    from fedskew.engine.experiment import check_devices, choose_parent, resume_run, run_experiment
     from fedskew.report import write_report
 
     overrides = parse_overrides(args.overrides)
@@ -71,6 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         runs = resolve(raw, overrides, where=str(source or "default"))
         if args.only:
             runs = _only(runs, args.only)
+        check_devices([r.config for r in runs])
         parent = choose_parent(args.out, runs[0].config.get("name", "experiment"), runs, args.force)
         print(f"fedskew: {len(runs)} run(s) -> {parent}", file=sys.stderr)
         run_experiment(runs, parent, data_dir=_data_dir(args), progress=progress)

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedskew.core.device import current_compute
 from fedskew.core.params import check, next_checks
 from fedskew.models.layout import as_model_format, is_channels_last, shuffled_batches
 
@@ -105,6 +106,7 @@ def train_local(
     opt = torch.optim.SGD(
         model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
     )
+    precision = current_compute().precision()  # float32 and plain steps unless the run asks for AMP
     cl = is_channels_last(model)
     n = int(y.shape[0])
     steps = 0
@@ -113,16 +115,20 @@ def train_local(
         for idx in shuffled_batches(n, cfg.batch_size, generator):
             if cfg.max_steps is not None and steps >= cfg.max_steps:
                 break
+            idx = idx.to(x.device)
             xb, yb = as_model_format(x[idx], cl), y[idx]
-            logits = model(xb)
-            loss = F.cross_entropy(logits, yb)
-            for term in terms:
-                loss = loss + term(model, xb, yb, logits)
+            with precision.autocast():
+                logits = model(xb)
+                loss = F.cross_entropy(logits, yb)
+                for term in terms:
+                    loss = loss + term(model, xb, yb, logits)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            precision.backward(loss)
+            if grad_hooks:
+                precision.unscale(opt)
             for hook in grad_hooks:
                 hook(model)
-            opt.step()
+            precision.step(opt)
             steps += 1
             loss_sum += float(loss.detach())
     return LocalResult(num_samples=n, steps=steps, mean_loss=loss_sum / max(steps, 1))

@@ -16,7 +16,9 @@ Conventions the rest of fedskew follows, so that a seed gives the same draws on 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -165,3 +167,57 @@ def rand(shape: tuple[int, ...], generator: torch.Generator, device: torch.devic
 def randperm(n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
     """``torch.randperm`` drawn from a CPU stream, then moved."""
     return torch.randperm(n, generator=generator).to(device)
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Where and how a process computes: the device, the mixed precision, deterministic kernels.
+
+    Picklable (it travels to worker processes); the engine sets it for each client job and
+    evaluation chunk with :func:`use_compute`, and the trainer, the evaluation and the condensation
+    loops read it with :func:`current_compute`, so a method's code need not pass it around.
+    """
+
+    device: str = "cpu"
+    amp: str = "off"
+    deterministic: bool = False
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.device)
+
+    def precision(self) -> Precision:
+        return Precision(self.torch_device, self.amp)
+
+
+_COMPUTE: contextvars.ContextVar[Compute | None] = contextvars.ContextVar("fedskew_compute", default=None)
+_CPU = Compute()
+
+
+def current_compute() -> Compute:
+    """The compute settings of the running job (CPU, float32 outside any :func:`use_compute`)."""
+    return _COMPUTE.get() or _CPU
+
+
+@contextlib.contextmanager
+def use_compute(compute: Compute) -> Iterator[Compute]:
+    """Run the block with ``compute`` as the current settings (deterministic kernels if it asks)."""
+    token = _COMPUTE.set(compute)
+    try:
+        with deterministic_algorithms(compute.deterministic):
+            yield compute
+    finally:
+        _COMPUTE.reset(token)
+
+
+def to_device(obj: Any, device: torch.device) -> Any:
+    """``obj`` with every tensor inside (dicts, lists, tuples) moved to ``device``; other values as they are."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [to_device(v, device) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(to_device(v, device) for v in obj)
+    return obj

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from fedskew.config import RunSpec, dump, validate
+from fedskew.core.device import check_amp, resolve_device
 from fedskew.core.errors import ConfigError
 from fedskew.engine.federation import Federation, build_federation
 from fedskew.engine.round_loop import RoundLoop, RunResult
@@ -38,6 +39,15 @@ def choose_parent(out: str | Path | None, name: str, runs: list[RunSpec], force:
     return parent
 
 
+def check_devices(configs: list[dict[str, Any]]) -> None:
+    """Refuse, before any run starts or any folder is written, a device or precision this machine lacks."""
+    for cfg in configs:
+        device = resolve_device(str(cfg.get("device", "auto")))
+        check_amp(str(cfg.get("amp", "off")), device)
+        if cfg.get("engine", "local") == "ray":
+            continue  # Ray's workers may hold GPUs this machine lacks; Ray checks the request
+
+
 def run_experiment(
     runs: list[RunSpec],
     parent: Path,
@@ -46,6 +56,7 @@ def run_experiment(
     progress: bool = True,
 ) -> list[RunResult]:
     """Run each spec into ``parent/<label>-seed<k>``; runs sharing data and partition share the federation."""
+    check_devices([spec.config for spec in runs])
     parent.mkdir(parents=True, exist_ok=True)
     feds: dict[str, Federation] = {}
     results = []

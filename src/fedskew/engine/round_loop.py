@@ -30,6 +30,15 @@ from tqdm.auto import tqdm
 from fedskew.algorithms.base import ALGORITHMS, Algorithm, Replies, ServerContext
 from fedskew.config.schema import Faults
 from fedskew.core.allocator import keep_freed_memory
+from fedskew.core.device import (
+    Compute,
+    check_amp,
+    resolve_device,
+    set_deterministic_env,
+    to_cpu,
+    to_device,
+    use_compute,
+)
 from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import build_params
@@ -37,7 +46,7 @@ from fedskew.engine.checkpoint import load_checkpoint, save_checkpoint
 from fedskew.engine.faults import corrupt_reply
 from fedskew.engine.federation import Federation, build_federation
 from fedskew.engine.replies import check_reply
-from fedskew.engine.workers import ClientJob, Workers, default_workers
+from fedskew.engine.workers import ClientJob, Workers, default_workers, worker_devices
 from fedskew.metrics import Ledger, class_variance, summarize_run
 from fedskew.models.evaluation import EVAL_CHUNK, EvalCounts, chunk_bounds
 from fedskew.runs import ARTIFACTS_DIR, CHECKPOINTS_DIR, METRICS_FILE, MODEL_FILE, SUMMARY_FILE, TIMING_FILE
@@ -112,8 +121,18 @@ class RoundLoop:
         self._round_failed: list[list[Any]] = []
         self._round_rejected: list[list[Any]] = []
         self._workers: Workers | None = None
+        self._wire_cache: dict[int, tuple[Message, Message]] = {}
+        self.compute = Compute(
+            str(resolve_device(str(cfg.get("device", "auto")))), str(cfg.get("amp", "off")),
+            bool(cfg.get("deterministic", False)),
+        )
+        check_amp(self.compute.amp, self.compute.torch_device)
+        if self.compute.deterministic:
+            set_deterministic_env()
+        self.device = self.compute.torch_device
         self.server = ServerContext(
-            fed=self.fed.info, model=self.algorithm.init_model(), exchange=self.exchange, artifacts=self._save_artifact
+            fed=self.fed.info, model=self.algorithm.init_model().to(self.device), exchange=self.exchange,
+            artifacts=self._save_artifact, device=self.device,
         )
 
     # ---- the exchange the algorithm calls ---------------------------------------------------------
@@ -141,7 +160,7 @@ class RoundLoop:
             if fates[cid] == "dropout":
                 self._round_failed.append([cid, "dropout"])
                 continue
-            jobs.append(ClientJob(task, cid, self.round, msg, self.client_states.get(cid, {})))
+            jobs.append(ClientJob(task, cid, self.round, self._on_wire(msg), self.client_states.get(cid, {})))
         results = (self.clients or self._workers).run_clients(jobs)
         spec = self.algorithm.reply_spec(task, self.server)
         max_bytes = int(self.faults.max_reply_mb * 1e6)
@@ -166,11 +185,24 @@ class RoundLoop:
                 log.warning("round %d: rejected the %r reply of client %d: %s", self.round, task, cid, reason)
                 self._round_rejected.append([cid, reason])
                 continue
-            replies.append((cid, reply))
+            replies.append((cid, reply if self.device.type == "cpu" else self._on_server(reply)))
             if cid not in self._round_clients:
                 self._round_clients.append(cid)
             self._round_samples += float(reply.metrics.get("num_samples", 0.0))
         return replies
+
+    def _on_wire(self, msg: Message) -> Message:
+        """A request as it travels: its arrays on the CPU (the server's may be on a GPU)."""
+        if self.device.type == "cpu":
+            return msg
+        key = id(msg)  # one message is usually sent to every selected client: move it once
+        if self._wire_cache.get(key, (None,))[0] is not msg:
+            self._wire_cache = {key: (msg, Message(to_cpu(msg.arrays), msg.config, msg.metrics))}
+        return self._wire_cache[key][1]
+
+    def _on_server(self, msg: Message) -> Message:
+        """A checked reply as the algorithm's server half gets it: its arrays on the server's device."""
+        return Message(to_device(msg.arrays, self.device), msg.config, msg.metrics)
 
     def _save_artifact(self, name: str, tensors: dict[str, torch.Tensor]) -> None:
         from safetensors.torch import save_file
@@ -181,7 +213,7 @@ class RoundLoop:
         folder.mkdir(parents=True, exist_ok=True)
         final = folder / f"round_{self.round:04d}.safetensors"
         tmp = final.with_suffix(".tmp")
-        save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(tmp))
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp))
         os.replace(tmp, final)
 
     # ---- evaluation --------------------------------------------------------------------------------
@@ -200,8 +232,10 @@ class RoundLoop:
             self.run_dir / CHECKPOINTS_DIR,
             {
                 "round": self.round,
-                "model": self.server.model.state_dict(),
-                "server_state": {k: v for k, v in self.server.state.items() if not k.startswith("_")},
+                "model": to_cpu(self.server.model.state_dict()),
+                "server_state": to_device(
+                    {k: v for k, v in self.server.state.items() if not k.startswith("_")}, torch.device("cpu")
+                ),
                 "client_states": {str(k): v for k, v in self.client_states.items()},
                 "ledger": self.ledger.state_dict(),
                 "records": json.dumps(records),
@@ -212,7 +246,7 @@ class RoundLoop:
         ck = load_checkpoint(self.run_dir / CHECKPOINTS_DIR)
         self.round = int(ck["round"])
         self.server.model.load_state_dict(ck["model"])
-        self.server.state.update(ck["server_state"])
+        self.server.state.update(to_device(ck["server_state"], self.device))
         self.client_states = {int(k): v for k, v in ck["client_states"].items()}
         self.ledger.load_state_dict(ck["ledger"])
         records: list[dict[str, Any]] = json.loads(ck["records"])
@@ -224,18 +258,23 @@ class RoundLoop:
         keep_freed_memory()  # page faults cost a third of a small ConvNet's step (core/allocator.py)
         cfg = self.cfg
         rounds = int(cfg["rounds"])
-        workers = int(cfg.get("workers", 1)) or default_workers()
+        spec = str(cfg.get("device", "auto"))
+        workers = int(cfg.get("workers", 1)) or default_workers(spec)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         records: list[dict[str, Any]] = []
-        self._workers = Workers(self.fed, cfg["algorithm"]["name"], self.algorithm.params, workers)
+        self._workers = Workers(
+            self.fed, cfg["algorithm"]["name"], self.algorithm.params, workers, self.compute, worker_devices(spec)
+        )
         try:
             if resume:
                 records = self._restore()
-                self.algorithm.restore(self.server)
+                with use_compute(self.compute):
+                    self.algorithm.restore(self.server)
             else:
                 self._round_clients, self._round_samples = [], 0.0
                 self.server.round = 0
-                self.algorithm.setup(self.server)
+                with use_compute(self.compute):
+                    self.algorithm.setup(self.server)
             self._rewrite_metrics(records)
             bar = tqdm(
                 total=rounds, initial=self.round, desc=f"{cfg.get('label', cfg['algorithm']['name'])}",
@@ -265,7 +304,7 @@ class RoundLoop:
             self._workers = None
         summary = self._summary(records)
         (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-        torch.save(self.server.model.state_dict(), self.run_dir / MODEL_FILE)
+        torch.save(to_cpu(self.server.model.state_dict()), self.run_dir / MODEL_FILE)
         return RunResult(self.run_dir, summary, records)
 
     def _one_round(self, rounds: int) -> tuple[dict[str, Any], float]:
@@ -274,7 +313,8 @@ class RoundLoop:
         server = self.server
         server.round = self.round
         server.metrics = {}
-        self.algorithm.round(server)
+        with use_compute(self.compute):  # the server half's own training (FedDM, FedGen ...) on the run's device
+            self.algorithm.round(server)
         rec: dict[str, Any] = {"round": self.round}
         every = max(int(self.cfg.get("eval_every", 1)), 1)
         t_eval = 0.0

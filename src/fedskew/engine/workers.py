@@ -7,10 +7,14 @@ federation's tensors once, through shared memory, at start-up.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import multiprocessing as mp
+import os
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -18,6 +22,15 @@ import torch.multiprocessing as tmp
 
 from fedskew.algorithms.base import ALGORITHMS, Algorithm, ClientContext, ModelSpec
 from fedskew.core.allocator import keep_freed_memory
+from fedskew.core.device import (
+    Compute,
+    cuda_count,
+    resolve_device,
+    set_deterministic_env,
+    to_cpu,
+    to_device,
+    use_compute,
+)
 from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message
 from fedskew.core.threads import num_threads
@@ -35,44 +48,71 @@ class ClientJob:
     state: dict[str, Any]
 
 
-class _Runtime:
-    """Per-process state: the federation, the algorithm's client half, reusable models."""
+FEDERATION_ON_DEVICE_BYTES = 4 * 2**30
+"""A federation up to this size is copied to a GPU whole, once (Fashion-MNIST, CIFAR-10); a larger one
+stays in pinned CPU memory and each job's shard is moved when the job starts."""
 
-    def __init__(self, fed: Federation, algo_name: str, params: Any) -> None:
-        self.fed = fed
+
+class _Runtime:
+    """Per-process state: the federation, the algorithm's client half, reusable models, the device."""
+
+    def __init__(self, fed: Federation, algo_name: str, params: Any, compute: Compute | None = None) -> None:
+        self.compute = compute or Compute()
+        self.device = self.compute.torch_device
+        self.fed = _place(fed, self.device)
         self.algo: Algorithm = ALGORITHMS.get(algo_name)(params, fed.info)
         self.models: dict[ModelSpec, torch.nn.Module] = {}
         self.eval_model: torch.nn.Module | None = None
 
     def run_client(self, job: ClientJob) -> tuple[Message, dict[str, Any]]:
         x, y = self.fed.client_data(job.cid)
+        on_cpu = self.device.type == "cpu"
+        msg = job.msg if on_cpu else Message(to_device(job.msg.arrays, self.device), job.msg.config, job.msg.metrics)
         ctx = ClientContext(
-            cid=job.cid, round=job.round, x=x, y=y, fed=self.fed.info, state=job.state,
-            model_cache=self.models,
+            cid=job.cid, round=job.round, x=x.to(self.device, non_blocking=True), y=y.to(self.device),
+            fed=self.fed.info, state=job.state if on_cpu else to_device(job.state, self.device),
+            model_cache=self.models, device=self.device,
         )
-        with num_threads(1):
-            reply = self.algo.client_step(job.task, job.msg, ctx)
-        return reply, ctx.state
+        with num_threads(1), use_compute(self.compute):
+            reply = self.algo.client_step(job.task, msg, ctx)
+        if on_cpu:
+            return reply, ctx.state
+        # What leaves the job is device-free: replies go on the wire, state is checkpointed.
+        return Message(to_cpu(reply.arrays), reply.config, reply.metrics), to_device(ctx.state, torch.device("cpu"))
 
     def run_eval(self, model_state: dict[str, torch.Tensor], start: int, stop: int) -> EvalCounts:
         if self.eval_model is None:
-            self.eval_model = use_channels_last(self.fed.info.model.build())
+            self.eval_model = use_channels_last(self.fed.info.model.build().to(self.device))
         self.eval_model.load_state_dict(model_state)
-        with num_threads(1):
-            return evaluate_chunk(
-                self.eval_model, self.fed.x_test[start:stop], self.fed.y_test[start:stop],
-                self.fed.info.num_classes,
-            )
+        with num_threads(1), use_compute(self.compute):
+            x, y = self.fed.x_test[start:stop].to(self.device), self.fed.y_test[start:stop].to(self.device)
+            return evaluate_chunk(self.eval_model, x, y, self.fed.info.num_classes)
+
+
+def _place(fed: Federation, device: torch.device) -> Federation:
+    """The federation as this process uses it: on the device when it fits, else pinned on the CPU."""
+    if device.type == "cpu":
+        return fed
+    tensors = (fed.x, fed.y, fed.x_test, fed.y_test)
+    if sum(t.numel() * t.element_size() for t in tensors) <= FEDERATION_ON_DEVICE_BYTES:
+        x, y, x_test, y_test = (t.to(device) for t in tensors)
+    else:
+        x, y, x_test, y_test = (t.pin_memory() if device.type == "cuda" else t for t in tensors)
+    return dataclasses.replace(fed, x=x, y=y, x_test=x_test, y_test=y_test)
 
 
 _RUNTIME: _Runtime | None = None
 
 
-def _init_worker(fed: Federation, algo_name: str, params: Any) -> None:
+def _init_worker(fed: Federation, algo_name: str, params: Any, compute: Compute, devices: Any) -> None:
+    """Start a pool worker; ``devices`` hands each worker its device in turn (one GPU each, round robin)."""
     global _RUNTIME
     torch.set_num_threads(1)
     keep_freed_memory()
-    _RUNTIME = _Runtime(fed, algo_name, params)
+    if compute.deterministic:
+        set_deterministic_env()
+    device = devices.get() if devices is not None else compute.device
+    _RUNTIME = _Runtime(fed, algo_name, params, dataclasses.replace(compute, device=device))
 
 
 def _client_task(job: ClientJob) -> tuple[bytes, dict[str, Any]]:
@@ -104,26 +144,43 @@ def _gather(futures: list[Future[T]]) -> list[T]:
 
 
 class Workers:
-    """Runs client jobs and evaluation chunks, inline (``workers=1``) or in a process pool."""
+    """Runs client jobs and evaluation chunks, inline (``workers=1``) or in a process pool.
 
-    def __init__(self, fed: Federation, algo_name: str, params: Any, workers: int) -> None:
+    ``devices`` lists the device of each pool worker (worker k gets ``devices[k % len(devices)]``:
+    one process per GPU when the run uses several); inline, the first is used.
+    """
+
+    def __init__(
+        self, fed: Federation, algo_name: str, params: Any, workers: int,
+        compute: Compute | None = None, devices: list[str] | None = None,
+    ) -> None:
+        compute = compute or Compute()
+        devices = devices or [compute.device]
         self.workers = workers
         self._offsets = fed.offsets
         self._pool: Any = None
         self._inline: _Runtime | None = None
         if workers <= 1:
-            self._inline = _Runtime(fed, algo_name, params)
+            self._inline = _Runtime(fed, algo_name, params, dataclasses.replace(compute, device=devices[0]))
         else:
             if mp.parent_process() is not None and mp.current_process().name != "MainProcess":
                 # We are being imported by a spawned worker: starting a pool here would recurse.
                 raise FedskewError(BROKEN.format(detail=" while starting"))
             fed.share_memory()
+            ctx = tmp.get_context("spawn")
+            queue = None
+            if len(set(devices)) > 1:
+                queue = ctx.Queue()
+                for k in range(workers):
+                    queue.put(devices[k % len(devices)])
+            else:
+                compute = dataclasses.replace(compute, device=devices[0])
             # A ProcessPoolExecutor, not multiprocessing.Pool: if a worker dies (out of memory, or
             # a script without a main guard), the executor breaks and we report it; a Pool would
             # silently respawn workers forever.
             self._pool = ProcessPoolExecutor(
-                workers, mp_context=tmp.get_context("spawn"), initializer=_init_worker,
-                initargs=(fed, algo_name, params),
+                workers, mp_context=ctx, initializer=_init_worker,
+                initargs=(fed, algo_name, params, compute, queue),
             )
 
     def run_clients(self, jobs: list[ClientJob]) -> list[tuple[Message, dict[str, Any]]]:
@@ -150,6 +207,46 @@ class Workers:
             self._pool = None
 
 
-def default_workers() -> int:
-    """Worker processes to use when the config says 0 (auto): one per core, at most 2."""
-    return max(1, min(2, mp.cpu_count()))
+def usable_cores() -> int:
+    """CPU cores this process may use: its CPU affinity, capped by a cgroup (container) CPU quota."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota()
+    return max(1, min(cores, quota) if quota is not None else cores)
+
+
+def _cgroup_cpu_quota() -> int | None:
+    """CPUs allowed by a cgroup v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us`` limit, or None if unlimited."""
+    try:
+        text = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if text and text[0] != "max":
+            return max(1, math.ceil(int(text[0]) / int(text[1])))
+        return None
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        quota = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        period = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        return max(1, math.ceil(quota / period)) if quota > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def worker_devices(spec: str) -> list[str]:
+    """The device of each pool worker for a config's ``device``: every visible GPU for ``auto`` and
+    ``cuda`` (one process each), the named one for ``cuda:N`` and ``mps``, else the CPU."""
+    if spec in ("auto", "cuda") and cuda_count() > 0:
+        return [f"cuda:{i}" for i in range(cuda_count())]
+    return [str(resolve_device(spec))]
+
+
+def default_workers(spec: str = "cpu") -> int:
+    """Worker processes when the config says 0 (auto): one per GPU on GPUs, else one per usable core."""
+    devices = worker_devices(spec)
+    if devices[0].startswith("cuda"):
+        return len(devices)
+    if devices[0] == "mps":
+        return 1
+    return usable_cores()

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedskew.core.device import current_compute
 from fedskew.models.layout import as_model_format, is_channels_last
 
 EVAL_CHUNK = 250
@@ -47,14 +48,14 @@ def evaluate_chunk(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_class
     """Counts for one chunk (inference mode, eval-mode layers)."""
     was_training = model.training
     model.eval()
-    with torch.inference_mode():
+    with torch.inference_mode(), current_compute().precision().autocast():
         logits = model(as_model_format(x, is_channels_last(model)))
-        loss_sum = float(F.cross_entropy(logits, y, reduction="sum"))
+        loss_sum = float(F.cross_entropy(logits.float(), y, reduction="sum"))
         pred = logits.argmax(dim=1)
     if was_training:
         model.train()
-    yn = y.numpy()
-    correct = np.bincount(yn[pred.numpy() == yn], minlength=num_classes).astype(np.int64)
+    yn = y.cpu().numpy()
+    correct = np.bincount(yn[pred.cpu().numpy() == yn], minlength=num_classes).astype(np.int64)
     total = np.bincount(yn, minlength=num_classes).astype(np.int64)
     return EvalCounts(correct, total, loss_sum)
 
