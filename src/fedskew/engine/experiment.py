@@ -77,13 +77,19 @@ def run_experiment(
     return results
 
 
+RESUME_OVERRIDES = ("rounds", "workers", "checkpoint_every", "device")
+"""What a resumed run may change: its length, where it computes (checkpoints are device-free), how often
+it saves."""
+
+
 def resume_run(run_dir: Path, overrides: dict[str, Any], *, data_dir: str | None, progress: bool) -> RunResult:
     """Continue a run from its last checkpoint (``rounds=N`` may extend it)."""
     path = run_config_path(run_dir)
     cfg = tomllib.loads(path.read_text())
     for key in overrides:
-        if key not in ("rounds", "workers", "checkpoint_every"):
-            raise ConfigError(f"--resume accepts only rounds, workers and checkpoint_every overrides, not {key!r}")
+        if key not in RESUME_OVERRIDES:
+            allowed = ", ".join(RESUME_OVERRIDES)
+            raise ConfigError(f"--resume accepts only the overrides {allowed}, not {key!r}")
     cfg.update(overrides)
     cfg.setdefault("target_accuracy", None)
     validate(cfg)
