@@ -108,7 +108,7 @@ class CIM(FedAvg):
             )
             counts = np.zeros((self.fed.num_clients, self.fed.num_classes), dtype=np.int64)
             for cid, reply in census:
-                counts[cid] = reply.arrays["counts"].numpy()
+                counts[cid] = reply.arrays["counts"].cpu().numpy()
             sel = select_clients(counts, p.max_clients, p.theta_kld, server.rng("select"))
             msgs = [
                 (cid, Message(arrays={**model, "allocation": torch.from_numpy(alloc)}, config=dict(config)))
@@ -139,7 +139,7 @@ class CIM(FedAvg):
         Drawn from the client's (round, "oversample") stream, so the census and the training of one
         round see the same set.
         """
-        y = client.y.numpy()
+        y = client.y.cpu().numpy()
         if not self.params.oversample:
             return np.arange(len(y), dtype=np.int64)
         delta = float(msg.config["delta"])
@@ -147,7 +147,7 @@ class CIM(FedAvg):
 
     def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
         if task == "census":
-            counts = client.class_counts().numpy()
+            counts = client.class_counts().cpu().numpy()
             if self.params.oversample:
                 counts = oversampled_counts(counts, float(msg.config["delta"]), client.round)
             return Message(arrays={"counts": torch.from_numpy(np.asarray(counts, dtype=np.int64))})
@@ -157,14 +157,14 @@ class CIM(FedAvg):
         idx = self._oversampled(msg, client)
         num_oversampled = len(idx)
         if "allocation" in msg.arrays:
-            labels = client.y.numpy()[idx]
-            idx = idx[allocate_indices(labels, msg.arrays["allocation"].numpy(), client.rng("allocate"))]
+            labels = client.y.cpu().numpy()[idx]
+            idx = idx[allocate_indices(labels, msg.arrays["allocation"].cpu().numpy(), client.rng("allocate"))]
         if p.dynamic:
             batch, lr = dynamic_batch_lr(len(idx), p.beta, p.eta_max, p.lr_rule)
         else:
             batch, lr = p.batch_size, p.lr
         model = client.model({k: v for k, v in msg.arrays.items() if k != "allocation"})
-        chosen = torch.from_numpy(idx)
+        chosen = torch.from_numpy(idx).to(client.device)
         res = train_local(
             model, client.x[chosen], client.y[chosen],
             LocalConfig(p.local_epochs, batch, lr, p.momentum, p.weight_decay), client.generator("train"),

@@ -35,6 +35,7 @@ from fedskew.algorithms.base import ClientContext, Replies, ServerContext, regis
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.aggregate import weighted_mean
 from fedskew.components.terms import head_term
+from fedskew.core.device import randn
 from fedskew.core.message import Message, arrays_with_prefix, state_to_arrays
 from fedskew.core.params import check
 from fedskew.core.seeding import seeded_init
@@ -137,7 +138,7 @@ class FedGen(FedAvg):
         prior = per_class / per_class.sum()
         heads_w = torch.stack([m.arrays["classifier.weight"] for _, m in replies])  # (K, C, D)
         heads_b = torch.stack([m.arrays["classifier.bias"] for _, m in replies])  # (K, C)
-        gen = self.new_generator(int(heads_w.shape[2]))
+        gen = self.new_generator(int(heads_w.shape[2])).to(server.device)
         gen.load_state_dict(server.state["generator"])
         opt = torch.optim.Adam(gen.parameters(), lr=p.gen_lr, weight_decay=p.gen_weight_decay)
         if "gen_opt" in server.state:
@@ -146,8 +147,9 @@ class FedGen(FedAvg):
         k = len(replies)
         teacher_sum = 0.0
         for _ in range(p.gen_steps):
-            y = torch.multinomial(prior, p.gen_batch_size, replacement=True, generator=rng)
-            eps = torch.randn(p.gen_batch_size, p.noise_dim, generator=rng)
+            # Draws come from the CPU stream, then move: the same draws on every device.
+            y = torch.multinomial(prior.cpu(), p.gen_batch_size, replacement=True, generator=rng).to(server.device)
+            eps = randn((p.gen_batch_size, p.noise_dim), rng, server.device)
             feats = gen(eps, y)
             logits = torch.einsum("bd,kcd->kbc", feats, heads_w) + heads_b[:, None, :]
             ce = F.cross_entropy(logits.reshape(k * len(y), -1), y.repeat(k), reduction="none").view(k, -1)
@@ -172,16 +174,16 @@ class FedGen(FedAvg):
         if "gen_prior" in msg.arrays and p.alpha > 0:
             if self._client_gen is None:
                 embed_dim = cast(FedModel, client.model()).embed_dim
-                self._client_gen = self.new_generator(embed_dim).requires_grad_(False)
+                self._client_gen = self.new_generator(embed_dim).requires_grad_(False).to(client.device)
             gen = self._client_gen
             gen.load_state_dict(arrays_with_prefix(msg.arrays, "gen."))
             prior = msg.arrays["gen_prior"]
             rng = client.generator("fedgen")
 
             def sample() -> tuple[torch.Tensor, torch.Tensor]:
-                y = torch.multinomial(prior, p.gen_batch_size, replacement=True, generator=rng)
+                y = torch.multinomial(prior.cpu(), p.gen_batch_size, replacement=True, generator=rng).to(client.device)
                 with torch.no_grad():
-                    return gen(torch.randn(p.gen_batch_size, p.noise_dim, generator=rng), y), y
+                    return gen(randn((p.gen_batch_size, p.noise_dim), rng, client.device), y), y
 
             terms.append(head_term(sample, p.alpha))
         model_keys = client.model().state_dict().keys()

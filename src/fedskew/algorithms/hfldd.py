@@ -194,7 +194,7 @@ class HFLDD(FedAvg):
         if not replies:
             raise FedskewError("hfldd: no client returned soft labels")
         cids = [cid for cid, _ in replies]
-        soft = np.stack([m.arrays["soft_labels"].numpy() for _, m in replies])
+        soft = np.stack([m.arrays["soft_labels"].cpu().numpy() for _, m in replies])
         similarity = soft_label_divergence(soft, p.divergence)
         seed = int(server.rng("kmeans").integers(2**31))
         groups = homogeneous_clusters(similarity, p.num_homogeneous, seed, p.kmeans_n_init)

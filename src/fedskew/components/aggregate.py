@@ -26,9 +26,10 @@ def weighted_mean(
     out: dict[str, torch.Tensor] = {}
     for key, first in items[0].items():
         if first.is_floating_point():
-            acc = torch.zeros(first.shape, dtype=torch.float64)
+            wide = torch.float32 if first.device.type == "mps" else torch.float64  # MPS has no float64
+            acc = torch.zeros(first.shape, dtype=wide, device=first.device)
             for item, w in zip(items, weights, strict=True):
-                acc.add_(item[key].to(torch.float64), alpha=float(w) / total)
+                acc.add_(item[key].to(wide), alpha=float(w) / total)
             out[key] = acc.to(first.dtype)
         else:
             out[key] = torch.stack([item[key] for item in items]).amax(dim=0)

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import torch
 import torch.multiprocessing as tmp
 
-from fedskew.algorithms.base import ALGORITHMS, Algorithm, ClientContext, ModelSpec
+from fedskew.algorithms.base import ALGORITHMS, Algorithm, ClientContext, FederationInfo, ModelSpec
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.device import (
     Compute,
@@ -66,19 +66,10 @@ class _Runtime:
 
     def run_client(self, job: ClientJob) -> tuple[Message, dict[str, Any]]:
         x, y = self.fed.client_data(job.cid)
-        on_cpu = self.device.type == "cpu"
-        msg = job.msg if on_cpu else Message(to_device(job.msg.arrays, self.device), job.msg.config, job.msg.metrics)
-        ctx = ClientContext(
-            cid=job.cid, round=job.round, x=x.to(self.device, non_blocking=True), y=y.to(self.device),
-            fed=self.fed.info, state=job.state if on_cpu else to_device(job.state, self.device),
-            model_cache=self.models, device=self.device,
+        return client_step_on(
+            self.algo, job.task, job.msg, job.cid, job.round, x, y, self.fed.info, job.state, self.compute,
+            self.models,
         )
-        with num_threads(1), use_compute(self.compute):
-            reply = self.algo.client_step(job.task, msg, ctx)
-        if on_cpu:
-            return reply, ctx.state
-        # What leaves the job is device-free: replies go on the wire, state is checkpointed.
-        return Message(to_cpu(reply.arrays), reply.config, reply.metrics), to_device(ctx.state, torch.device("cpu"))
 
     def run_eval(self, model_state: dict[str, torch.Tensor], start: int, stop: int) -> EvalCounts:
         if self.eval_model is None:
@@ -87,6 +78,33 @@ class _Runtime:
         with num_threads(1), use_compute(self.compute):
             x, y = self.fed.x_test[start:stop].to(self.device), self.fed.y_test[start:stop].to(self.device)
             return evaluate_chunk(self.eval_model, x, y, self.fed.info.num_classes)
+
+
+def client_step_on(
+    algo: Algorithm, task: str, msg: Message, cid: int, rnd: int, x: torch.Tensor, y: torch.Tensor,
+    info: FederationInfo, state: dict[str, Any], compute: Compute,
+    model_cache: dict[ModelSpec, torch.nn.Module] | None = None,
+) -> tuple[Message, dict[str, Any]]:
+    """Run one client job on ``compute``'s device: the simulator's workers and Flower's ClientApp alike.
+
+    The message's arrays, the client's data and its state go to the device; the reply and the state
+    come back device-free (the reply goes on the wire, the state is checkpointed). The job runs on one
+    intra-op thread, so CPU results are bit-identical whichever process runs it.
+    """
+    device = compute.torch_device
+    on_cpu = device.type == "cpu"
+    if not on_cpu:
+        msg = Message(to_device(msg.arrays, device), msg.config, msg.metrics)
+        state = to_device(state, device)
+    ctx = ClientContext(
+        cid=cid, round=rnd, x=x.to(device, non_blocking=True), y=y.to(device), fed=info, state=state,
+        model_cache=model_cache if model_cache is not None else {}, device=device,
+    )
+    with num_threads(1), use_compute(compute):
+        reply = algo.client_step(task, msg, ctx)
+    if on_cpu:
+        return reply, ctx.state
+    return Message(to_cpu(reply.arrays), reply.config, reply.metrics), to_device(ctx.state, torch.device("cpu"))
 
 
 def _place(fed: Federation, device: torch.device) -> Federation:

@@ -23,10 +23,10 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedskew.algorithms.base import ClientContext, FederationInfo
+from fedskew.algorithms.base import FederationInfo
 from fedskew.core.allocator import keep_freed_memory
+from fedskew.core.device import Compute, resolve_device
 from fedskew.core.errors import FedskewError
-from fedskew.core.threads import num_threads
 from fedskew.engine.federation import build_federation
 from fedskew.engine.flower.app import shard_path
 from fedskew.engine.flower.messages import (
@@ -39,6 +39,7 @@ from fedskew.engine.flower.messages import (
     to_records,
 )
 from fedskew.engine.round_loop import make_algorithm
+from fedskew.engine.workers import client_step_on
 
 app = ClientApp()
 
@@ -97,10 +98,13 @@ def handle(message: Message, context: Context) -> Message:
     info = info_from_json(str(head["info"]))
     x, y = load_shard(cid, run, info, context.node_config)
     algorithm = make_algorithm(run["algorithm"], info)
-    client = ClientContext(cid=cid, round=rnd, x=x, y=y, fed=info, state=get_state(context.state, cid))
-    with num_threads(1):  # results are bit-identical to the simulator's only on one intra-op thread
-        reply = algorithm.client_step(task, from_records(message.content), client)
-    put_state(context.state, cid, client.state)
+    # The node's own config says where it computes (``device``, default auto); the run says the precision.
+    device = resolve_device(str(context.node_config.get("device", "auto")))
+    compute = Compute(str(device), str(run.get("amp", "off")), bool(run.get("deterministic", False)))
+    reply, state = client_step_on(
+        algorithm, task, from_records(message.content), cid, rnd, x, y, info, get_state(context.state, cid), compute
+    )
+    put_state(context.state, cid, state)
     return Message(to_records(reply), reply_to=message)
 
 
