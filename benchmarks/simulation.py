@@ -1,4 +1,4 @@
-"""RoundLoop speed: fedskew against a plain PyTorch loop and Flower's own simulation (issue 9).
+"""Simulator speed: fedskew against a plain PyTorch loop and Flower's own simulation (issue 9).
 
 Workload W: Fashion-MNIST, 100 clients, Dirichlet alpha=0.1 (partition seed 0), FedAvg, 10 clients per
 round, 1 local epoch, batch 32, SGD lr 0.01, McMahan et al.'s CNN (conv 32-64, FC 512), test-set
@@ -12,6 +12,11 @@ The last line printed is one JSON object.
 
     FEDSKEW_DATA=../shared/datasets python benchmarks/simulation.py            # all three engines
     FEDSKEW_DATA=../shared/datasets python benchmarks/simulation.py --skip-flower
+    FEDSKEW_DATA=../shared/datasets python benchmarks/simulation.py --device cuda   # all three on a GPU
+
+With ``--device cuda`` the plain loop keeps the data and model on the GPU, fedskew runs with
+``device = "cuda"`` (one worker process per GPU), and Flower's clients ask Ray for a GPU share each
+(``--flower-gpus-per-client``, default 0.1: ten clients at a time on one GPU).
 
 Flower needs ``pip install "flwr[simulation]" psutil`` (Ray); psutil is needed for memory figures.
 """
@@ -71,7 +76,7 @@ def plain_epoch(model: Any, cx: Any, cy: Any) -> None:
     import torch.nn.functional as F
 
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    perm = torch.randperm(len(cy))
+    perm = torch.randperm(len(cy), device=cy.device)
     for s in range(0, len(cy), BATCH):
         b = perm[s : s + BATCH]
         loss = F.cross_entropy(model(cx[b]), cy[b])
@@ -83,17 +88,18 @@ def plain_epoch(model: Any, cx: Any, cy: Any) -> None:
 # ---------------------------------------------------------------------------------------------------
 # engines (each run in a subprocess by main())
 # ---------------------------------------------------------------------------------------------------
-def run_plain(data_dir: str | None, rounds: int) -> dict[str, Any]:
+def run_plain(data_dir: str | None, rounds: int, device: str = "cpu") -> dict[str, Any]:
     """A plain sequential loop, written the way a researcher would: default threads, no tricks."""
     import torch
 
     from fedskew.components.selection import uniform_sample
     from fedskew.core.seeding import numpy_rng
 
-    x, y, parts, xt, yt = load_federation(data_dir)
+    x, y, parts, xt, yt = (t.to(device) if hasattr(t, "to") else [i.to(device) for i in t]
+                           for t in load_federation(data_dir))
     torch.manual_seed(0)
-    glob = plain_model()
-    local = plain_model()
+    glob = plain_model().to(device)
+    local = plain_model().to(device)
     times, images = [], []
     acc = 0.0
     for rnd in range(1, rounds + 1):
@@ -119,12 +125,14 @@ def run_plain(data_dir: str | None, rounds: int) -> dict[str, Any]:
                 correct += int((glob(xt[s:s + 1000]).argmax(1) == yt[s:s + 1000]).sum())
             glob.train()
         acc = correct / len(yt)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         images.append(n_img)
     return {"round_seconds": times, "images": images, "accuracy": acc}
 
 
-def run_fedskew(data_dir: str | None, rounds: int, workers: int) -> dict[str, Any]:
+def run_fedskew(data_dir: str | None, rounds: int, workers: int, device: str = "cpu") -> dict[str, Any]:
     from fedskew.engine.round_loop import RoundLoop
 
     cfg = {
@@ -135,7 +143,7 @@ def run_fedskew(data_dir: str | None, rounds: int, workers: int) -> dict[str, An
         "model": {"name": "fedavg_cnn"},
         "algorithm": {"name": "fedavg", "clients_per_round": PER_ROUND, "local_epochs": 1,
                       "batch_size": BATCH, "lr": LR},
-        "faults": {},
+        "faults": {}, "device": device,
     }
     with tempfile.TemporaryDirectory() as tmp:
         res = RoundLoop(cfg, Path(tmp), data_dir=data_dir, progress=False).run()
@@ -147,7 +155,7 @@ def run_fedskew(data_dir: str | None, rounds: int, workers: int) -> dict[str, An
     }
 
 
-def run_flower(data_dir: str | None, rounds: int) -> dict[str, Any]:
+def run_flower(data_dir: str | None, rounds: int, device: str = "cpu", gpus_per_client: float = 0.1) -> dict[str, Any]:
     """Flower's own simulation (Ray backend), FedAvg strategy, same model, data and evaluation."""
     import torch
     from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
@@ -166,24 +174,25 @@ def run_flower(data_dir: str | None, rounds: int) -> dict[str, Any]:
     @client.train()
     def train(msg: Message, context: Context) -> Message:
         cid = int(context.node_config["partition-id"])
-        model = plain_model()
+        model = plain_model().to(device)
         model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
         idx = parts[cid]
-        plain_epoch(model, x[idx], y[idx])
-        content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
+        plain_epoch(model, x[idx].to(device), y[idx].to(device))
+        content = RecordDict({"arrays": ArrayRecord({k: v.cpu() for k, v in model.state_dict().items()}),
                               "metrics": MetricRecord({"num-examples": len(idx)})})
         return Message(content=content, reply_to=msg)
 
     server = ServerApp()
 
     def evaluate(rnd: int, arrays: ArrayRecord) -> MetricRecord:
-        model = plain_model()
+        model = plain_model().to(device)
         model.load_state_dict(arrays.to_torch_state_dict())
         correct = 0
         with torch.no_grad():
             model.eval()
             for s in range(0, len(yt), 1000):
-                correct += int((model(xt[s:s + 1000]).argmax(1) == yt[s:s + 1000]).sum())
+                xb, yb = xt[s:s + 1000].to(device), yt[s:s + 1000].to(device)
+                correct += int((model(xb).argmax(1) == yb).sum())
         accs.append(correct / len(yt))
         marks.append(time.perf_counter())
         return MetricRecord({"accuracy": correct / len(yt)})
@@ -197,7 +206,8 @@ def run_flower(data_dir: str | None, rounds: int) -> dict[str, Any]:
                        num_rounds=rounds, evaluate_fn=evaluate)
 
     run_simulation(server_app=server, client_app=client, num_supernodes=CLIENTS,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+                   backend_config={"client_resources": {
+                       "num_cpus": 1, "num_gpus": gpus_per_client if device.startswith("cuda") else 0.0}})
     times = [b - a for a, b in itertools.pairwise(marks)]
     mean_images = PER_ROUND * sum(sizes) / CLIENTS  # Flower samples clients itself: expected images per round
     return {"round_seconds": times, "images": [mean_images] * len(times), "accuracy": accs[-1]}
@@ -233,7 +243,8 @@ def run_engine(engine: str, args: argparse.Namespace) -> dict[str, Any]:
     """Run one engine in a subprocess, sampling the process tree's memory."""
     out = Path(tempfile.mkstemp(suffix=".json")[1])
     cmd = [sys.executable, __file__, "--child", engine, "--rounds", str(args.rounds), "--workers",
-           str(args.workers), "--child-out", str(out)]
+           str(args.workers), "--child-out", str(out), "--device", args.device,
+           "--flower-gpus-per-client", str(args.flower_gpus_per_client)]
     proc = subprocess.Popen(cmd)
     peak = peak_pss = 0
     try:
@@ -263,6 +274,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=0, help="fedskew workers (0 = auto)")
     ap.add_argument("--skip-flower", action="store_true", help="leave Flower out (quick checks)")
     ap.add_argument("--engines", nargs="+", default=None, help="subset of: plain fedskew flower")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (every engine computes there)")
+    ap.add_argument("--flower-gpus-per-client", type=float, default=0.1, help="Flower clients' GPU share (Ray)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--child-out", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -270,11 +283,11 @@ def main() -> None:
 
     if args.child:
         if args.child == "plain":
-            res = run_plain(data_dir, args.rounds)
+            res = run_plain(data_dir, args.rounds, args.device)
         elif args.child == "fedskew":
-            res = run_fedskew(data_dir, args.rounds, args.workers)
+            res = run_fedskew(data_dir, args.rounds, args.workers, args.device)
         else:
-            res = run_flower(data_dir, args.rounds)
+            res = run_flower(data_dir, args.rounds, args.device, args.flower_gpus_per_client)
         Path(args.child_out).write_text(json.dumps(res))
         return
 
@@ -312,6 +325,7 @@ def main() -> None:
         summary["fedskew_vs_plain"] = round(results["fedskew"]["s_round"] / results["plain"]["s_round"], 3)
     if "flower" in results and "fedskew" in results:
         summary["fedskew_vs_flower"] = round(results["fedskew"]["s_round"] / results["flower"]["s_round"], 3)
+    summary["device"] = args.device
     print()
     print(json.dumps(summary))
 
