@@ -109,6 +109,13 @@ class ServerContext:
     metrics: dict[str, Any] = field(default_factory=dict)
     artifacts: Callable[[str, dict[str, torch.Tensor]], None] | None = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    rejections: Callable[[int, str], None] | None = None
+
+    def reject(self, cid: int, reason: str) -> None:
+        """Drop client ``cid``'s reply from this round's aggregate, with a reason the round's metrics keep
+        (``rejected``), as the engine's own checks do (an outlying update, a robust rule's cut)."""
+        if self.rejections is not None:
+            self.rejections(cid, reason)
 
     def save_artifact(self, name: str, tensors: dict[str, torch.Tensor]) -> None:
         """Keep named tensors of this round in the run folder (``artifacts/<name>/round_NNNN.safetensors``).
@@ -226,6 +233,21 @@ class Algorithm:
     def aggregate(self, server: ServerContext, replies: Replies) -> None:
         """Make the new global state from the replies (possibly none, if every client failed)."""
         raise NotImplementedError
+
+    def reply_scalars(self, task: str, server: ServerContext) -> dict[str, tuple[float, float | None]]:
+        """The scalar metrics a valid reply to ``task`` must carry: name -> (lowest, highest or None).
+
+        The engine rejects a reply that lacks one, or whose value is not a finite number in range; it
+        also caps ``num_samples`` at :meth:`sample_limit`. Default: a ``train`` reply says how many
+        samples it trained on, which is what averaging weights by.
+        """
+        return {"num_samples": (0.0, None)} if task == "train" else {}
+
+    def sample_limit(self, cid: int, shard_size: int, server: ServerContext) -> float:
+        """The most samples client ``cid`` may claim in a reply: its shard (the server knows each
+        client's shard size in simulation, and the one the deployment announced). Methods that train
+        on more than the shard (oversampling, relayed data) raise it."""
+        return float(shard_size)
 
     def reply_spec(self, task: str, server: ServerContext) -> dict[str, tuple[tuple[int, ...], torch.dtype]] | None:
         """The arrays a valid reply to ``task`` holds (name -> (shape, dtype)), or None for no check.

@@ -145,6 +145,10 @@ class CIM(FedAvg):
         delta = float(msg.config["delta"])
         return oversample_indices(y, self.fed.num_classes, delta, client.round, client.rng("oversample"))
 
+    def sample_limit(self, cid: int, shard_size: int, server: ServerContext) -> float:
+        """Oversampling fills each held class up to the largest one: at most ``shard_size`` per class."""
+        return float(shard_size * (self.fed.num_classes if self.params.oversample else 1))
+
     def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
         if task == "census":
             counts = client.class_counts().cpu().numpy()

@@ -4,14 +4,16 @@ returned models weighted by the clients' sample counts |D_k| (FedDC paper, Eq. 2
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
 from fedskew.algorithms.base import Algorithm, ClientContext, Replies, ServerContext, register_algorithm
-from fedskew.components.aggregate import weighted_mean
+from fedskew.components.aggregate import Aggregation, robust_average
 from fedskew.components.selection import uniform_sample
 from fedskew.components.trainer import GradHook, LocalConfig, LocalResult, LossTerm, SGDParams, train_local
+from fedskew.core.errors import ConfigError
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import check
 
@@ -24,10 +26,20 @@ class FedAvg(Algorithm):
     class Params(SGDParams, Algorithm.Params):
         # batch_size, lr, momentum, weight_decay: the clients' local SGD (SGDParams)
         local_epochs: int = 1  # E, local epochs per round
+        # How the clients' models are combined: FedAvg's weighted mean (default), a robust rule, norm
+        # clipping, and the bound on outlying updates ([algorithm.aggregation]).
+        aggregation: Aggregation = field(default_factory=Aggregation)
+
+        averages_models: ClassVar[bool] = True
+        """False for methods that combine something else (control variates, normalised steps):
+        ``[algorithm.aggregation]`` does not apply to them and is refused."""
 
         def __post_init__(self) -> None:
             super().__post_init__()
             check(self.local_epochs >= 1, "local_epochs", self.local_epochs, "at least 1")
+            if not self.averages_models and self.aggregation != Aggregation():
+                raise ConfigError("aggregation does not apply to this method (it does not average client models); "
+                                  "remove the [algorithm.aggregation] settings")
 
     params: Params
 
@@ -49,9 +61,25 @@ class FedAvg(Algorithm):
     def aggregate(self, server: ServerContext, replies: Replies) -> None:
         if not replies:  # every client failed or was rejected: keep the global model
             return
-        states = [m.arrays for _, m in replies]
+        state, _ = self.average(server, replies, [m.arrays for _, m in replies])
+        server.model.load_state_dict(state)
+
+    def average(
+        self, server: ServerContext, replies: Replies, states: list[dict[str, torch.Tensor]]
+    ) -> tuple[dict[str, torch.Tensor], Replies]:
+        """Combine the clients' model ``states`` (one per reply) by ``[algorithm.aggregation]``.
+
+        Returns the combined state (the keys of ``states``) and the replies kept; a reply whose update
+        is an outlier is rejected through ``server.reject`` (it shows in the round's ``rejected``).
+        """
+        reference = server.model.state_dict()
+        reference = {k: reference[k] for k in states[0]}
         weights = [m.metrics["num_samples"] for _, m in replies]
-        server.model.load_state_dict(weighted_mean(states, weights))
+        state, rejected = robust_average(states, weights, reference, self.params.aggregation)
+        dropped = {i for i, _ in rejected}
+        for i, reason in rejected:
+            server.reject(replies[i][0], reason)
+        return state, [r for i, r in enumerate(replies) if i not in dropped]
 
     # ---- client ------------------------------------------------------------------------------
     def local_config(self) -> LocalConfig:

@@ -24,7 +24,6 @@ from torch import nn
 
 from fedskew.algorithms.base import ClientContext, Replies, ServerContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
-from fedskew.components.aggregate import weighted_mean
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.models.registry import norm_layer_types
 
@@ -66,7 +65,7 @@ class FedBN(FedAvg):
     def aggregate(self, server: ServerContext, replies: Replies) -> None:
         if not replies:
             return
-        mean = weighted_mean([m.arrays for _, m in replies], [m.metrics["num_samples"] for _, m in replies])
+        mean, _ = self.average(server, replies, [m.arrays for _, m in replies])
         server.model.load_state_dict(mean, strict=False)  # the server's norm layers are left untouched
 
     # ---- client ------------------------------------------------------------------------------

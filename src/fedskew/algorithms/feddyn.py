@@ -15,6 +15,7 @@ the active models). Wire cost: FedAvg's.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -33,6 +34,7 @@ class FedDyn(FedAvg):
 
     @dataclass
     class Params(FedAvg.Params):
+        averages_models: ClassVar[bool] = False  # [algorithm.aggregation] does not apply
         alpha: float = 0.01  # Acar et al. search alpha in {0.1, 0.01, 0.001}; 0.01 is their usual pick
 
         def __post_init__(self) -> None:

@@ -33,7 +33,6 @@ from torch import nn
 
 from fedskew.algorithms.base import ClientContext, Replies, ServerContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
-from fedskew.components.aggregate import weighted_mean
 from fedskew.components.terms import head_term
 from fedskew.core.device import randn
 from fedskew.core.message import Message, arrays_with_prefix, state_to_arrays
@@ -127,8 +126,9 @@ class FedGen(FedAvg):
         if not replies:
             return
         models = [{k: v for k, v in m.arrays.items() if k != "label_counts"} for _, m in replies]
-        server.model.load_state_dict(weighted_mean(models, [m.metrics["num_samples"] for _, m in replies]))
-        self.train_generator(server, replies)
+        state, kept = self.average(server, replies, models)
+        server.model.load_state_dict(state)
+        self.train_generator(server, kept)
 
     def train_generator(self, server: ServerContext, replies: Replies) -> None:
         """``gen_steps`` Adam steps of the teacher + diversity loss against this round's heads."""

@@ -13,6 +13,9 @@ FedAvg's cost).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
 from fedskew.algorithms.base import ClientContext, Replies, ServerContext, register_algorithm
@@ -36,6 +39,12 @@ def normalizing_coefficient(tau: int, rho: float) -> float:
 @register_algorithm("fednova")
 class FedNova(FedAvg):
     """FedAvg with normalised averaging of the parameters (buffers are averaged as in FedAvg)."""
+
+    @dataclass
+    class Params(FedAvg.Params):
+        averages_models: ClassVar[bool] = False  # normalised steps: [algorithm.aggregation] does not apply
+
+    params: Params
 
     def aggregate(self, server: ServerContext, replies: Replies) -> None:
         if not replies:

@@ -21,7 +21,6 @@ import torch
 
 from fedskew.algorithms.base import Replies, ServerContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
-from fedskew.components.aggregate import weighted_mean
 from fedskew.components.server_opt import Tensors, adam_step, apply_server_step, momentum_step, param_keys, zeros_like
 from fedskew.core.params import check
 
@@ -39,7 +38,7 @@ class _ServerOptAvg(FedAvg):
     def aggregate(self, server: ServerContext, replies: Replies) -> None:
         if not replies:  # no pseudo-gradient this round: the model and optimiser state stay as they are
             return
-        mean = weighted_mean([m.arrays for _, m in replies], [m.metrics["num_samples"] for _, m in replies])
+        mean, _ = self.average(server, replies, [m.arrays for _, m in replies])
 
         def step(weights: Tensors, delta: Tensors) -> None:
             self.server_step(weights, delta, server.state)

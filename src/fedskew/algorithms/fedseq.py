@@ -24,6 +24,7 @@ round: M |w| down, M (n - 1) |w| client-to-client, M |w| up, as
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fedskew.algorithms.base import Replies, ServerContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
@@ -39,6 +40,7 @@ class FedSeq(FedAvg):
 
     @dataclass
     class Params(FedAvg.Params):
+        averages_models: ClassVar[bool] = False  # [algorithm.aggregation] does not apply
         num_clusters: int = 10  # M (HFLDD Sec. V-A4: 10 clusters of 10 clients)
 
         def __post_init__(self) -> None:

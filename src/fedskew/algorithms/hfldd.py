@@ -207,6 +207,12 @@ class HFLDD(FedAvg):
         server.state.update(homogeneous=homogeneous, heterogeneous=clusters, headers=headers)
         server.state["distilled"] = self._distill_and_relay(server, clusters, headers)
 
+    def sample_limit(self, cid: int, shard_size: int, server: ServerContext) -> float:
+        """A header trains on its shard and the distilled images relayed to it."""
+        headers, distilled = server.state.get("headers", []), server.state.get("distilled", [])
+        extra = distilled[headers.index(cid)] if cid in headers else 0
+        return float(shard_size + extra)
+
     def _distill_and_relay(self, server: ServerContext, clusters: list[list[int]], headers: list[int]) -> list[int]:
         """Members distil and send to their header (counted once, client-to-client); returns images per header."""
         members = [(c, h) for cluster, h in zip(clusters, headers, strict=True) for c in cluster if c != h]

@@ -33,6 +33,7 @@ class Scaffold(FedAvg):
 
     @dataclass
     class Params(FedAvg.Params):
+        averages_models: ClassVar[bool] = False  # [algorithm.aggregation] does not apply
         server_lr: float = 1.0  # eta_g; the paper's experiments use eta_g = 1 (Sec. 7)
 
         renamed: ClassVar[dict[str, str]] = {"global_lr": "server_lr"}  # FedAvgM's and FedAdam's name

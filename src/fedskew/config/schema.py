@@ -81,6 +81,13 @@ class Faults:
         array), ``extra`` (add one), ``oversized``, ``labels`` (out-of-range labels) or ``not_message``.
     max_reply_mb
         Replies larger than this are rejected as oversized.
+    malicious
+        Fraction of the clients (a fixed set drawn from the seed) that attack by model replacement:
+        their ``train`` replies carry ``w - malicious_scale * (w_k - w)`` for the global model w and
+        their honest model w_k, a boosted update in the opposite direction (Bagdasaryan et al.,
+        AISTATS 2020, scale their update so it replaces the average). For robust-aggregation studies.
+    malicious_scale
+        The boost of a malicious update (about the number of clients per round replaces the model).
     """
 
     dropout: float = 0.0
@@ -88,16 +95,25 @@ class Faults:
     corrupt: float = 0.0
     attack: Literal["nan", "inf", "shape", "dtype", "missing", "extra", "oversized", "labels", "not_message"] = "nan"
     max_reply_mb: float = 512.0
+    malicious: float = 0.0
+    malicious_scale: float = 10.0
 
     def __post_init__(self) -> None:
-        check(0 <= self.dropout < 1, "faults.dropout", self.dropout, "a probability in [0, 1)")
-        check(0 <= self.straggler < 1, "faults.straggler", self.straggler, "a probability in [0, 1)")
-        check(0 <= self.corrupt < 1, "faults.corrupt", self.corrupt, "a probability in [0, 1)")
+        check(0 <= self.dropout < 1, "dropout", self.dropout, "a probability in [0, 1)")
+        check(0 <= self.straggler < 1, "straggler", self.straggler, "a probability in [0, 1)")
+        check(0 <= self.corrupt < 1, "corrupt", self.corrupt, "a probability in [0, 1)")
         check(
-            self.dropout + self.straggler + self.corrupt < 1, "faults.dropout + straggler + corrupt",
+            self.dropout + self.straggler + self.corrupt < 1, "dropout + straggler + corrupt",
             self.dropout + self.straggler + self.corrupt, "< 1",
         )
-        check(self.max_reply_mb > 0, "faults.max_reply_mb", self.max_reply_mb, "> 0")
+        check(self.max_reply_mb > 0, "max_reply_mb", self.max_reply_mb, "> 0")
+        check(0 <= self.malicious < 1, "malicious", self.malicious, "a fraction of the clients in [0, 1)")
+        check(self.malicious_scale > 0, "malicious_scale", self.malicious_scale, "> 0")
+
+    def attackers(self, seed: int, num_clients: int) -> frozenset[int]:
+        """The malicious clients of a run: ``round(malicious * num_clients)`` of them, drawn from the seed."""
+        k = round(self.malicious * num_clients)
+        return frozenset(int(c) for c in numpy_rng(seed, "malicious").permutation(num_clients)[:k])
 
     def fate(self, seed: int, round: int, cid: int, task: str) -> str | None:
         """``"dropout"``, ``"straggler"``, ``"corrupt"`` or None for this (round, client, task); deterministic."""

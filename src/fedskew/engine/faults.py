@@ -35,3 +35,14 @@ def corrupt_reply(msg: Message, attack: str, num_classes: int, max_bytes: int) -
     elif attack == "labels":
         arrays["extra.labels"] = torch.tensor([num_classes + 5], dtype=torch.int64)
     return Message(arrays=arrays, config=dict(msg.config), metrics=dict(msg.metrics))
+
+
+def model_replacement(request: Message, reply: Message, scale: float) -> Message:
+    """A malicious client's reply: ``w - scale * (w_k - w)`` for every float array the request also holds
+    (the global model w it received; w_k its honest result). Other arrays and metrics stay as they are."""
+    arrays = dict(reply.arrays)
+    for k, w_k in reply.arrays.items():
+        w = request.arrays.get(k)
+        if w is not None and w_k.is_floating_point() and w.shape == w_k.shape:
+            arrays[k] = (w - scale * (w_k - w)).to(w_k.dtype)
+    return Message(arrays=arrays, config=dict(reply.config), metrics=dict(reply.metrics))

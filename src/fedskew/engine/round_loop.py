@@ -43,7 +43,7 @@ from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import build_params
 from fedskew.engine.checkpoint import load_checkpoint, save_checkpoint
-from fedskew.engine.faults import corrupt_reply
+from fedskew.engine.faults import corrupt_reply, model_replacement
 from fedskew.engine.federation import Federation, build_federation
 from fedskew.engine.replies import check_reply
 from fedskew.engine.workers import ClientJob, Workers, default_workers, worker_devices
@@ -113,6 +113,7 @@ class RoundLoop:
         )
         self.algorithm = make_algorithm(cfg["algorithm"], self.fed.info)
         self.faults = build_params(Faults, cfg.get("faults", {}), prefix="faults.")
+        self._attackers = self.faults.attackers(self.fed.info.seed, self.fed.info.num_clients)
         self.ledger = Ledger()
         self.client_states: dict[int, dict[str, Any]] = {}
         self.round = 0
@@ -122,6 +123,7 @@ class RoundLoop:
         self._round_rejected: list[list[Any]] = []
         self._workers: Workers | None = None
         self._wire_cache: dict[int, tuple[Message, Message]] = {}
+        self._sample_claims: dict[int, float] = {}
         self.compute = Compute(
             str(resolve_device(str(cfg.get("device", "auto")))), str(cfg.get("amp", "off")),
             bool(cfg.get("deterministic", False)),
@@ -132,7 +134,7 @@ class RoundLoop:
         self.device = self.compute.torch_device
         self.server = ServerContext(
             fed=self.fed.info, model=self.algorithm.init_model().to(self.device), exchange=self.exchange,
-            artifacts=self._save_artifact, device=self.device,
+            artifacts=self._save_artifact, device=self.device, rejections=self._reject,
         )
 
     # ---- the exchange the algorithm calls ---------------------------------------------------------
@@ -163,6 +165,8 @@ class RoundLoop:
             jobs.append(ClientJob(task, cid, self.round, self._on_wire(msg), self.client_states.get(cid, {})))
         results = (self.clients or self._workers).run_clients(jobs)
         spec = self.algorithm.reply_spec(task, self.server)
+        scalars = self.algorithm.reply_scalars(task, self.server)
+        arrived, rejected_here = 0, []
         max_bytes = int(self.faults.max_reply_mb * 1e6)
         replies: Replies = []
         for job, outcome in zip(jobs, results, strict=True):
@@ -173,6 +177,8 @@ class RoundLoop:
             result, state = outcome
             self.client_states[cid] = state
             reply: Any = result
+            if task == "train" and cid in self._attackers:
+                reply = model_replacement(job.msg, result, self.faults.malicious_scale)
             if fates[cid] == "corrupt":
                 reply = corrupt_reply(result, self.faults.attack, self.fed.info.num_classes, max_bytes)
             if up is not None and isinstance(reply, Message):
@@ -180,16 +186,54 @@ class RoundLoop:
             if fates[cid] == "straggler":
                 self._round_failed.append([cid, "straggler"])
                 continue
-            reason = check_reply(reply, spec, self.fed.info.num_classes, max_bytes)
+            arrived += 1
+            reason = check_reply(reply, spec, self.fed.info.num_classes, max_bytes) or self._check_scalars(
+                cid, reply, scalars
+            )
             if reason is not None:
                 log.warning("round %d: rejected the %r reply of client %d: %s", self.round, task, cid, reason)
                 self._round_rejected.append([cid, reason])
+                rejected_here.append(f"client {cid}: {reason}")
                 continue
             replies.append((cid, reply if self.device.type == "cpu" else self._on_server(reply)))
             if cid not in self._round_clients:
                 self._round_clients.append(cid)
-            self._round_samples += float(reply.metrics.get("num_samples", 0.0))
+            samples = float(reply.metrics.get("num_samples", 0.0))
+            self._round_samples += samples
+            self._sample_claims[cid] = self._sample_claims.get(cid, 0.0) + samples
+        if arrived and len(rejected_here) == arrived:
+            shown = "; ".join(rejected_here[:3]) + (f"; and {arrived - 3} more" if arrived > 3 else "")
+            raise FedskewError(
+                f"round {self.round}: every reply to {task!r} was rejected ({shown}); the run stops here, "
+                "its metrics and last checkpoint are kept"
+            )
         return replies
+
+    def _check_scalars(self, cid: int, reply: Message, scalars: dict[str, tuple[float, float | None]]) -> str | None:
+        """Why a reply's scalar metrics break the method's schema, or None (values are finite: check_reply)."""
+        for name, (low, high) in scalars.items():
+            if name not in reply.metrics:
+                return f"metric {name!r} is missing"
+            value = float(reply.metrics[name])
+            if value < low or (high is not None and value > high):
+                return f"metric {name!r} = {value!r} is outside [{low}, {'inf' if high is None else high}]"
+        if "num_samples" in reply.metrics:
+            n = float(reply.metrics["num_samples"])
+            shard = self.fed.offsets[cid + 1] - self.fed.offsets[cid]
+            limit = self.algorithm.sample_limit(cid, shard, self.server)
+            if not n.is_integer():
+                return f"num_samples = {n!r} is not a whole number"
+            if n > limit:
+                return f"claims {n:.0f} samples, but client {cid} holds at most {limit:.0f}"
+        return None
+
+    def _reject(self, cid: int, reason: str) -> None:
+        """The server half dropped an accepted reply (an outlying update, a robust rule's cut)."""
+        log.warning("round %d: the algorithm rejected the reply of client %d: %s", self.round, cid, reason)
+        self._round_rejected.append([cid, reason])
+        if cid in self._round_clients:
+            self._round_clients.remove(cid)
+        self._round_samples -= self._sample_claims.pop(cid, 0.0)
 
     def _on_wire(self, msg: Message) -> Message:
         """A request as it travels: its arrays on the CPU (the server's may be on a GPU)."""
@@ -310,6 +354,7 @@ class RoundLoop:
     def _one_round(self, rounds: int) -> tuple[dict[str, Any], float]:
         self._round_clients, self._round_samples = [], 0.0
         self._round_failed, self._round_rejected = [], []
+        self._sample_claims = {}
         server = self.server
         server.round = self.round
         server.metrics = {}
