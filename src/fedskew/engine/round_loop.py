@@ -28,7 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from fedskew.algorithms.base import ALGORITHMS, Algorithm, Replies, ServerContext
-from fedskew.config.schema import Faults
+from fedskew.config.schema import Faults, RayParams
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message, state_to_arrays
@@ -36,6 +36,7 @@ from fedskew.core.params import build_params
 from fedskew.engine.checkpoint import load_checkpoint, save_checkpoint
 from fedskew.engine.faults import corrupt_reply
 from fedskew.engine.federation import Federation, build_federation
+from fedskew.engine.ray_workers import RayWorkers
 from fedskew.engine.replies import check_reply
 from fedskew.engine.workers import ClientJob, Workers, default_workers
 from fedskew.metrics import Ledger, class_variance, summarize_run
@@ -111,7 +112,7 @@ class RoundLoop:
         self._round_samples = 0.0
         self._round_failed: list[list[Any]] = []
         self._round_rejected: list[list[Any]] = []
-        self._workers: Workers | None = None
+        self._workers: Workers | RayWorkers | None = None
         self.server = ServerContext(
             fed=self.fed.info, model=self.algorithm.init_model(), exchange=self.exchange, artifacts=self._save_artifact
         )
@@ -227,7 +228,11 @@ class RoundLoop:
         workers = int(cfg.get("workers", 1)) or default_workers()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         records: list[dict[str, Any]] = []
-        self._workers = Workers(self.fed, cfg["algorithm"]["name"], self.algorithm.params, workers)
+        if cfg.get("engine", "local") == "ray":  # Ray runs as many jobs at once as its resources allow
+            ray = build_params(RayParams, cfg.get("ray", {}), prefix="ray.")
+            self._workers = RayWorkers(self.fed, cfg["algorithm"]["name"], self.algorithm.params, ray)
+        else:
+            self._workers = Workers(self.fed, cfg["algorithm"]["name"], self.algorithm.params, workers)
         try:
             if resume:
                 records = self._restore()
