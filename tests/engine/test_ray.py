@@ -26,7 +26,7 @@ from fedskew.engine.ray_workers import MISSING_RAY
 from fedskew.engine.round_loop import RoundLoop
 from tests.algorithms.resume import assert_resumes_exactly
 from tests.conftest import tiny_config
-from tests.engine.ray_cluster import LocalRayCluster, auth_env
+from tests.engine.ray_cluster import LocalRayCluster, auth_env, free_port
 
 needs_ray = pytest.mark.skipif(
     importlib.util.find_spec("ray") is None, reason="Ray is optional: pip install 'fedskew[ray]'"
@@ -95,6 +95,14 @@ def test_a_local_instance_is_started_and_stopped_by_the_run(tmp_path: Path, ray_
     inline = _run(tiny_config(rounds=2), tmp_path / "inline")
     assert _run(tiny_config(rounds=2, engine="ray"), tmp_path / "ray") == inline
     assert not ray.is_initialized()
+
+
+@needs_ray
+def test_an_address_where_no_cluster_answers_is_one_line(tmp_path: Path) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    loop = RoundLoop(tiny_config(engine="ray", ray={"address": address}), tmp_path / "run", progress=False)
+    with pytest.raises(FedskewError, match=f"ray.address '{address}': nothing answers there"):
+        loop.run()
 
 
 def test_missing_ray_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import socket
 import warnings
 from collections import Counter
 from typing import Any
@@ -46,6 +47,20 @@ def _import_ray() -> Any:
     except ImportError:
         raise FedskewError(MISSING_RAY) from None
     return ray
+
+
+def check_reachable(address: str, timeout: float = 10.0) -> None:
+    """Refuse at once a ``HOST:PORT`` (or ``ray://HOST:PORT``) where nothing listens: Ray would retry for minutes."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return  # "auto" and other forms: Ray finds the cluster itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise FedskewError(
+            f"ray.address {address!r}: nothing answers there ({e.strerror or e}); give the HOST:PORT of a "
+            "running Ray head node, 'auto', or leave it empty to start a local instance"
+        ) from None
 
 
 def object_store_bytes(fed: Federation) -> int:
@@ -150,6 +165,7 @@ class RayWorkers:
         ray = self._ray
         try:
             if address:
+                check_reachable(address)
                 ray.init(address=address, logging_level=logging.WARNING)
             else:
                 ray.init(object_store_memory=object_store_bytes(fed), include_dashboard=False,
