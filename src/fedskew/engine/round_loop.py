@@ -28,7 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from fedskew.algorithms.base import ALGORITHMS, Algorithm, Replies, ServerContext
-from fedskew.config.schema import Faults
+from fedskew.config.schema import Faults, RayParams
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.device import (
     Compute,
@@ -45,6 +45,7 @@ from fedskew.core.params import build_params
 from fedskew.engine.checkpoint import load_checkpoint, save_checkpoint
 from fedskew.engine.faults import corrupt_reply, model_replacement
 from fedskew.engine.federation import Federation, build_federation
+from fedskew.engine.ray_workers import RayWorkers
 from fedskew.engine.replies import check_reply
 from fedskew.engine.workers import ClientJob, Workers, default_workers, worker_devices
 from fedskew.metrics import Ledger, class_variance, summarize_run
@@ -121,7 +122,7 @@ class RoundLoop:
         self._round_samples = 0.0
         self._round_failed: list[list[Any]] = []
         self._round_rejected: list[list[Any]] = []
-        self._workers: Workers | None = None
+        self._workers: Workers | RayWorkers | None = None
         self._wire_cache: dict[int, tuple[Message, Message]] = {}
         self._sample_claims: dict[int, float] = {}
         self.compute = Compute(
@@ -306,9 +307,16 @@ class RoundLoop:
         workers = int(cfg.get("workers", 1)) or default_workers(spec)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         records: list[dict[str, Any]] = []
-        self._workers = Workers(
-            self.fed, cfg["algorithm"]["name"], self.algorithm.params, workers, self.compute, worker_devices(spec)
-        )
+        if cfg.get("engine", "local") == "ray":  # Ray runs as many jobs at once as its resources allow
+            ray = build_params(RayParams, cfg.get("ray", {}), prefix="ray.")
+            self._workers = RayWorkers(
+                self.fed, cfg["algorithm"]["name"], self.algorithm.params, ray, self.compute
+            )
+        else:
+            self._workers = Workers(
+                self.fed, cfg["algorithm"]["name"], self.algorithm.params, workers, self.compute,
+                worker_devices(spec),
+            )
         try:
             if resume:
                 records = self._restore()
