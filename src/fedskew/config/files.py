@@ -18,7 +18,7 @@ TOP_LEVEL: dict[str, str] = {
     "rounds": "number of communication rounds",
     "seed": "root seed of a single run",
     "seeds": "one run per seed (overrides seed)",
-    "workers": "worker processes for client work and evaluation (0 = auto: one per core, or one per GPU; not with engine = ray)",
+    "workers": "worker processes for client jobs and evaluation (0 = one per core or per GPU; not with engine = ray)",
     "eval_every": "evaluate the global model every N rounds (and after the last)",
     "checkpoint_every": "write a checkpoint every N rounds (0 = only at the end)",
     "target_accuracy": "accuracy (fraction) for rounds-to-target and bytes-to-target",
