@@ -119,14 +119,17 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    from fedskew.engine.flower.app import write_app, write_shards
+    from fedskew.engine.flower.app import superlink_command, write_app, write_shards
 
     config, overrides = args.config, args.overrides
     if config is not None and "=" in config and not Path(config).exists():  # `fedskew deploy init app rounds=5`
         config, overrides = None, [config, *overrides]
     if args.action == "init":
         folder = write_app(Path(args.folder), config, overrides, label=args.label, force=args.force)
-        print(f"Flower App: {folder}\nrun it with: flwr run {folder} <superlink-connection>  (see docs/deploy.md)")
+        print(f"Flower App: {folder}\n"
+              f"start the SuperLink (bound to this machine; others reach it through an SSH tunnel, see "
+              f"docs/deploy.md):\n  {superlink_command()}\n"
+              f"run it with: flwr run {folder} <superlink-connection>")
         return 0
     from fedskew.config import parse_overrides, read_config, resolve
 
