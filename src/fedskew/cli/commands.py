@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedskew.core.errors import FedskewError
-from fedskew.runs import CONFIG_FILE
+from fedskew.runs import CONFIG_FILE, os_errors_name
 
 if TYPE_CHECKING:
     from fedskew.config import RunSpec
@@ -73,6 +73,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             runs = _only(runs, args.only)
         check_devices([r.config for r in runs])
         parent = choose_parent(args.out, runs[0].config.get("name", "experiment"), runs, args.force)
+        with os_errors_name(parent):  # an unwritable --out is refused before the run starts
+            parent.mkdir(parents=True, exist_ok=True)
         print(f"fedskew: {len(runs)} run(s) -> {parent}", file=sys.stderr)
         run_experiment(runs, parent, data_dir=_data_dir(args), progress=progress)
         parents = [parent]

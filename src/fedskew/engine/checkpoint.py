@@ -85,7 +85,9 @@ def load_checkpoint(folder: Path) -> dict[str, Any]:
         records = json.loads(ck["records"])
     except json.JSONDecodeError as e:
         raise FedskewError(f"checkpoint {path}: its records are not valid JSON ({e})") from None
-    rounds = [r.get("round") if isinstance(r, dict) else None for r in records] if isinstance(records, list) else None
+    if not isinstance(records, list) or not all(isinstance(r, dict) and type(r.get("round")) is int for r in records):
+        raise FedskewError(f"checkpoint {path}: its records are not a list of round records")
+    rounds = [r["round"] for r in records]
     if rounds != list(range(1, ck["round"] + 1)):
         raise FedskewError(
             f"checkpoint {path} is at round {ck['round']} but its records hold rounds {_span(rounds)}: "
@@ -149,9 +151,7 @@ def check_resume(
         raise FedskewError(f"checkpoint {path} does not fit this run's model: it has {extra[0]!r}, the model does not")
 
 
-def _span(rounds: list[Any] | None) -> str:
-    if rounds is None:
-        return "nothing (not a list of records)"
+def _span(rounds: list[int]) -> str:
     if not rounds:
         return "none"
     return f"{rounds[0]} ... {rounds[-1]} ({len(rounds)} records)"
