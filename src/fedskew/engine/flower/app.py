@@ -90,6 +90,11 @@ def write_app(folder: Path, config: str | None, overrides: list[str], label: str
     from fedskew.config import builtin_configs
     from fedskew.config.files import read_text
 
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"{folder} is a file, not a folder: choose another app folder")
+    target = folder / "pyproject.toml"
+    if target.exists() and not force:
+        raise ConfigError(f"{target} exists; pass --force to overwrite it")
     source = Path(config) if config is not None else None
     if source is not None and source.exists():
         if source.is_dir():
@@ -105,11 +110,6 @@ def write_app(folder: Path, config: str | None, overrides: list[str], label: str
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config {config or 'default'}: invalid TOML: {e}") from None
     one_run(raw, settings["overrides"], label, str(config or "default"))
-    if folder.exists() and not folder.is_dir():
-        raise ConfigError(f"{folder} is a file, not a folder: choose another app folder")
-    target = folder / "pyproject.toml"
-    if target.exists() and not force:
-        raise ConfigError(f"{target} exists; pass --force to overwrite it")
     folder.mkdir(parents=True, exist_ok=True)
     (folder / EXPERIMENT).write_text(text, encoding="utf-8")
     target.write_text(PYPROJECT + tomli_w.dumps({"tool": {"flwr": {"app": {"config": settings}}}}))
