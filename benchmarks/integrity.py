@@ -118,6 +118,8 @@ CASES: list[Case] = [
          (f"{CLI}::test_a_bad_second_variant_stops_everything_before_the_first_runs",)),
     Case(INPUT, "`deploy init` with `partition.alpha=0` writes nothing",
          (f"{CLI}::test_deploy_init_into_a_file_is_one_line",)),
+    Case(INPUT, "a model too large for memory (torch's failed allocation)",
+         (f"{CLI}::test_a_model_too_large_for_memory_is_one_line",)),
     Case(INPUT, "`faults.attack=nan` (and `inf`) accepted unquoted",
          (f"{CLI}::test_faults_attack_takes_the_documented_words_unquoted",)),
     # ---- deployment

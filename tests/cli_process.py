@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import fedskew
+from fedskew.config import dump
 from fedskew.runs import LOCK_FILE
+from tests.conftest import tiny_config
 
 SRC = Path(fedskew.__file__).resolve().parents[1]
 """The ``src`` folder of the fedskew under test, put on the child's ``PYTHONPATH``."""
@@ -74,3 +76,13 @@ def snapshot(folder: Path) -> dict[str, bytes]:
         str(p.relative_to(folder)): p.read_bytes()
         for p in sorted(folder.rglob("*")) if p.is_file() and p.name != LOCK_FILE
     }
+
+
+def write_config(path: Path, **over: Any) -> Path:
+    """A config file of the tiny federation (label from the algorithm, ``seeds = [0]`` unless given)."""
+    cfg = tiny_config(**over)
+    cfg.pop("label")
+    if "seeds" not in over:
+        cfg["seeds"] = [0]
+    path.write_text(dump(cfg))
+    return path

@@ -18,18 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from fedskew.config import dump
-from tests.cli_process import fedskew, one_error, snapshot
-from tests.conftest import tiny_config
-
-
-def write_config(path: Path, **over: Any) -> Path:
-    cfg = tiny_config(**over)
-    cfg.pop("label")
-    if "seeds" not in over:
-        cfg["seeds"] = [0]
-    path.write_text(dump(cfg))
-    return path
+from tests.cli_process import fedskew, one_error, snapshot, write_config
 
 
 @pytest.fixture
@@ -117,6 +106,11 @@ def test_faults_attack_takes_the_documented_words_unquoted(tmp_path: Path, cfg_f
     res = fedskew("run", str(cfg_file), "faults.attack=inf", "faults.corrupt=0.5", "rounds=1", "--out", "p",
                   "--no-progress", cwd=tmp_path)
     assert res.code == 0, res.err
+
+
+def test_a_model_too_large_for_memory_is_one_line(tmp_path: Path, cfg_file: Path) -> None:
+    res = fedskew("run", str(cfg_file), "model.hidden=[100000000000]", "--out", "o", "--no-progress", cwd=tmp_path)
+    assert "out of memory" in one_error(res, after_start=True)
 
 
 # ---- config files that cannot be read ---------------------------------------------------------------

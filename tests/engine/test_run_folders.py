@@ -19,22 +19,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedskew.config import dump
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.engine.checkpoint import load_checkpoint
 from fedskew.runs import LOCK_FILE, check_folder_name, describe_os_error, locked_run_folder
-from tests.cli_process import command, environment, fedskew, one_error, snapshot
-from tests.conftest import tiny_config
+from tests.cli_process import command, environment, fedskew, one_error, snapshot, write_config
 
 LONG = 100_000
 """Rounds of a run that is stopped (killed, terminated) long before it ends."""
-
-
-def write_config(path: Path, **over: object) -> Path:
-    cfg = tiny_config(**over)
-    cfg.pop("label")
-    path.write_text(dump(cfg))
-    return path
 
 
 def rounds_of(run: Path) -> list[int]:

@@ -141,8 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     One line, no traceback, for: :class:`FedskewError` (bad input, missing data, a run folder in use),
     ``OSError`` (a full disk, a read-only or unwritable folder, a file where a folder should be), and
-    ``MemoryError``. Ctrl-C (exit 130) and SIGTERM (exit 143) stop a run the same way: its worker
-    processes end and it can continue from its last checkpoint.
+    running out of memory (``MemoryError``, PyTorch's failed allocations). Ctrl-C (exit 130) and SIGTERM
+    (exit 143) stop a run the same way: its worker processes end and it can continue from its last
+    checkpoint.
     """
     args = build_parser().parse_args(argv)
     main_thread = threading.current_thread() is threading.main_thread()
@@ -155,6 +156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _error(describe_os_error(e))
     except MemoryError as e:
         return _error(f"out of memory ({e or 'MemoryError'}); make the dataset, model or batch smaller")
+    except RuntimeError as e:
+        if not _out_of_memory(e):
+            raise
+        return _error(f"out of memory ({str(e).strip().splitlines()[-1]}); make the dataset, model or batch smaller")
     except Terminated:
         print("fedskew: terminated; a run continues from its last checkpoint with "
               "`fedskew run --resume RUN_DIR`", file=sys.stderr)
@@ -166,6 +171,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if main_thread and previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _out_of_memory(e: RuntimeError) -> bool:
+    """PyTorch reports a failed allocation as a RuntimeError: ``torch.OutOfMemoryError`` on a GPU, a
+    message ``DefaultCPUAllocator: can't allocate memory`` on the CPU."""
+    return type(e).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(e)
 
 
 def _error(line: str) -> int:
