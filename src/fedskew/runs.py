@@ -103,9 +103,11 @@ def check_out_folder(out: str | Path) -> Path:
     return path
 
 
+_DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+"""Errors of a full disk (or quota): they name the folder being written, not a file."""
 _OS_ERRORS = {
     errno.ENOSPC: "the disk is full (no space left on device)",
-    errno.EDQUOT: "the disk quota is exceeded",
+    getattr(errno, "EDQUOT", -1): "the disk quota is exceeded",
     errno.EROFS: "read-only file system",
     errno.EACCES: "permission denied",
     errno.EPERM: "operation not permitted",
@@ -125,7 +127,7 @@ def describe_os_error(e: OSError, folder: Path | None = None) -> str:
     """
     what = _OS_ERRORS.get(e.errno or 0, e.strerror or str(e) or type(e).__name__)
     path = e.filename
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+    if e.errno in _DISK_FULL:
         where = folder if folder is not None else (Path(path).parent if path else None)
         return f"{what} while writing {where}" if where is not None else what
     if path:
@@ -144,7 +146,7 @@ def os_errors_name(folder: Path, *, run: bool = False) -> Iterator[None]:
         yield
     except OSError as e:
         line = describe_os_error(e, folder)
-        if run and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        if run and e.errno in _DISK_FULL:
             if (folder / CHECKPOINTS_DIR / CHECKPOINT_FILE).is_file():
                 line += f"; its last checkpoint is intact: free some space, then `fedskew run --resume {folder}`"
             else:
