@@ -10,22 +10,34 @@ The engine writes one folder per run (variant x seed), named :func:`run_folder_n
     checkpoints/      last.pt, the last checkpoint
     artifacts/<name>/ round_NNNN.safetensors, what an algorithm keeps per round (``synthetic``: uploads)
     audit.json        written by ``fedskew audit``
+    .lock             held (``flock``) by the process that runs or resumes the run, for the life of the run
 
 This module knows only these names and formats, so the engine, the report, the audit and the command
-line agree on them without importing one another.
+line agree on them without importing one another. It also holds the rules every run folder follows:
+names that stay inside their parent (:func:`check_folder_name`), one process per run folder at a time
+(:func:`locked_run_folder`), and file-system failures reported as one line naming the folder
+(:func:`describe_os_error`, :func:`os_errors_name`).
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, TypeGuard
 
-from fedskew.core.errors import FedskewError
+from fedskew.core.errors import ConfigError, FedskewError
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; run folders are not protected there
+    fcntl = None  # type: ignore[assignment]
 
 CONFIG_FILE = "config.toml"
 METRICS_FILE = "metrics.jsonl"
@@ -38,6 +50,7 @@ ARTIFACTS_DIR = "artifacts"
 SYNTHETIC_ARTIFACT = "synthetic"
 """The artifact in which condensation-based methods keep the synthetic images their clients sent."""
 AUDIT_FILE = "audit.json"
+LOCK_FILE = ".lock"
 
 REQUIRED_SUMMARY_KEYS = (
     "algorithm",
@@ -61,6 +74,116 @@ def run_folder_name(label: str, seed: object) -> str:
 def folder_label(label: str) -> str:
     """A label as one path component: ``/``, ``\\`` and control characters become ``_``."""
     return re.sub(r"[/\\\x00-\x1f]", "_", label)
+
+
+def check_folder_name(key: str, value: object) -> None:
+    """Require ``value`` to name a folder inside its parent: the experiment ``name`` (``runs/<name>``).
+
+    Refused: an empty name, an absolute path (``/x``, ``~/x``, ``C:\\x``), a ``..`` part (it leaves the
+    parent) or a ``.`` part, and control characters. A name may have parts (``fmnist/alpha0.1``).
+    """
+    ok = isinstance(value, str) and value.strip() != "" and not re.search(r"[\x00-\x1f]", value)
+    if isinstance(value, str) and ok:
+        absolute = PurePosixPath(value).is_absolute() or bool(PureWindowsPath(value).drive) or value.startswith("~")
+        ok = not absolute and not {".", ".."} & set(re.split(r"[/\\]", value))
+    if not ok:
+        raise ConfigError(
+            f"{key} must be a folder name inside runs/ (not empty, not absolute, no '.' or '..' parts, no control "
+            f"characters), got {value!r}"
+        )
+
+
+def check_out_folder(out: str | Path) -> Path:
+    """``--out`` as a path: it must name something (``--out ""`` would write into the current folder)."""
+    if not str(out).strip():
+        raise ConfigError("--out must name a folder, got ''")
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--out {path} is a file, not a folder")
+    return path
+
+
+_DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+"""Errors of a full disk (or quota): they name the folder being written, not a file."""
+_OS_ERRORS = {
+    errno.ENOSPC: "the disk is full (no space left on device)",
+    getattr(errno, "EDQUOT", -1): "the disk quota is exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EISDIR: "is a folder, not a file",
+    errno.ENOTDIR: "a part of the path is a file, not a folder",
+    errno.EEXIST: "exists and is not a folder",
+    errno.ENOENT: "no such file or folder",
+    errno.ENAMETOOLONG: "file name too long",
+}
+
+
+def describe_os_error(e: OSError, folder: Path | None = None) -> str:
+    """One line for a file-system failure, naming the file (or ``folder`` when the error names none).
+
+    A full disk names the folder being written: ``the disk is full (no space left on device) while
+    writing runs/x/FedAvg-seed0``.
+    """
+    what = _OS_ERRORS.get(e.errno or 0, e.strerror or str(e) or type(e).__name__)
+    path = e.filename
+    if e.errno in _DISK_FULL:
+        where = folder if folder is not None else (Path(path).parent if path else None)
+        return f"{what} while writing {where}" if where is not None else what
+    if path:
+        return f"{path}: {what}"
+    return f"{what} in {folder}" if folder is not None else what
+
+
+@contextmanager
+def os_errors_name(folder: Path, *, run: bool = False) -> Iterator[None]:
+    """Turn an ``OSError`` raised inside into a :class:`FedskewError` of one line naming ``folder``.
+
+    With ``run`` (``folder`` is a run folder being written), a full disk also says how to go on: from
+    the last checkpoint, which a failed write leaves intact, or from the start when there is none yet.
+    """
+    try:
+        yield
+    except OSError as e:
+        line = describe_os_error(e, folder)
+        if run and e.errno in _DISK_FULL:
+            if (folder / CHECKPOINTS_DIR / CHECKPOINT_FILE).is_file():
+                line += f"; its last checkpoint is intact: free some space, then `fedskew run --resume {folder}`"
+            else:
+                line += "; no checkpoint was written yet: free some space and start the run again"
+        raise FedskewError(line) from None
+
+
+@contextmanager
+def locked_run_folder(run_dir: Path) -> Iterator[Path]:
+    """Hold the run folder for the life of a run: at most one process runs or resumes it at a time.
+
+    Creates ``run_dir`` and takes an exclusive ``flock`` on its ``.lock`` file (which names the holder's
+    pid), released when the block ends or the process dies (the operating system releases it, so a killed
+    run leaves no stale lock). A folder another process holds, or one that cannot be created, is refused
+    with one line naming it.
+    """
+    run_dir = Path(run_dir)
+    with os_errors_name(run_dir):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+                pid = f" (pid {holder})" if holder.isdigit() else ""
+                raise FedskewError(
+                    f"{run_dir} is in use by another fedskew process{pid}; wait for it to end, or choose another "
+                    "folder"
+                ) from None
+            with os_errors_name(run_dir):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield run_dir
+    finally:
+        os.close(fd)
 
 
 def run_config_path(run_dir: Path) -> Path:

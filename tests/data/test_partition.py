@@ -129,9 +129,9 @@ def test_dirichlet_retry_exhaustion_is_a_config_error() -> None:
         assert part in message
 
 
-@pytest.mark.parametrize("alpha", [0, -1.0, float("inf")])
-def test_dirichlet_rejects_non_positive_alpha(alpha: float) -> None:
-    with pytest.raises(ConfigError, match=r"partition\.alpha must be > 0, got"):
+@pytest.mark.parametrize(("alpha", "allowed"), [(0, "> 0"), (-1.0, "> 0"), (float("inf"), "a finite number")])
+def test_dirichlet_rejects_non_positive_alpha(alpha: float, allowed: str) -> None:
+    with pytest.raises(ConfigError, match=rf"partition\.alpha must be {allowed}, got"):
         partition("dirichlet", LABELS, 10, 0, alpha=alpha)
 
 

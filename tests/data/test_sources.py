@@ -251,7 +251,12 @@ def test_a_whole_dataset_table_validates_in_one_call() -> None:
         ("image_folder", {"classes": ["a", "a"]}, r"dataset\.classes must be a list of distinct names"),
         ("image_folder", {"path": 3}, r"dataset\.path must be a path"),
         ("domain_folder", {"classes": 0}, r"dataset\.classes must be an integer >= 1, got 0"),
-        ("domainnet", {"image_size": None}, r"dataset\.image_size must be an integer >= 1, got None"),
+        ("domainnet", {"image_size": None}, r"dataset\.image_size must be an integer in \[1, 1024\], got None"),
+        ("synthetic", {"image_size": 10_000_000}, r"dataset\.image_size must be an integer in \[2, 1024\]"),
+        ("image_folder", {"image_size": 4096}, r"dataset\.image_size must be an integer in \[1, 1024\]"),
+        ("tiny_imagenet", {"image_size": 0}, r"dataset\.image_size must be an integer in \[1, 1024\]"),
+        ("synthetic", {"num_train": 10**9}, r"dataset\.num_train \+ num_test must be such that"),
+        ("synthetic", {"noise": float("nan")}, r"dataset\.noise must be a finite number, got nan"),
         ("tiny_imagenet", {"workers": 0}, r"dataset\.workers must be an integer >= 1, got 0"),
         ("mnist", {"verfiy": False}, r"unknown key 'dataset\.verfiy' for dataset 'mnist'; allowed: download, verify, "),
     ]

@@ -6,8 +6,12 @@ The commands are in :mod:`fedskew.cli.commands`, ``fedskew condense`` in :mod:`f
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import signal
 import sys
+import threading
 from collections.abc import Sequence
+from types import FrameType
 
 from fedskew.cli.commands import (
     cmd_audit,
@@ -19,6 +23,7 @@ from fedskew.cli.commands import (
     cmd_run,
 )
 from fedskew.core.errors import FedskewError
+from fedskew.runs import describe_os_error
 
 EPILOG = """examples:
   fedskew run                                   the default experiment (digits, FedAvg vs centralised)
@@ -119,14 +124,61 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so that a run stops and cleans up exactly as after Ctrl-C."""
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    # Ctrl-C reaches every process of the terminal's group; SIGTERM only this one. Stop the worker
+    # processes too (they would also die with this process, but only after their current job).
+    for child in multiprocessing.active_children():
+        child.terminate()
+    raise Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; every error a user can cause ends in one line ``fedskew: error: ...`` and exit code 2.
+
+    One line, no traceback, for: :class:`FedskewError` (bad input, missing data, a run folder in use),
+    ``OSError`` (a full disk, a read-only or unwritable folder, a file where a folder should be), and
+    running out of memory (``MemoryError``, PyTorch's failed allocations). Ctrl-C (exit 130) and SIGTERM
+    (exit 143) stop a run the same way: its worker processes end and it can continue from its last
+    checkpoint.
+    """
     args = build_parser().parse_args(argv)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     try:
         return int(args.func(args))
     except FedskewError as e:
-        print(f"fedskew: error: {e}", file=sys.stderr)
-        return 2
+        return _error(str(e))
+    except OSError as e:
+        return _error(describe_os_error(e))
+    except MemoryError as e:
+        return _error(f"out of memory ({e or 'MemoryError'}); make the dataset, model or batch smaller")
+    except RuntimeError as e:
+        if not _out_of_memory(e):
+            raise
+        return _error(f"out of memory ({str(e).strip().splitlines()[-1]}); make the dataset, model or batch smaller")
+    except Terminated:
+        print("fedskew: terminated; a run continues from its last checkpoint with "
+              "`fedskew run --resume RUN_DIR`", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("fedskew: interrupted; a run continues from its last checkpoint with "
               "`fedskew run --resume RUN_DIR`", file=sys.stderr)
         return 130
+    finally:
+        if main_thread and previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _out_of_memory(e: RuntimeError) -> bool:
+    """PyTorch reports a failed allocation as a RuntimeError: ``torch.OutOfMemoryError`` on a GPU, a
+    message ``DefaultCPUAllocator: can't allocate memory`` on the CPU."""
+    return type(e).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(e)
+
+
+def _error(line: str) -> int:
+    print(f"fedskew: error: {' '.join(line.splitlines())}", file=sys.stderr)  # one line, whatever the message
+    return 2

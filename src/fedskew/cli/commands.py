@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedskew.core.errors import FedskewError
-from fedskew.runs import CONFIG_FILE
+from fedskew.runs import CONFIG_FILE, os_errors_name
 
 if TYPE_CHECKING:
     from fedskew.config import RunSpec
@@ -73,6 +73,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             runs = _only(runs, args.only)
         check_devices([r.config for r in runs])
         parent = choose_parent(args.out, runs[0].config.get("name", "experiment"), runs, args.force)
+        with os_errors_name(parent):  # an unwritable --out is refused before the run starts
+            parent.mkdir(parents=True, exist_ok=True)
         print(f"fedskew: {len(runs)} run(s) -> {parent}", file=sys.stderr)
         run_experiment(runs, parent, data_dir=_data_dir(args), progress=progress)
         parents = [parent]
@@ -119,14 +121,17 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    from fedskew.engine.flower.app import write_app, write_shards
+    from fedskew.engine.flower.app import superlink_command, write_app, write_shards
 
     config, overrides = args.config, args.overrides
     if config is not None and "=" in config and not Path(config).exists():  # `fedskew deploy init app rounds=5`
         config, overrides = None, [config, *overrides]
     if args.action == "init":
         folder = write_app(Path(args.folder), config, overrides, label=args.label, force=args.force)
-        print(f"Flower App: {folder}\nrun it with: flwr run {folder} <superlink-connection>  (see docs/deploy.md)")
+        print(f"Flower App: {folder}\n"
+              f"start the SuperLink (bound to this machine; others reach it through an SSH tunnel, see "
+              f"docs/deploy.md):\n  {superlink_command()}\n"
+              f"run it with: flwr run {folder} <superlink-connection>")
         return 0
     from fedskew.config import parse_overrides, read_config, resolve
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tomllib
 from importlib import resources
 from pathlib import Path
@@ -48,11 +49,12 @@ def read_config(source: str | Path | None) -> dict[str, Any]:
         source = "default"
     path = Path(source)
     if not path.exists() and str(source) in builtin_configs():
-        text = resources.files("fedskew.configs").joinpath(f"{source}.toml").read_text()
+        text = resources.files("fedskew.configs").joinpath(f"{source}.toml").read_text(encoding="utf-8")
         where = f"built-in config {source!r}"
-    elif path.is_file():
-        text = path.read_text()
-        where = str(path)
+    elif path.is_dir():
+        raise ConfigError(f"config {path} is a folder, not a TOML file")
+    elif path.exists():
+        text, where = read_text(path, "config"), str(path)
     else:
         raise ConfigError(
             f"config {str(source)!r} not found: give a TOML file or one of the built-in configs "
@@ -62,6 +64,29 @@ def read_config(source: str | Path | None) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{where}: invalid TOML: {e}") from None
+
+
+def read_text(path: Path, what: str) -> str:
+    """The UTF-8 text of ``path``; a file that cannot be read or is not UTF-8 is a one-line ConfigError."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        reason = os.strerror(e.errno) if e.errno else str(e)
+        raise ConfigError(f"cannot read {what} {path}: {reason}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{what} {path} is not UTF-8 text (byte 0x{data[e.start]:02x} at position {e.start}); save it as UTF-8"
+        ) from None
+
+
+def read_toml(path: Path, what: str) -> dict[str, Any]:
+    """``path`` parsed as TOML, every failure (unreadable, not UTF-8, invalid TOML) a one-line ConfigError."""
+    try:
+        return tomllib.loads(read_text(path, what))
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{what} {path}: invalid TOML: {e}") from None
 
 
 def parse_value(text: str) -> Any:

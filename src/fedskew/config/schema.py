@@ -19,9 +19,15 @@ from typing import Any, Literal
 from fedskew.core.errors import ConfigError
 from fedskew.core.params import build_params, check
 from fedskew.core.seeding import numpy_rng
+from fedskew.runs import check_folder_name
 
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
 """What ``device`` may say; whether the device is present is checked before a run starts."""
+
+MAX_ROUNDS = 1_000_000
+"""The most rounds a run may have (a bound, so that a typo such as ``rounds=99999999999999999999`` is refused)."""
+MAX_WORKERS = 1024
+"""The most worker processes a run may ask for."""
 
 NAMED = ("dataset", "partition", "model", "algorithm")
 """Tables that name a registered object (``name = ...``) and hold that object's options."""
@@ -52,14 +58,18 @@ class RunSettings:
     def __post_init__(self) -> None:
         check(DEVICE_PATTERN.fullmatch(self.device) is not None, "device", self.device,
               "one of auto, cpu, cuda, cuda:N, mps")
+        check_folder_name("name", self.name)
         check(self.rounds >= 1, "rounds", self.rounds, "an integer >= 1")
+        check(self.rounds <= MAX_ROUNDS, "rounds", self.rounds, f"an integer <= {MAX_ROUNDS:_}")
         check(self.seed >= 0, "seed", self.seed, "an integer >= 0")
         check(self.workers >= 0, "workers", self.workers, "an integer >= 0 (0 = auto)")
+        check(self.workers <= MAX_WORKERS, "workers", self.workers, f"an integer <= {MAX_WORKERS} (0 = auto)")
         check(self.eval_every >= 1, "eval_every", self.eval_every, "an integer >= 1")
         check(self.checkpoint_every >= 0, "checkpoint_every", self.checkpoint_every, "an integer >= 0")
         t = self.target_accuracy
         check(t is None or 0 < t <= 1, "target_accuracy", t, "a fraction in (0, 1]")
-        check(all(r >= 1 for r in self.at_rounds), "at_rounds", self.at_rounds, "a list of rounds >= 1")
+        check(all(1 <= r <= MAX_ROUNDS for r in self.at_rounds), "at_rounds", self.at_rounds,
+              f"a list of rounds in [1, {MAX_ROUNDS:_}]")
 
 
 @dataclass

@@ -51,9 +51,7 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any] | None = None, where:
         raise ConfigError(f"{where}: variants must be a list of tables")
     if "algorithm.name" in overrides or "algorithm" in overrides:
         variants = [{}]
-    seeds = overrides.get("seeds", raw.get("seeds")) or [overrides.get("seed", base["seed"])]
-    if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
-        raise ConfigError(f"seeds must be a list of integers, got {seeds!r}")
+    seeds = _seeds(raw, overrides, base["seed"])
     runs: list[RunSpec] = []
     folders: set[str] = set()
     # A command-line algorithm.<param> goes to the variants whose algorithm has that parameter
@@ -61,6 +59,12 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any] | None = None, where:
     algo_overrides = {k for k in overrides if k.startswith("algorithm.") and k != "algorithm.name"}
     taken: set[str] = set()
     for variant in variants:
+        if "seed" in variant or "seeds" in variant:
+            key = "seed" if "seed" in variant else "seeds"
+            raise ConfigError(
+                f"{where}: variant {variant.get('label', len(runs))!r} sets {key}; the seeds apply to every "
+                "variant: set seeds = [...] at the top level"
+            )
         cfg = copy.deepcopy(base)
         explicit: dict[str, set[str]] = {sec: set() for sec in NAMED}
         for key, value in variant.items():
@@ -106,6 +110,27 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any] | None = None, where:
         key = sorted(algo_overrides - taken)[0]
         raise ConfigError(f"unknown key {key!r}: no variant's algorithm has this parameter")
     return runs
+
+
+def _seeds(raw: dict[str, Any], overrides: dict[str, Any], default: Any) -> list[int]:
+    """The seeds of an experiment: ``seeds`` (command line, else file), else ``seed``; distinct integers.
+
+    ``seed=K`` on the command line runs seed K alone, even when the file has ``seeds`` (the built-in
+    default has ``seeds = [0]``): it sets the seeds to ``[K]``.
+    """
+    if "seed" in overrides and "seeds" in overrides:
+        raise ConfigError("give seed=K or seeds=[...] on the command line, not both")
+    if "seeds" in overrides:
+        seeds = overrides["seeds"]
+    elif "seed" in overrides:
+        seeds = [overrides["seed"]]
+    else:
+        seeds = raw.get("seeds", [default])
+    ok = isinstance(seeds, list) and len(seeds) > 0
+    ok = ok and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds) and len(set(seeds)) == len(seeds)
+    if not ok:
+        raise ConfigError(f"seeds must be a non-empty list of distinct integers, got {seeds!r}")
+    return list(seeds)
 
 
 def _param_names(name: Any) -> set[str] | None:

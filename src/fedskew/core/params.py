@@ -2,12 +2,14 @@
 
 Each algorithm declares its hyper-parameters as a dataclass whose defaults are the paper's values. This
 module turns a config table into that dataclass, rejecting unknown keys and values of the wrong type with
-a :class:`ConfigError` that names the key and what is allowed.
+a :class:`ConfigError` that names the key and what is allowed. Every number is checked here once for all
+Params: a float must be finite (``nan`` and ``inf`` are refused), an integer must fit 64 bits.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -34,6 +36,8 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
                 errors.append(str(e))
         raise ConfigError(errors[0] if errors else f"{key}: invalid value {value!r}")
     if origin is typing.Literal:
+        if isinstance(value, float) and not math.isfinite(value) and _word(value) in args:
+            return _word(value)  # TOML reads the bare words nan and inf as numbers (faults.attack = nan)
         if value not in args:
             allowed = ", ".join(repr(a) for a in args)
             raise ConfigError(f"{key} must be one of {allowed}, got {value!r}")
@@ -48,13 +52,37 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
             raise ConfigError(f"{key} must be a table, got {value!r}")
         return dict(value)
     if annotation is int and isinstance(value, float) and value.is_integer():
-        return int(value)  # TOML and the command line may spell an integer as 3.0
+        value = int(value)  # TOML and the command line may spell an integer as 3.0
     if annotation in _SCALARS:
         accepts, allowed = _SCALARS[annotation]
         if isinstance(value, bool) != (annotation is bool) or not isinstance(value, accepts):
             raise ConfigError(f"{key} must be {allowed}, got {value!r}")
-        return float(value) if annotation is float else value  # type: ignore[arg-type]
+        if annotation is float:
+            return _finite(key, value)
+        if isinstance(value, int) and annotation is int and not -INT_LIMIT <= value < INT_LIMIT:
+            raise ConfigError(f"{key} must be an integer of at most 64 bits (|value| < 2**63), got {value!r}")
+        return value
     return value
+
+
+def _finite(key: str, value: Any) -> float:
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond the float range
+        number = math.inf
+    if not math.isfinite(number):
+        raise ConfigError(f"{key} must be a finite number, got {value!r}")
+    return number
+
+
+INT_LIMIT = 2**63
+"""Every integer option fits a signed 64-bit integer (what numpy and torch take); ranges of their own are
+checked by each Params class."""
+
+
+def _word(value: float) -> str:
+    """The TOML spelling of a non-finite float: ``nan``, ``inf`` or ``-inf``."""
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
 
 
 _SCALARS: dict[Any, tuple[type | tuple[type, ...], str]] = {

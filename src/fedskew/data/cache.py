@@ -4,9 +4,10 @@ Decoding a dataset (60,000 JPEGs, a gzipped IDX file, pickled CIFAR batches) is 
 with reading the finished ``uint8`` arrays back, and every experiment run loads its dataset
 again. So each decoded dataset is stored once as an uncompressed ``.npz`` file and reused.
 
-The cache key covers the dataset name, every option that changes the arrays, and the size and
-modification time of each source file (every file, for a source folder), so replacing or
-editing a source invalidates the entry without any manual step. Entries are written to a
+The cache key covers the dataset name, every option that changes the arrays, whether the sources'
+checksums were verified, and the size and modification time of each source file (every file, for a
+source folder), so replacing or editing a source invalidates the entry without any manual step, and an
+entry cached without verification never stands in for a verified load. Entries are written to a
 temporary file and renamed into place, so a crash or two runs racing never leave a half
 written entry behind. The cache can be deleted at any time.
 """
@@ -75,14 +76,17 @@ def source_fingerprint(path: Path) -> list[Any]:
         raise DataError(f"{path}: cannot inspect source ({exc.strerror or exc})") from exc
 
 
-def cache_key(name: str, options: Mapping[str, Any], sources: Sequence[Path]) -> str:
-    """Hex key for a dataset built from ``sources`` with ``options``."""
-    payload = {
+def cache_key(name: str, options: Mapping[str, Any], sources: Sequence[Path], verified: bool | None = None) -> str:
+    """Hex key for a dataset built from ``sources`` with ``options``; ``verified`` records whether the
+    sources' checksums were checked (None: the dataset has no checksums, and the key says nothing)."""
+    payload: dict[str, Any] = {
         "format": CACHE_FORMAT,
         "name": name,
         "options": dict(options),
         "sources": [source_fingerprint(p) for p in sources],
     }
+    if verified is not None:
+        payload["verified"] = verified
     text = json.dumps(payload, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -152,11 +156,20 @@ class ArrayCache:
         options: Mapping[str, Any],
         sources: Sequence[Path],
         build: Callable[[], Entry],
+        verified: bool | None = None,
     ) -> Entry:
-        """Return the cached entry for this name/options/sources, building and storing it on a miss."""
-        key = cache_key(name, options, sources)
-        entry = self.load(name, key)
-        if entry is None:
-            entry = build()
-            self.save(name, key, entry)
+        """Return the cached entry for this name/options/sources, building and storing it on a miss.
+
+        ``verified`` says whether ``build`` checks the sources' published checksums (None: the dataset
+        has none). An entry built with the check serves both kinds of request; one built without it
+        serves only requests without, so asking to verify a source cached unverified builds (and
+        checks) it again.
+        """
+        wanted = [True] if verified else [False, True] if verified is False else [None]
+        for flag in wanted:
+            entry = self.load(name, cache_key(name, options, sources, flag))
+            if entry is not None:
+                return entry
+        entry = build()
+        self.save(name, cache_key(name, options, sources, verified), entry)
         return entry

@@ -3,32 +3,46 @@
 from __future__ import annotations
 
 import json
-import tomllib
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from fedskew.config import RunSpec, dump, validate
+from fedskew.config.files import read_toml
 from fedskew.core.device import check_amp, resolve_device
 from fedskew.core.errors import ConfigError
+from fedskew.engine.checkpoint import RESUMABLE, check_resume, load_checkpoint
 from fedskew.engine.federation import Federation, build_federation
 from fedskew.engine.round_loop import RoundLoop, RunResult
-from fedskew.runs import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, TIMING_FILE, run_config_path
+from fedskew.runs import (
+    CHECKPOINT_FILE,
+    CHECKPOINTS_DIR,
+    CONFIG_FILE,
+    METRICS_FILE,
+    MODEL_FILE,
+    SUMMARY_FILE,
+    TIMING_FILE,
+    check_out_folder,
+    locked_run_folder,
+    os_errors_name,
+    run_config_path,
+)
 
 
 def choose_parent(out: str | Path | None, name: str, runs: list[RunSpec], force: bool) -> Path:
     """The experiment folder: ``--out`` as given, else ``runs/<name>`` (``runs/<name>-2`` ... if taken).
 
     An explicit ``--out`` that already holds one of these runs is refused unless ``force``: a finished
-    run is never overwritten by accident.
+    run is never overwritten by accident. An empty ``--out`` or one naming a file is refused.
     """
     if out is None:
         base = Path("runs") / name
         parent, k = base, 2
-        while parent.exists() and any(parent.iterdir()):
-            parent = base.with_name(f"{name}-{k}")
+        while parent.exists() and (not parent.is_dir() or any(parent.iterdir())):
+            parent = base.with_name(f"{base.name}-{k}")
             k += 1
         return parent
-    parent = Path(out)
+    parent = check_out_folder(out)
     if not force:
         for r in runs:
             if (parent / r.folder_name / METRICS_FILE).exists():
@@ -55,43 +69,68 @@ def run_experiment(
     data_dir: str | None = None,
     progress: bool = True,
 ) -> list[RunResult]:
-    """Run each spec into ``parent/<label>-seed<k>``; runs sharing data and partition share the federation."""
+    """Run each spec into ``parent/<label>-seed<k>``; runs sharing data and partition share the federation.
+
+    Every run folder is claimed (:func:`~fedskew.runs.locked_run_folder`) before the first run starts and
+    held until the last ends, so no other process runs, resumes or overwrites any of them meanwhile.
+    """
     check_devices([spec.config for spec in runs])
-    parent.mkdir(parents=True, exist_ok=True)
+    folders = [parent / spec.folder_name for spec in runs]
+    if len(set(folders)) != len(folders):  # resolve() refuses this already; a caller of this function may not
+        raise ConfigError(f"two runs would share a folder in {parent}; give the runs distinct labels and seeds")
+    with os_errors_name(parent):
+        parent.mkdir(parents=True, exist_ok=True)
     feds: dict[str, Federation] = {}
     results = []
-    for spec in runs:
-        cfg = spec.config
-        key = json.dumps([cfg["dataset"], cfg["partition"], cfg["model"], cfg["seed"], data_dir], sort_keys=True)
-        if key not in feds:
-            feds.clear()  # keep one federation in memory at a time
-            feds[key] = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), data_dir)
-        run_dir = parent / spec.folder_name
-        if run_dir.exists():
-            for f in (METRICS_FILE, TIMING_FILE, SUMMARY_FILE):
-                (run_dir / f).unlink(missing_ok=True)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / CONFIG_FILE).write_text(dump(cfg))
-        sim = RoundLoop(cfg, run_dir, data_dir=data_dir, progress=progress, federation=feds[key])
-        results.append(sim.run())
+    with ExitStack() as held:
+        for run_dir in folders:
+            held.enter_context(locked_run_folder(run_dir))
+        for spec, run_dir in zip(runs, folders, strict=True):
+            cfg = spec.config
+            key = json.dumps([cfg["dataset"], cfg["partition"], cfg["model"], cfg["seed"], data_dir], sort_keys=True)
+            if key not in feds:
+                feds.clear()  # keep one federation in memory at a time
+                feds[key] = build_federation(
+                    cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), data_dir
+                )
+            with os_errors_name(run_dir, run=True):
+                # A run started afresh (--force) leaves nothing of the old one to mix with or resume from.
+                for f in (METRICS_FILE, TIMING_FILE, SUMMARY_FILE, MODEL_FILE, f"{CHECKPOINTS_DIR}/{CHECKPOINT_FILE}"):
+                    (run_dir / f).unlink(missing_ok=True)
+                (run_dir / CONFIG_FILE).write_text(dump(cfg))
+                sim = RoundLoop(cfg, run_dir, data_dir=data_dir, progress=progress, federation=feds[key])
+                results.append(sim.run())
     return results
 
 
-RESUME_OVERRIDES = ("rounds", "workers", "checkpoint_every", "device")
-"""What a resumed run may change: its length, where it computes (checkpoints are device-free), how often
-it saves."""
+RESUME_OVERRIDES = RESUMABLE
+"""What a resumed run may change (see :data:`fedskew.engine.checkpoint.RESUMABLE`)."""
 
 
 def resume_run(run_dir: Path, overrides: dict[str, Any], *, data_dir: str | None, progress: bool) -> RunResult:
-    """Continue a run from its last checkpoint (``rounds=N`` may extend it)."""
+    """Continue a run from its last checkpoint (``rounds=N`` may extend it).
+
+    Everything is checked before the folder changes: the overrides, the config (unreadable, invalid, or
+    edited since the checkpoint), the checkpoint (its layout, its round against ``rounds``, its model
+    against the run's), and that no other process holds the folder.
+    """
     path = run_config_path(run_dir)
-    cfg = tomllib.loads(path.read_text())
     for key in overrides:
         if key not in RESUME_OVERRIDES:
             allowed = ", ".join(RESUME_OVERRIDES)
             raise ConfigError(f"--resume accepts only the overrides {allowed}, not {key!r}")
-    cfg.update(overrides)
-    cfg.setdefault("target_accuracy", None)
-    validate(cfg)
-    (run_dir / CONFIG_FILE).write_text(dump(cfg))
-    return RoundLoop(cfg, run_dir, data_dir=data_dir, progress=progress).run(resume=True)
+    with locked_run_folder(run_dir):
+        stored = read_toml(path, "run config")
+        cfg = {**stored, **overrides}
+        cfg.setdefault("target_accuracy", None)
+        validate(cfg)
+        check_devices([cfg])
+        ck = load_checkpoint(run_dir / CHECKPOINTS_DIR)
+        ck_path = run_dir / CHECKPOINTS_DIR / CHECKPOINT_FILE
+        check_resume(ck, ck_path, stored, int(cfg["rounds"]))  # before the data is loaded
+        loop = RoundLoop(cfg, run_dir, data_dir=data_dir, progress=progress)
+        check_resume(ck, ck_path, stored, int(cfg["rounds"]), loop.server.model.state_dict())
+        del ck  # the loop reads it again
+        with os_errors_name(run_dir, run=True):
+            (run_dir / CONFIG_FILE).write_text(dump(cfg))
+            return loop.run(resume=True)

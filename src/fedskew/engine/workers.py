@@ -11,6 +11,7 @@ import dataclasses
 import math
 import multiprocessing as mp
 import os
+import threading
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -122,9 +123,29 @@ def _place(fed: Federation, device: torch.device) -> Federation:
 _RUNTIME: _Runtime | None = None
 
 
+def _die_with_parent() -> None:
+    """End this worker process as soon as the process that started it is gone (killed, crashed, ended).
+
+    multiprocessing gives a spawned child a sentinel: the read end of a pipe whose write end only the
+    parent holds, so it becomes readable (end of file) when the parent dies, however it dies. A daemon
+    thread waits on it and exits the process; without it, workers of a killed run (and the resource
+    tracker they keep open) would live on, holding their memory.
+    """
+    parent = mp.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()  # waits on the sentinel
+        os._exit(1)  # no one is left to take this worker's results
+
+    threading.Thread(target=watch, name="fedskew-parent-watch", daemon=True).start()
+
+
 def _init_worker(fed: Federation, algo_name: str, params: Any, compute: Compute, devices: Any) -> None:
     """Start a pool worker; ``devices`` hands each worker its device in turn (one GPU each, round robin)."""
     global _RUNTIME
+    _die_with_parent()
     torch.set_num_threads(1)
     keep_freed_memory()
     if compute.deterministic:

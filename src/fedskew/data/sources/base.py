@@ -163,10 +163,17 @@ def cached(
     sources: Sequence[Path],
     cache_dir: str | Path | None,
     build: Callable[[], ArrayDataset],
+    *,
+    verify: bool | None = None,
 ) -> ArrayDataset:
-    """Return ``build()``'s dataset, from the array cache when the sources are unchanged."""
+    """Return ``build()``'s dataset, from the array cache when the sources are unchanged.
+
+    ``verify``: the dataset's ``verify`` option, for a dataset whose sources have published checksums
+    (``build`` checks them when it is true); the cache keys it, so an unverified entry never serves
+    a verified load.
+    """
     cache = ArrayCache(resolve_cache_dir(cache_dir))
-    entry = cache.get_or_build(name, options, sources, lambda: _to_entry(build()))
+    entry = cache.get_or_build(name, options, sources, lambda: _to_entry(build()), verified=verify)
     return _from_entry(name, entry)
 
 

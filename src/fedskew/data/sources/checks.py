@@ -7,7 +7,10 @@ from pathlib import Path
 
 from fedskew.core.params import check
 
-__all__ = ["check_channels", "check_min", "check_names", "check_path"]
+__all__ = ["MAX_IMAGE_SIZE", "check_channels", "check_image_size", "check_min", "check_names", "check_path"]
+
+MAX_IMAGE_SIZE = 1024
+"""The largest ``image_size`` (pixels per side) any dataset resizes or generates images to."""
 
 
 def check_min(key: str, value: int | None, minimum: int, *, optional: bool = False) -> None:
@@ -15,6 +18,14 @@ def check_min(key: str, value: int | None, minimum: int, *, optional: bool = Fal
     if optional and value is None:
         return
     check(value is not None and value >= minimum, key, value, f"an integer >= {minimum}")
+
+
+def check_image_size(value: int | None, minimum: int = 1, *, optional: bool = False) -> None:
+    """Require the ``image_size`` option to be in ``[minimum, MAX_IMAGE_SIZE]`` (or ``None`` when ``optional``)."""
+    if optional and value is None:
+        return
+    check(value is not None and minimum <= value <= MAX_IMAGE_SIZE, "image_size", value,
+          f"an integer in [{minimum}, {MAX_IMAGE_SIZE}]")
 
 
 def check_channels(value: int | None, *, optional: bool = False) -> None:

@@ -159,6 +159,7 @@ def cifar10(p: FilesParams, data_dir: Path, cache_dir: str | Path | None) -> Arr
         [source],
         cache_dir,
         lambda: _read_cifar("cifar10", _CIFAR10, source, b"labels", b"label_names", p.verify),
+        verify=p.verify,
     )
 
 
@@ -189,4 +190,5 @@ def cifar100(p: Cifar100Params, data_dir: Path, cache_dir: str | Path | None) ->
         [source],
         cache_dir,
         lambda: _read_cifar("cifar100", _CIFAR100, source, label_key, names_key, p.verify),
+        verify=p.verify,
     )

@@ -20,7 +20,7 @@ from fedskew.core.params import check
 from fedskew.data.download import RemoteFile, fetch
 from fedskew.data.sources.archive import Tree
 from fedskew.data.sources.base import DATASETS, DecodeParams, cached, resolve_path
-from fedskew.data.sources.checks import check_channels, check_min, check_names, check_path
+from fedskew.data.sources.checks import check_channels, check_image_size, check_min, check_names, check_path
 from fedskew.data.sources.container import ArrayDataset
 from fedskew.data.sources.images import decode_all, is_image
 
@@ -72,7 +72,7 @@ class DomainSplitParams(DecodeParams):
             check_min("classes", self.classes, 1)
         else:
             check_names("classes", self.classes)
-        check_min("image_size", self.image_size, 1, optional=True)
+        check_image_size(self.image_size, optional=True)
         check(0 <= self.test_fraction < 1, "test_fraction", self.test_fraction, "a number in [0, 1)")
         check_min("max_per_class", self.max_per_class, 1, optional=True)
         check_min("seed", self.seed, 0)
@@ -220,7 +220,7 @@ class DomainNetParams(DomainSplitParams):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_min("image_size", self.image_size, 1)
+        check_image_size(self.image_size)
         unknown = sorted(set(self.domains or ()) - set(DOMAINNET_DOMAINS))
         check(not unknown, "domains", self.domains, f"a list of DomainNet domains ({', '.join(DOMAINNET_DOMAINS)})")
 

@@ -192,7 +192,7 @@ def _load_idx_release(
         (x_train, y_train), (x_test, y_test) = splits
         return ArrayDataset.from_arrays(name, x_train, y_train, x_test, y_test, release.classes)
 
-    return cached(name, {}, paths, cache_dir, build)
+    return cached(name, {}, paths, cache_dir, build, verify=p.verify)
 
 
 @DATASETS.register("mnist", params=FilesParams)

@@ -22,7 +22,7 @@ from fedskew.core.errors import DataError
 from fedskew.data.download import DATA_DIR_HINT, verify_checksum
 from fedskew.data.sources.archive import Tree
 from fedskew.data.sources.base import DATASETS, DecodeParams, cached, resolve_path
-from fedskew.data.sources.checks import check_channels, check_min, check_names, check_path
+from fedskew.data.sources.checks import check_channels, check_image_size, check_names, check_path
 from fedskew.data.sources.cifar import CIFAR10_ARCHIVE, CIFAR10_CLASSES
 from fedskew.data.sources.container import ArrayDataset
 
@@ -216,7 +216,7 @@ def cifar10_jpeg(p: JpegParams, data_dir: Path, cache_dir: str | Path | None) ->
             name, source, classes=list(CIFAR10_CLASSES), image_size=None, channels=3, workers=num_workers
         )
 
-    return cached(name, {}, [source], cache_dir, build)
+    return cached(name, {}, [source], cache_dir, build, verify=p.verify)
 
 
 @dataclass(kw_only=True)
@@ -246,7 +246,7 @@ class ImageFolderParams(DecodeParams):
         super().__post_init__()
         check_path(self.path)
         check_names("classes", self.classes)
-        check_min("image_size", self.image_size, 1, optional=True)
+        check_image_size(self.image_size, optional=True)
         check_channels(self.channels, optional=True)
 
 

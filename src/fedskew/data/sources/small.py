@@ -10,7 +10,7 @@ import numpy as np
 
 from fedskew.core.params import check
 from fedskew.data.sources.base import DATASETS, DatasetParams
-from fedskew.data.sources.checks import check_channels, check_min
+from fedskew.data.sources.checks import check_channels, check_image_size, check_min
 from fedskew.data.sources.container import ArrayDataset
 
 
@@ -34,6 +34,10 @@ def digits(params: DatasetParams, data_dir: Path, cache_dir: str | Path | None) 
     return ArrayDataset.from_arrays("digits", x[train_idx], y[train_idx], x[test_idx], y[test_idx], classes)
 
 
+SYNTHETIC_MAX_PIXELS = 2**27
+"""The most pixels the ``synthetic`` dataset generates (about 1 GiB of float64 noise at once)."""
+
+
 @dataclass(kw_only=True)
 class SyntheticParams(DatasetParams):
     """Options of ``synthetic``: sizes, image shape, pixel ``noise``, ``num_domains`` (0: none) and ``seed``."""
@@ -49,9 +53,14 @@ class SyntheticParams(DatasetParams):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for key, minimum in (("num_train", 1), ("num_test", 0), ("num_classes", 2), ("image_size", 2)):
+        for key, minimum in (("num_train", 1), ("num_test", 0), ("num_classes", 2)):
             check_min(key, getattr(self, key), minimum)
+        check_image_size(self.image_size, 2)
         check_channels(self.channels)
+        pixels = (self.num_train + self.num_test) * self.channels * self.image_size**2
+        check(pixels <= SYNTHETIC_MAX_PIXELS, "num_train + num_test", self.num_train + self.num_test,
+              f"such that (num_train + num_test) x channels x image_size^2 <= {SYNTHETIC_MAX_PIXELS:_} pixels "
+              f"(they are generated in memory; here {pixels:_})")
         check(self.noise >= 0, "noise", self.noise, "a number >= 0")
         check_min("num_domains", self.num_domains, 0)
         check_min("seed", self.seed, 0)

@@ -12,7 +12,7 @@ from fedskew.core.errors import DataError
 from fedskew.data.download import RemoteFile, fetch
 from fedskew.data.sources.archive import Tree
 from fedskew.data.sources.base import DATASETS, DecodeParams, cached
-from fedskew.data.sources.checks import check_min
+from fedskew.data.sources.checks import check_image_size
 from fedskew.data.sources.container import ArrayDataset
 from fedskew.data.sources.images import decode_all, is_image
 
@@ -80,7 +80,7 @@ class TinyImageNetParams(DecodeParams):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_min("image_size", self.image_size, 1)
+        check_image_size(self.image_size)
 
 
 @DATASETS.register("tiny_imagenet", params=TinyImageNetParams)

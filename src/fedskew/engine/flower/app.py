@@ -9,7 +9,7 @@ fedskew config). ``flwr run`` packs both into the app bundle it sends to the Sup
 from __future__ import annotations
 
 import shlex
-import shutil
+import tomllib
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,9 @@ EXPERIMENT = "experiment.toml"
 PYPROJECT = """\
 # A Flower App that runs a fedskew experiment (written by `fedskew deploy init`).
 # Every machine (SuperLink and SuperNodes) needs `pip install "fedskew[flower]"`; start the SuperLink
-# with --disable-runtime-dependency-installation so Flower uses that environment as it is.
+# with --disable-runtime-dependency-installation so Flower uses that environment as it is, and bound to
+# 127.0.0.1 (--host 127.0.0.1): its Control API has no account authentication, so reach it from other
+# machines through an SSH tunnel (see docs/deploy.md).
 [project]
 name = "fedskew-app"
 version = "1.0.0"
@@ -58,15 +60,22 @@ RUN_CONFIG_DEFAULTS: dict[str, Any] = {
 
 def resolve_experiment(path: Path, overrides: str, label: str) -> dict[str, Any]:
     """The one run a deployment makes: the config at ``path`` with ``overrides``, variant ``label``."""
-    from fedskew.config import parse_overrides, read_config, resolve
+    from fedskew.config import read_config
 
-    runs = resolve(read_config(path), parse_overrides(shlex.split(overrides)), where=path.name)
+    return one_run(read_config(path), overrides, label, path.name)
+
+
+def one_run(raw: dict[str, Any], overrides: str, label: str, where: str) -> dict[str, Any]:
+    """The resolved config of the run of ``raw`` labelled ``label``; every variant is checked."""
+    from fedskew.config import parse_overrides, resolve
+
+    runs = resolve(raw, parse_overrides(shlex.split(overrides)), where=where)
     if label:
         runs = [r for r in runs if r.label == label]
     if len(runs) != 1:
         found = ", ".join(r.folder_name for r in runs) or "none"
         raise ConfigError(
-            f"a deployment makes one run, but {path.name} with label={label!r} gives {found}; choose a label "
+            f"a deployment makes one run, but {where} with label={label!r} gives {found}; choose a label "
             "(`fedskew deploy init --label`, or the label run setting) and a single seed (override seeds=[K])"
         )
     return runs[0].config
@@ -75,26 +84,57 @@ def resolve_experiment(path: Path, overrides: str, label: str) -> dict[str, Any]
 def write_app(folder: Path, config: str | None, overrides: list[str], label: str = "", force: bool = False) -> Path:
     """Write a Flower App folder running ``config`` (a file or built-in name) with ``overrides``.
 
-    The config is resolved here already, so a typo or an ambiguous variant fails now, not on the server.
+    The config is resolved and every value checked first, so a typo, a bad value or an ambiguous variant
+    fails now, not on the server, and leaves nothing written.
     """
     from fedskew.config import builtin_configs
+    from fedskew.config.files import read_text
 
-    folder.mkdir(parents=True, exist_ok=True)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"{folder} is a file, not a folder: choose another app folder")
     target = folder / "pyproject.toml"
     if target.exists() and not force:
         raise ConfigError(f"{target} exists; pass --force to overwrite it")
     source = Path(config) if config is not None else None
-    if source is not None and source.is_file():
-        shutil.copyfile(source, folder / EXPERIMENT)
+    if source is not None and source.exists():
+        if source.is_dir():
+            raise ConfigError(f"config {source} is a folder, not a TOML file")
+        text = read_text(source, "config")
     elif config is None or config in builtin_configs():
-        text = resources.files("fedskew.configs").joinpath(f"{config or 'default'}.toml").read_text()
-        (folder / EXPERIMENT).write_text(text)
+        text = resources.files("fedskew.configs").joinpath(f"{config or 'default'}.toml").read_text(encoding="utf-8")
     else:
         raise ConfigError(f"config {config!r} not found: give a TOML file or a built-in config name")
     settings = {**RUN_CONFIG_DEFAULTS, "overrides": shlex.join(overrides), "label": label}
-    resolve_experiment(folder / EXPERIMENT, settings["overrides"], label)
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config {config or 'default'}: invalid TOML: {e}") from None
+    one_run(raw, settings["overrides"], label, str(config or "default"))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / EXPERIMENT).write_text(text, encoding="utf-8")
     target.write_text(PYPROJECT + tomli_w.dumps({"tool": {"flwr": {"app": {"config": settings}}}}))
     return folder
+
+
+SUPERLINK_HOST = "127.0.0.1"
+"""Where :func:`superlink_command` binds the SuperLink by default. Flower 1.41 serves the Fleet API
+(SuperNodes), the Control API (``flwr``: register nodes, submit and stop runs) and the runtime on one
+address, and its open-source Control API has no account authentication: whoever reaches it (with the CA
+certificate) may register SuperNodes and submit apps. Bound to the loopback interface, it is reachable
+only from this machine; SuperNodes and ``flwr`` elsewhere come in through an SSH tunnel (docs/deploy.md)."""
+
+
+def superlink_command(certs: str = "certs", host: str = SUPERLINK_HOST, port: int = 9093) -> str:
+    """The ``flower-superlink`` command of docs/deploy.md: TLS, SuperNode authentication, bound to ``host``.
+
+    The default host is the loopback interface (see :data:`SUPERLINK_HOST`); pass another only where the
+    network in front of the SuperLink admits nobody but the SuperNodes and the operators.
+    """
+    return (
+        f"flower-superlink --ssl-ca-certfile {certs}/ca.crt --ssl-certfile {certs}/server.pem "
+        f"--ssl-keyfile {certs}/server.key --enable-supernode-auth --disable-runtime-dependency-installation "
+        f"--host {host} --port {port}"
+    )
 
 
 def shard_path(folder: str | Path, cid: int) -> Path:

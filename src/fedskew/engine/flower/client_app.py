@@ -5,7 +5,9 @@ algorithm tables and the federation facts). The node serves the partitions named
 and finds their data in one of two ways:
 
 - ``partition-id``: the node builds the federation from the run's config, exactly as the simulator
-  does (same dataset, partitioner and seed), and keeps only its own shard;
+  does (same dataset, partitioner and seed), and keeps only its own shard. The data comes from the
+  node's own ``data-dir`` (else ``$FEDSKEW_DATA``): the server names the dataset, never a path on the
+  node (:func:`node_dataset`);
 - ``data-path``: a folder of shard files ``client-<id>.pt`` (written by ``fedskew deploy shards``),
   for when each site holds only its own data; ``partition-id`` still says which shards it serves.
 
@@ -17,6 +19,8 @@ FedAF's condensed set) stays in the node's ``Context.state``; only messages go b
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -57,6 +61,25 @@ def node_partitions(node_config: dict[str, Any]) -> list[int]:
         raise FedskewError(f"partition-id must be an integer or a list like \"0,4,8\", got {raw!r}") from None
 
 
+def node_dataset(table: dict[str, Any]) -> dict[str, Any]:
+    """The server's ``[dataset]`` table as this node uses it: the server names a dataset, never a path here.
+
+    ``data_dir`` is dropped (the node's own ``data-dir``, else ``$FEDSKEW_DATA``, decides where its data
+    is), and a ``path`` option must stay inside that folder: relative, without ``..``.
+    """
+    table = {k: v for k, v in table.items() if k != "data_dir"}
+    path = table.get("path")
+    if path is not None:
+        text = str(path)
+        inside = not (Path(text).is_absolute() or text.startswith("~") or ".." in re.split(r"[/\\]", text))
+        if not inside:
+            raise FedskewError(
+                f"the server asked for dataset path {text!r}, outside this node's data folder: a SuperNode reads "
+                "only from its own data-dir (node config), so the server may name a folder inside it, never a path"
+            )
+    return table
+
+
 def load_shard(
     cid: int, run: dict[str, Any], info: FederationInfo, node_config: dict[str, Any]
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,7 +94,7 @@ def load_shard(
             raise FedskewError(f"{path} holds images of shape {tuple(x.shape[1:])}, the run expects {info.image_shape}")
         return x, y
     data_dir = str(node_config.get("data-dir", "")) or None
-    fed = build_federation(run["dataset"], run["partition"], run["model"], int(run["seed"]), data_dir)
+    fed = build_federation(node_dataset(run["dataset"]), run["partition"], run["model"], int(run["seed"]), data_dir)
     if fed.info != info:
         raise FedskewError(
             "this node's federation differs from the server's (other dataset files or fedskew version?): "

@@ -38,13 +38,21 @@ from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.core.message import Message as FedskewMessage
 from fedskew.core.params import build_params, check
-from fedskew.engine.checkpoint import load_checkpoint
+from fedskew.engine.checkpoint import check_resume, load_checkpoint
 from fedskew.engine.federation import build_federation
 from fedskew.engine.flower.app import resolve_experiment
 from fedskew.engine.flower.messages import HEADER, HELLO, from_records, info_to_json, to_records
 from fedskew.engine.round_loop import NoReply, RoundLoop, RunResult
 from fedskew.engine.workers import ClientJob
-from fedskew.runs import CHECKPOINTS_DIR, CONFIG_FILE, METRICS_FILE, run_folder_name
+from fedskew.runs import (
+    CHECKPOINT_FILE,
+    CHECKPOINTS_DIR,
+    CONFIG_FILE,
+    METRICS_FILE,
+    locked_run_folder,
+    os_errors_name,
+    run_folder_name,
+)
 
 log = logging.getLogger("fedskew")
 RESUMABLE = ("rounds", "workers", "checkpoint_every")
@@ -106,6 +114,8 @@ class FlowerClients:
         self.grid = grid
         self.num_clients = info.num_clients
         run = {k: cfg[k] for k in ("dataset", "partition", "model", "algorithm", "seed")}
+        # The nodes' own config says where their data is: no path of this machine goes to them.
+        run["dataset"] = {k: v for k, v in cfg["dataset"].items() if k != "data_dir"}
         self._run, self._info = json.dumps(run), info_to_json(info)
         self.reply_timeout = reply_timeout
         self.min_reply_fraction = min_reply_fraction
@@ -276,24 +286,33 @@ def deploy(grid: Grid, settings: DeploySettings, app_dir: Path) -> RunResult:
     """Run the app's experiment with its clients on the SuperNodes; the run folder is written here."""
     cfg = resolve_experiment(app_dir / settings.experiment, settings.overrides, settings.label)
     run_dir = Path(settings.out).expanduser() / run_folder_name(cfg["label"], cfg["seed"])
-    _prepare_run_dir(run_dir, cfg, settings.resume)
-    data_dir = settings.data_dir or os.environ.get("FEDSKEW_DATA") or None
-    fed = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), data_dir)
-    clients = FlowerClients(
-        grid, cfg, fed.info, reply_timeout=settings.reply_timeout, min_reply_fraction=settings.min_reply_fraction
-    )
-    clients.connect(settings.node_wait)
+    checkpoints = run_dir / CHECKPOINTS_DIR
+    with locked_run_folder(run_dir):  # one deployment (or fedskew run) per run folder at a time
+        if settings.resume and (run_dir / CONFIG_FILE).exists():  # a shortened run or an edited config: refuse
+            check_resume(load_checkpoint(checkpoints), checkpoints / CHECKPOINT_FILE,
+                         tomllib.loads((run_dir / CONFIG_FILE).read_text()), int(cfg["rounds"]))
+        _prepare_run_dir(run_dir, cfg, settings.resume)
+        data_dir = settings.data_dir or os.environ.get("FEDSKEW_DATA") or None
+        fed = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), data_dir)
+        clients = FlowerClients(
+            grid, cfg, fed.info, reply_timeout=settings.reply_timeout, min_reply_fraction=settings.min_reply_fraction
+        )
 
-    def progress(rec: dict[str, Any]) -> None:
-        acc = "-" if rec["accuracy"] is None else f"{100 * rec['accuracy']:.2f}%"
-        log.info("round %d: accuracy %s, clients %s, failed %s", rec["round"], acc, rec["clients"], rec["failed"])
+        def progress(rec: dict[str, Any]) -> None:
+            acc = "-" if rec["accuracy"] is None else f"{100 * rec['accuracy']:.2f}%"
+            log.info("round %d: accuracy %s, clients %s, failed %s", rec["round"], acc, rec["clients"], rec["failed"])
 
-    sim = RoundLoop(cfg, run_dir, progress=False, federation=fed, clients=clients, on_round=progress)
-    log.info("fedskew run %s -> %s", cfg["label"], run_dir)
-    try:
-        result = sim.run(resume=settings.resume)
-    except FedskewError as e:
-        raise FedskewError(f"{e}. The run stopped; {_resume_hint(run_dir)}") from None
+        sim = RoundLoop(cfg, run_dir, progress=False, federation=fed, clients=clients, on_round=progress)
+        if settings.resume:
+            check_resume(load_checkpoint(checkpoints), checkpoints / CHECKPOINT_FILE, tomllib.loads(dump(cfg)),
+                         int(cfg["rounds"]), sim.server.model.state_dict())
+        clients.connect(settings.node_wait)
+        log.info("fedskew run %s -> %s", cfg["label"], run_dir)
+        try:
+            with os_errors_name(run_dir, run=True):
+                result = sim.run(resume=settings.resume)
+        except FedskewError as e:
+            raise FedskewError(f"{e}. The run stopped; {_resume_hint(run_dir)}") from None
     from fedskew.report import write_report
 
     write_report([run_dir.parent])  # as `fedskew run`: the report of every run in ``out``

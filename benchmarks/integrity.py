@@ -1,0 +1,201 @@
+"""Issue 26's case list, rerun: each case is checked by its test(s); prints one row per case and the counts.
+
+    FEDSKEW_DATA=../shared/datasets python benchmarks/integrity.py            # every case
+    python benchmarks/integrity.py --section "Run folders and results"        # one section
+
+Every case names the tests that check it (a test function, or one parametrisation ``test[id]``); the
+tests run once, in this process, through pytest, and a case passes when all of its tests passed. Tests
+run ``fedskew`` as a separate process wherever the case is about the command line, kill it for real
+where the case is about processes, and fill a real (small) file system where it is about a full disk.
+To add a case, add one :class:`Case` to :data:`CASES`. Exit code 1 when a case failed or was not checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = "tests/test_integrity_cli.py"
+FOLDERS = "tests/engine/test_run_folders.py"
+DEPLOY = "tests/engine/test_deploy_integrity.py"
+CACHE = "tests/data/test_cache_verify.py"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One case of the issue and the tests that check it (pytest node ids, relative to the repository)."""
+
+    section: str
+    case: str
+    tests: tuple[str, ...]
+
+
+def _bad(override: str) -> str:
+    return f"{CLI}::test_bad_values_are_one_line_before_anything_runs[{override}]"
+
+
+def _damage(kind: str) -> str:
+    return f"{CLI}::test_a_damaged_checkpoint_is_one_line_and_changes_nothing[{kind}]"
+
+
+RUNS = "Run folders and results"
+PROCESSES = "Processes and resources"
+INPUT = "Every bad input gets one line, before anything runs"
+DEPLOYMENT = "Deployment"
+
+CASES: list[Case] = [
+    # ---- run folders and results
+    Case(RUNS, "`seed=5` on a config with `seeds` runs seed 5 (sets the seeds); `seed` with `seeds` refused",
+         (f"{CLI}::test_seed_on_the_command_line_sets_the_seeds",)),
+    Case(RUNS, "`seeds=[0,0]` (and `seeds=[]`) refused, no folder written", (_bad("seeds=[0,0]"), _bad("seeds=[]"))),
+    Case(RUNS, "duplicate labels and per-variant seeds refused",
+         (f"{CLI}::test_duplicate_labels_and_per_variant_seeds_are_refused",)),
+    Case(RUNS, "a second run or `--resume` of a folder in use refused; no round duplicated; lock gone with the process",
+         (f"{FOLDERS}::test_a_second_run_or_resume_of_a_busy_folder_is_refused",
+          f"{FOLDERS}::test_the_lock_is_exclusive_and_names_its_holder")),
+    Case(RUNS, "`--resume DIR rounds=2` below the checkpoint's round refused, nothing changed",
+         (f"{CLI}::test_resume_below_the_checkpoint_is_refused",)),
+    Case(RUNS, "a checkpoint with `round=99` in a 6-round run refused, nothing changed",
+         (_damage("round-beyond-rounds"), _damage("round-beyond-records"))),
+    Case(RUNS, "`name=../../x`, `name=\"\"`, absolute and `.` names refused",
+         (_bad("name=../../x"), _bad("name="), _bad("name=/tmp/x"), _bad("name=."),
+          f"{FOLDERS}::test_experiment_names_stay_inside_runs", f"{FOLDERS}::test_ordinary_names_pass")),
+    Case(RUNS, "`--out \"\"` refused", (f"{CLI}::test_an_empty_out_is_refused",)),
+    Case(RUNS, "`algorithm.lr=inf`, `nan`, `-inf` (any non-finite float) refused",
+         (_bad("algorithm.lr=inf"), _bad("algorithm.lr=nan"), _bad("algorithm.lr=-inf"), _bad("partition.alpha=inf"))),
+    Case(RUNS, "`rounds=99999999999999999999` refused; rounds <= 1,000,000, workers <= 1024",
+         (_bad("rounds=99999999999999999999"), _bad("rounds=1000001"), _bad("workers=99999"))),
+    Case(RUNS, "the dataset cache records `verify`: an unverified entry never serves a verified load",
+         (f"{CACHE}::test_an_unverified_entry_never_serves_a_verified_load",
+          f"{CACHE}::test_a_verified_entry_serves_both_kinds_of_load")),
+    # ---- processes and resources
+    Case(PROCESSES, "SIGKILL of the run: its workers and resource tracker end",
+         (f"{FOLDERS}::test_workers_die_with_a_killed_run",)),
+    Case(PROCESSES, "SIGTERM stops a run as Ctrl-C does (exit 143, workers end) and it resumes byte-identically",
+         (f"{FOLDERS}::test_sigterm_stops_a_run_as_ctrl_c_does_and_it_resumes_exactly",)),
+    Case(PROCESSES, "disk full during a checkpoint: one line naming the folder, last checkpoint intact",
+         (f"{FOLDERS}::test_a_full_disk_is_one_line_and_the_last_checkpoint_survives[checkpoints/last.pt.tmp]",
+          f"{FOLDERS}::test_a_checkpoint_write_that_fails_leaves_the_last_one")),
+    Case(PROCESSES, "disk full during a metrics write: one line naming the folder, last checkpoint intact",
+         (f"{FOLDERS}::test_a_full_disk_is_one_line_and_the_last_checkpoint_survives[metrics.jsonl]",)),
+    Case(PROCESSES, "a real file system filling up during a run: one line, a consistent checkpoint",
+         (f"{FOLDERS}::test_a_disk_that_fills_during_a_run_is_one_line",)),
+    # ---- every bad input gets one line, before anything runs
+    Case(INPUT, "a config that is not UTF-8 (run, partition, deploy init)",
+         (f"{CLI}::test_a_config_that_is_not_utf8_is_one_line",)),
+    Case(INPUT, "an unreadable config; a folder given as config",
+         (f"{CLI}::test_an_unreadable_config_is_one_line", f"{CLI}::test_a_config_that_is_a_folder_is_one_line")),
+    Case(INPUT, "`--out` an existing file (kept as it was)",
+         (f"{CLI}::test_out_naming_an_existing_file_is_one_line_and_the_file_is_kept",)),
+    Case(INPUT, "`--out` on a read-only file system; in a folder without write permission",
+         (f"{CLI}::test_out_on_a_read_only_file_system_is_one_line",
+          f"{CLI}::test_out_in_an_unwritable_folder_is_one_line",
+          f"{FOLDERS}::test_file_system_errors_read_as_one_line_naming_the_place")),
+    Case(INPUT, "`name=5`", (_bad("name=5"),)),
+    Case(INPUT, "`partition.seed=abc`", (_bad("partition.seed=abc"),)),
+    Case(INPUT, "`dataset.image_size=10000000` (was a MemoryError)", (_bad("dataset.image_size=10000000"),)),
+    Case(INPUT, "`deploy init` into an existing file (kept as it was)",
+         (f"{CLI}::test_deploy_init_into_a_file_is_one_line",)),
+    Case(INPUT, "a checkpoint missing keys", (_damage("missing-keys"), _damage("round-not-int"))),
+    Case(INPUT, "a checkpoint with wrong shapes", (_damage("wrong-shapes"),)),
+    Case(INPUT, "a checkpoint with non-JSON records, or records that are not round records; not a checkpoint at all",
+         (_damage("records-not-json"), _damage("records-not-records"),
+          f"{CLI}::test_a_checkpoint_that_is_not_one_is_one_line")),
+    Case(INPUT, "a config edited after the run (a value, the model, broken TOML, a bad value)",
+         (f"{CLI}::test_a_config_edited_after_the_run_is_one_line",)),
+    Case(INPUT, "the resume that is allowed still works", (f"{CLI}::test_the_resume_that_is_allowed_still_works",)),
+    Case(INPUT, "a bad option in a config's second variant stops `run`, `partition` and `deploy init` before "
+                "anything runs or is written",
+         (f"{CLI}::test_a_bad_second_variant_stops_everything_before_the_first_runs",)),
+    Case(INPUT, "`deploy init` with `partition.alpha=0` writes nothing",
+         (f"{CLI}::test_deploy_init_into_a_file_is_one_line",)),
+    Case(INPUT, "a model too large for memory (torch's failed allocation)",
+         (f"{CLI}::test_a_model_too_large_for_memory_is_one_line",)),
+    Case(INPUT, "`faults.attack=nan` (and `inf`) accepted unquoted",
+         (f"{CLI}::test_faults_attack_takes_the_documented_words_unquoted",)),
+    # ---- deployment
+    Case(DEPLOYMENT, "the SuperLink (Control API) bound to 127.0.0.1 by `superlink_command` and `deploy init`'s advice",
+         (f"{DEPLOY}::test_the_superlink_command_binds_to_localhost",
+          f"{DEPLOY}::test_deploy_init_tells_to_start_the_superlink_on_localhost")),
+    Case(DEPLOYMENT, "a SuperNode's data location comes from its node config; the server names no path on it",
+         (f"{DEPLOY}::test_a_node_takes_no_path_from_the_server",
+          f"{DEPLOY}::test_a_node_refuses_a_server_named_path_before_reading_anything",
+          f"{DEPLOY}::test_the_server_sends_the_nodes_no_path")),
+    Case(DEPLOYMENT, "a deployment holds its run folder and refuses a shortened resume",
+         (f"{DEPLOY}::test_a_deployment_holds_its_run_folder_and_refuses_a_shortened_resume",)),
+]
+"""The cases of issue 26, in its order; add a case by adding one entry."""
+
+
+class _Outcomes:
+    """A pytest plugin collecting each test's outcome (a failed setup or teardown fails the test)."""
+
+    def __init__(self) -> None:
+        self.outcome: dict[str, str] = {}
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        old = self.outcome.get(report.nodeid)
+        if report.failed:
+            self.outcome[report.nodeid] = "failed"
+        elif report.skipped and old != "failed":
+            self.outcome[report.nodeid] = "skipped"
+        elif report.when == "call" and old is None:
+            self.outcome[report.nodeid] = "passed"
+
+
+def _matches(nodeid: str, test: str) -> bool:
+    return nodeid == test or ("[" not in test and nodeid.startswith(test + "["))
+
+
+def verdict(case: Case, outcome: dict[str, str]) -> str:
+    """``passed`` when every test of the case passed; else ``failed``, ``skipped`` or ``not run``."""
+    results = []
+    for test in case.tests:
+        found = [o for nodeid, o in outcome.items() if _matches(nodeid, test)]
+        results.extend(found or ["not run"])
+    for word in ("failed", "not run", "skipped"):
+        if word in results:
+            return word
+    return "passed"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--section", help="only the cases of this section")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show pytest's output")
+    args = parser.parse_args(argv)
+    cases = [c for c in CASES if args.section in (None, c.section)]
+    if not cases:
+        parser.error(f"no section {args.section!r}; sections: {', '.join(dict.fromkeys(c.section for c in CASES))}")
+    functions = sorted({t.split("[", 1)[0] for c in cases for t in c.tests})
+    os.chdir(ROOT)  # the node ids are relative to the repository
+    collector = _Outcomes()
+    t0 = time.perf_counter()
+    pytest.main([*functions, "-p", "no:randomly", "-p", "no:cacheprovider", "-q" if args.verbose else "-qq",
+                 "--rootdir", str(ROOT)], plugins=[collector])
+    seconds = time.perf_counter() - t0
+    counts = {"passed": 0, "failed": 0, "skipped": 0, "not run": 0}
+    section = None
+    for case in cases:
+        if case.section != section:
+            section = case.section
+            print(f"\n{section}\n\n| case | result | tests |\n|---|---|---|")
+        result = verdict(case, collector.outcome)
+        counts[result] += 1
+        print(f"| {case.case} | {result} | {len(case.tests)} |")
+    print(f"\n{len(cases)} cases: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped, "
+          f"{counts['not run']} not run ({len(collector.outcome)} tests, {seconds:.0f} s)")
+    return 0 if counts["passed"] == len(cases) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

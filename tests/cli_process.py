@@ -1,0 +1,88 @@
+"""A helper of the command-line tests: ``fedskew`` run as a separate process, as a user runs it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fedskew
+from fedskew.config import dump
+from fedskew.runs import LOCK_FILE
+from tests.conftest import tiny_config
+
+SRC = Path(fedskew.__file__).resolve().parents[1]
+"""The ``src`` folder of the fedskew under test, put on the child's ``PYTHONPATH``."""
+
+RUN_HEADER = "fedskew: "
+"""``fedskew run`` says on stderr where its runs go (``fedskew: 1 run(s) -> DIR``) once the input passed."""
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def err_lines(self) -> list[str]:
+        return [line for line in self.err.splitlines() if line.strip()]
+
+
+def command(*args: str) -> list[str]:
+    """The argv of ``fedskew ARGS`` with this interpreter."""
+    return [sys.executable, "-m", "fedskew.cli", *args]
+
+
+def environment(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(SRC), **extra}
+    env.pop("PYTEST_CURRENT_TEST", None)
+    return env
+
+
+def fedskew(*args: str, cwd: Path, timeout: float = 300, prefix: Sequence[str] = (),
+            preexec_fn: Callable[[], Any] | None = None) -> Result:
+    """Run ``fedskew ARGS`` in ``cwd`` (``prefix``: a wrapper command such as ``unshare``) and wait for it."""
+    proc = subprocess.run(
+        [*prefix, *command(*args)], cwd=cwd, env=environment(), capture_output=True, text=True, timeout=timeout,
+        preexec_fn=preexec_fn,
+    )
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def one_error(res: Result, code: int = 2, *, after_start: bool = False) -> str:
+    """Check that ``res`` failed with exit ``code`` and one line ``fedskew: error: ...``, no traceback.
+
+    Input refused before anything runs leaves exactly that one line on stderr. With ``after_start``
+    (a failure during a run), the line ``fedskew run`` printed when it started may precede it.
+    """
+    lines = res.err_lines
+    assert res.code == code, (res.code, res.err)
+    assert "Traceback" not in res.err and "Traceback" not in res.out, res.err
+    if after_start and len(lines) == 2 and lines[0].startswith(RUN_HEADER) and "run(s) ->" in lines[0]:
+        lines = lines[1:]
+    assert len(lines) == 1 and lines[0].startswith("fedskew: error: "), res.err
+    return lines[0]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file below ``folder`` and its bytes (for "nothing was overwritten"), but the run-folder locks
+    (a process that takes a lock writes its pid into it)."""
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*")) if p.is_file() and p.name != LOCK_FILE
+    }
+
+
+def write_config(path: Path, **over: Any) -> Path:
+    """A config file of the tiny federation (label from the algorithm, ``seeds = [0]`` unless given)."""
+    cfg = tiny_config(**over)
+    cfg.pop("label")
+    if "seeds" not in over:
+        cfg["seeds"] = [0]
+    path.write_text(dump(cfg))
+    return path

@@ -1,0 +1,241 @@
+"""Issue 26, run folders and processes: one process per run folder, workers that die with the run, SIGTERM
+handled as Ctrl-C, a full disk reported in one line with the last checkpoint intact.
+
+The cases run ``fedskew`` as a separate process, as a user does, and kill it for real.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedskew.core.errors import ConfigError, FedskewError
+from fedskew.engine.checkpoint import load_checkpoint
+from fedskew.runs import LOCK_FILE, check_folder_name, describe_os_error, locked_run_folder
+from tests.cli_process import command, environment, fedskew, one_error, snapshot, write_config
+
+LONG = 100_000
+"""Rounds of a run that is stopped (killed, terminated) long before it ends."""
+
+
+def rounds_of(run: Path) -> list[int]:
+    return [json.loads(line)["round"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def wait_for(condition: object, timeout: float = 120.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def children(pid: int) -> list[int]:
+    """Live processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has ended; only its exit status waits to be collected
+
+
+@pytest.fixture
+def started(tmp_path: Path) -> Iterator[list[subprocess.Popen[str]]]:
+    """Processes a test starts; any still running at the end is killed."""
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def start(procs: list[subprocess.Popen[str]], cwd: Path, *args: str) -> subprocess.Popen[str]:
+    p = subprocess.Popen(command(*args), cwd=cwd, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    procs.append(p)
+    return p
+
+
+def checkpointed(run: Path, at_least: int = 1) -> bool:
+    try:
+        return int(load_checkpoint(run / "checkpoints")["round"]) >= at_least
+    except FedskewError:
+        return False
+
+
+# ---- one process per run folder ---------------------------------------------------------------------
+def test_a_second_run_or_resume_of_a_busy_folder_is_refused(tmp_path: Path, started: list) -> None:
+    cfg = write_config(tmp_path / "long.toml", rounds=LONG)
+    run = tmp_path / "o" / "fedavg-seed0"
+    first = start(started, tmp_path, "run", str(cfg), "--out", "o", "--no-progress")
+    wait_for(lambda: checkpointed(run), what="the first run's first checkpoint")
+    lock = (run / LOCK_FILE).read_text().strip()
+    assert lock == str(first.pid)
+    for args in (["run", str(cfg), "--out", "o", "--force"], ["run", "--resume", str(run)]):
+        line = one_error(fedskew(*args, "--no-progress", cwd=tmp_path), after_start=True)
+        assert f"fedavg-seed0 is in use by another fedskew process (pid {first.pid})" in line
+    first.send_signal(signal.SIGINT)
+    assert first.wait(60) == 130
+    done = rounds_of(run)
+    assert done == list(range(1, len(done) + 1))  # no round twice, none lost
+    # The lock went with the process: the folder can be resumed now.
+    res = fedskew("run", "--resume", str(run), f"rounds={int(load_checkpoint(run / 'checkpoints')['round']) + 1}",
+                  "--no-progress", cwd=tmp_path)
+    assert res.code == 0, res.err
+    done = rounds_of(run)
+    assert done == list(range(1, len(done) + 1))
+
+
+def test_the_lock_is_exclusive_and_names_its_holder(tmp_path: Path) -> None:
+    with locked_run_folder(tmp_path / "run"):
+        assert (tmp_path / "run" / LOCK_FILE).read_text().strip() == str(os.getpid())
+        busy = rf"in use by another fedskew process \(pid {os.getpid()}\)"
+        with pytest.raises(FedskewError, match=busy), locked_run_folder(tmp_path / "run"):
+            pass
+    with locked_run_folder(tmp_path / "run"):  # released when the block ended
+        pass
+
+
+# ---- workers die with the run; SIGTERM as Ctrl-C -----------------------------------------------------
+def _pool_run(tmp_path: Path, started: list) -> tuple[subprocess.Popen[str], Path, list[int]]:
+    """A long run with two worker processes, once both are up and it has a checkpoint."""
+    cfg = write_config(tmp_path / "pool.toml", rounds=LONG, workers=2)
+    run = tmp_path / "o" / "fedavg-seed0"
+    proc = start(started, tmp_path, "run", str(cfg), "--out", "o", "--no-progress")
+    wait_for(lambda: checkpointed(run), what="the first checkpoint")
+    helpers = children(proc.pid)
+    assert len(helpers) >= 3, helpers  # two workers and multiprocessing's resource tracker
+    return proc, run, helpers
+
+
+def test_workers_die_with_a_killed_run(tmp_path: Path, started: list) -> None:
+    proc, _, helpers = _pool_run(tmp_path, started)
+    proc.kill()
+    proc.wait()
+    wait_for(lambda: not any(alive(p) for p in helpers), timeout=30, what=f"the helpers {helpers} to end")
+
+
+def test_sigterm_stops_a_run_as_ctrl_c_does_and_it_resumes_exactly(tmp_path: Path, started: list) -> None:
+    proc, run, helpers = _pool_run(tmp_path, started)
+    proc.terminate()
+    assert proc.wait(60) == 143
+    err = proc.stderr.read() if proc.stderr else ""
+    assert "Traceback" not in err and "fedskew: terminated; a run continues from its last checkpoint" in err
+    wait_for(lambda: not any(alive(p) for p in helpers), timeout=30, what=f"the helpers {helpers} to end")
+    stop = int(load_checkpoint(run / "checkpoints")["round"])
+    res = fedskew("run", "--resume", str(run), f"rounds={stop + 2}", "workers=1", "--no-progress", cwd=tmp_path)
+    assert res.code == 0, res.err
+    straight = write_config(tmp_path / "straight.toml", rounds=stop + 2)
+    assert fedskew("run", str(straight), "--out", "s", "--no-progress", cwd=tmp_path).code == 0
+    assert (run / "metrics.jsonl").read_bytes() == (tmp_path / "s" / "fedavg-seed0" / "metrics.jsonl").read_bytes()
+
+
+# ---- a full disk --------------------------------------------------------------------------------------
+@pytest.fixture
+def two_rounds(tmp_path: Path) -> Path:
+    cfg = write_config(tmp_path / "two.toml", rounds=2)
+    assert fedskew("run", str(cfg), "--out", "o", "--no-progress", cwd=tmp_path).code == 0
+    return tmp_path / "o" / "fedavg-seed0"
+
+
+def _full(path: Path) -> None:
+    """Make writes to ``path`` fail as on a full disk: a link to /dev/full (the kernel answers ENOSPC)."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full")
+    path.unlink(missing_ok=True)
+    path.symlink_to("/dev/full")
+
+
+@pytest.mark.parametrize("target", ["checkpoints/last.pt.tmp", "metrics.jsonl"])
+def test_a_full_disk_is_one_line_and_the_last_checkpoint_survives(two_rounds: Path, tmp_path: Path,
+                                                                   target: str) -> None:
+    checkpoint = (two_rounds / "checkpoints" / "last.pt").read_bytes()
+    _full(two_rounds / target)
+    line = one_error(fedskew("run", "--resume", str(two_rounds), "rounds=4", "--no-progress", cwd=tmp_path))
+    assert f"the disk is full (no space left on device) while writing {two_rounds}; its last checkpoint is intact" \
+        in line
+    assert (two_rounds / "checkpoints" / "last.pt").read_bytes() == checkpoint
+    assert not (two_rounds / "checkpoints" / "last.pt.tmp").exists()
+    (two_rounds / target).unlink(missing_ok=True)  # space again: the run goes on from its checkpoint
+    assert fedskew("run", "--resume", str(two_rounds), "rounds=4", "--no-progress", cwd=tmp_path).code == 0
+    straight = write_config(tmp_path / "four.toml", rounds=4)
+    assert fedskew("run", str(straight), "--out", "s", "--no-progress", cwd=tmp_path).code == 0
+    assert (two_rounds / "metrics.jsonl").read_bytes() == (tmp_path / "s/fedavg-seed0/metrics.jsonl").read_bytes()
+
+
+def test_a_disk_that_fills_during_a_run_is_one_line(tmp_path: Path) -> None:
+    """A real small file system (tmpfs of 64 KiB in a private mount namespace) fills up during the run."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["unshare", "--mount", "mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a file system here")
+    cfg = write_config(tmp_path / "long.toml", rounds=2000)
+    copy = tmp_path / "copy"
+    script = (f'mount -t tmpfs -o size=64k tmpfs {disk} && "$@"; code=$?; cp -r {disk}/o {copy}; exit $code')
+    res = fedskew("run", str(cfg), "--out", str(disk / "o"), "--no-progress", cwd=tmp_path,
+                  prefix=["unshare", "--mount", "sh", "-c", script, "sh"])
+    run = disk / "o" / "fedavg-seed0"
+    line = one_error(res, after_start=True)
+    assert f"the disk is full (no space left on device) while writing {run}" in line
+    ck = load_checkpoint(copy / "fedavg-seed0" / "checkpoints")  # intact, and consistent with itself
+    assert ck["round"] >= 1
+
+
+# ---- the pieces -------------------------------------------------------------------------------------
+def test_file_system_errors_read_as_one_line_naming_the_place(tmp_path: Path) -> None:
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    assert describe_os_error(full, tmp_path) == f"the disk is full (no space left on device) while writing {tmp_path}"
+    assert describe_os_error(OSError(errno.EROFS, "x", "/mnt/o")) == "/mnt/o: read-only file system"
+    assert describe_os_error(PermissionError(errno.EACCES, "x", "/o")) == "/o: permission denied"
+    assert describe_os_error(FileExistsError(errno.EEXIST, "x", "f")) == "f: exists and is not a folder"
+
+
+@pytest.mark.parametrize("name", ["", " ", "..", "../x", "a/../../b", "/abs", "~/x", "C:\\x", ".", "a\nb", 5])
+def test_experiment_names_stay_inside_runs(name: object) -> None:
+    with pytest.raises(ConfigError, match="name must be a folder name inside runs/"):
+        check_folder_name("name", name)
+
+
+@pytest.mark.parametrize("name", ["fmnist", "fmnist/alpha0.1", "x..y", "FedAvg vs FedProx"])
+def test_ordinary_names_pass(name: str) -> None:
+    check_folder_name("name", name)
+
+
+def test_a_checkpoint_write_that_fails_leaves_the_last_one(tmp_path: Path) -> None:
+    from fedskew.engine.checkpoint import save_checkpoint
+
+    folder = tmp_path / "checkpoints"
+    save_checkpoint(folder, {"round": 1})
+    before = (folder / "last.pt").read_bytes()
+    _full(folder / "last.pt.tmp")
+    with pytest.raises(OSError) as err:
+        save_checkpoint(folder, {"round": 2, "big": torch.zeros(10_000)})
+    assert err.value.errno == errno.ENOSPC
+    assert (folder / "last.pt").read_bytes() == before and not (folder / "last.pt.tmp").exists()
+    assert snapshot(folder) == {"last.pt": before}
