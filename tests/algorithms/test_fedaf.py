@@ -189,3 +189,22 @@ def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
         tmp_path, lambda rounds: fedaf_config(rounds=rounds, clients_per_round=3) | {"checkpoint_every": 1}
     )
     assert json.loads((full / "metrics.jsonl").read_text().splitlines()[-1])["synthetic_images"] > 0
+
+
+def test_bf16_condenses_in_bf16_and_uploads_float32_knowledge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    amps: list[str] = []
+    real_dm = fedaf_module.distribution_matching
+
+    def spy(*args: Any, **kwargs: Any) -> SyntheticSet:
+        amps.append(args[3].amp)
+        return real_dm(*args, **kwargs)
+
+    monkeypatch.setattr(fedaf_module, "distribution_matching", spy)
+    sim = RoundLoop({**fedaf_config(rounds=2), "amp": "bf16"}, tmp_path / "bf16", progress=False)
+    records = sim.run().records
+    assert amps and set(amps) == {"bf16"}
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in records)
+    for key in ("knowledge_logits", "knowledge_soft"):
+        assert sim.server.state[key].dtype == torch.float32 and bool(torch.isfinite(sim.server.state[key]).all())
+    assert sim.server.state["syn_images"].dtype == torch.uint8
+    assert all(s["syn_images"].dtype == torch.float32 for s in sim.client_states.values() if "syn_images" in s)

@@ -160,3 +160,19 @@ def test_image_grid_one_row_per_class(tmp_path: Path) -> None:
     out = save_image_grid(images[:, :1], labels, tmp_path / "sub" / "grid.png", scale=3)
     with Image.open(out) as im:
         assert im.mode == "L" and im.size == (2 + 3 * (12 + 2), 2 + 2 * (12 + 2))
+
+
+def test_bf16_condenses_in_bf16_and_keeps_uint8_uploads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    amps: list[str] = []
+    real_gm = feddc_module.gradient_matching
+
+    def spy(*args: Any, **kwargs: Any) -> SyntheticSet:
+        amps.append(args[3].amp)
+        return real_gm(*args, **kwargs)
+
+    monkeypatch.setattr(feddc_module, "gradient_matching", spy)
+    sim = RoundLoop({**feddc_config(), "amp": "bf16"}, tmp_path / "bf16", progress=False)
+    records = sim.run().records
+    assert amps and set(amps) == {"bf16"}
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in records)
+    assert sim.server.state["syn_images"].dtype == torch.uint8

@@ -91,3 +91,23 @@ def test_restart_model_trains_from_a_fresh_initialisation(tmp_path: Path) -> Non
     fresh = seeded_init(sim.fed.info.model.build, sim.fed.info.seed, "restart", 1).state_dict()
     for k, v in sim.server.model.state_dict().items():
         assert torch.allclose(v, fresh[k], atol=1e-8), k
+
+
+def test_bf16_condenses_in_bf16_and_keeps_the_wire_and_the_model_float32(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    amps: list[str] = []
+    real_dm = feddm_module.distribution_matching
+
+    def spy(*args: Any, **kwargs: Any) -> SyntheticSet:
+        amps.append(args[3].amp)
+        return real_dm(*args, **kwargs)
+
+    monkeypatch.setattr(feddm_module, "distribution_matching", spy)
+    mixed = RoundLoop({**feddm_config(rounds=2), "amp": "bf16"}, tmp_path / "bf16", progress=False).run().records
+    assert amps and set(amps) == {"bf16"}  # the run's amp reaches the clients' condensation
+    plain = RoundLoop(feddm_config(rounds=2), tmp_path / "fp32", progress=False).run().records
+    assert [r["bytes_client_to_server"] for r in mixed] == [r["bytes_client_to_server"] for r in plain]
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in mixed)
+    model = torch.load(tmp_path / "bf16" / "model.pt", weights_only=True)
+    assert all(t.dtype == torch.float32 for t in model.values() if t.is_floating_point())
