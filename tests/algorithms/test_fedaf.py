@@ -27,6 +27,7 @@ from fedskew.core.params import build_params
 from fedskew.core.seeding import seeded_init
 from fedskew.engine.round_loop import RoundLoop
 from tests.algorithms.resume import assert_resumes_exactly
+from tests.condense.device_draws import record_amps
 from tests.conftest import tiny_config
 
 FAST: dict[str, Any] = {"condense_iterations": 3, "ipc": 2, "server": {"epochs": 2, "batch_size": 16, "lr": 0.1}}
@@ -192,14 +193,7 @@ def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
 
 
 def test_bf16_condenses_in_bf16_and_uploads_float32_knowledge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    amps: list[str] = []
-    real_dm = fedaf_module.distribution_matching
-
-    def spy(*args: Any, **kwargs: Any) -> SyntheticSet:
-        amps.append(args[3].amp)
-        return real_dm(*args, **kwargs)
-
-    monkeypatch.setattr(fedaf_module, "distribution_matching", spy)
+    amps = record_amps(monkeypatch, fedaf_module, "distribution_matching")
     sim = RoundLoop({**fedaf_config(rounds=2), "amp": "bf16"}, tmp_path / "bf16", progress=False)
     records = sim.run().records
     assert amps and set(amps) == {"bf16"}

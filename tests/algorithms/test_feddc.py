@@ -21,6 +21,7 @@ from fedskew.core.params import build_params
 from fedskew.engine.replies import check_reply
 from fedskew.engine.round_loop import RoundLoop
 from fedskew.report.grids import image_grid, save_image_grid
+from tests.condense.device_draws import record_amps
 from tests.conftest import tiny_config
 
 FAST: dict[str, Any] = {"condense_iterations": 3, "server": {"epochs": 2}}
@@ -163,14 +164,7 @@ def test_image_grid_one_row_per_class(tmp_path: Path) -> None:
 
 
 def test_bf16_condenses_in_bf16_and_keeps_uint8_uploads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    amps: list[str] = []
-    real_gm = feddc_module.gradient_matching
-
-    def spy(*args: Any, **kwargs: Any) -> SyntheticSet:
-        amps.append(args[3].amp)
-        return real_gm(*args, **kwargs)
-
-    monkeypatch.setattr(feddc_module, "gradient_matching", spy)
+    amps = record_amps(monkeypatch, feddc_module, "gradient_matching")
     sim = RoundLoop({**feddc_config(), "amp": "bf16"}, tmp_path / "bf16", progress=False)
     records = sim.run().records
     assert amps and set(amps) == {"bf16"}
