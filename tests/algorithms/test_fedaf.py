@@ -27,6 +27,7 @@ from fedskew.core.params import build_params
 from fedskew.core.seeding import seeded_init
 from fedskew.engine.round_loop import RoundLoop
 from tests.algorithms.resume import assert_resumes_exactly
+from tests.condense.device_draws import record_amps
 from tests.conftest import tiny_config
 
 FAST: dict[str, Any] = {"condense_iterations": 3, "ipc": 2, "server": {"epochs": 2, "batch_size": 16, "lr": 0.1}}
@@ -189,3 +190,15 @@ def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
         tmp_path, lambda rounds: fedaf_config(rounds=rounds, clients_per_round=3) | {"checkpoint_every": 1}
     )
     assert json.loads((full / "metrics.jsonl").read_text().splitlines()[-1])["synthetic_images"] > 0
+
+
+def test_bf16_condenses_in_bf16_and_uploads_float32_knowledge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    amps = record_amps(monkeypatch, fedaf_module, "distribution_matching")
+    sim = RoundLoop({**fedaf_config(rounds=2), "amp": "bf16"}, tmp_path / "bf16", progress=False)
+    records = sim.run().records
+    assert amps and set(amps) == {"bf16"}
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in records)
+    for key in ("knowledge_logits", "knowledge_soft"):
+        assert sim.server.state[key].dtype == torch.float32 and bool(torch.isfinite(sim.server.state[key]).all())
+    assert sim.server.state["syn_images"].dtype == torch.uint8
+    assert all(s["syn_images"].dtype == torch.float32 for s in sim.client_states.values() if "syn_images" in s)

@@ -21,6 +21,7 @@ from fedskew.core.params import build_params
 from fedskew.engine.replies import check_reply
 from fedskew.engine.round_loop import RoundLoop
 from fedskew.report.grids import image_grid, save_image_grid
+from tests.condense.device_draws import record_amps
 from tests.conftest import tiny_config
 
 FAST: dict[str, Any] = {"condense_iterations": 3, "server": {"epochs": 2}}
@@ -160,3 +161,12 @@ def test_image_grid_one_row_per_class(tmp_path: Path) -> None:
     out = save_image_grid(images[:, :1], labels, tmp_path / "sub" / "grid.png", scale=3)
     with Image.open(out) as im:
         assert im.mode == "L" and im.size == (2 + 3 * (12 + 2), 2 + 2 * (12 + 2))
+
+
+def test_bf16_condenses_in_bf16_and_keeps_uint8_uploads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    amps = record_amps(monkeypatch, feddc_module, "gradient_matching")
+    sim = RoundLoop({**feddc_config(), "amp": "bf16"}, tmp_path / "bf16", progress=False)
+    records = sim.run().records
+    assert amps and set(amps) == {"bf16"}
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in records)
+    assert sim.server.state["syn_images"].dtype == torch.uint8

@@ -15,6 +15,7 @@ from fedskew.algorithms.feddm import FedDM
 from fedskew.condense import SyntheticSet
 from fedskew.core.seeding import seeded_init
 from fedskew.engine.round_loop import RoundLoop
+from tests.condense.device_draws import record_amps
 from tests.conftest import tiny_config
 
 FAST: dict[str, Any] = {"condense_iterations": 3, "ipc": 2, "server": {"epochs": 2, "batch_size": 16, "lr": 0.1}}
@@ -91,3 +92,16 @@ def test_restart_model_trains_from_a_fresh_initialisation(tmp_path: Path) -> Non
     fresh = seeded_init(sim.fed.info.model.build, sim.fed.info.seed, "restart", 1).state_dict()
     for k, v in sim.server.model.state_dict().items():
         assert torch.allclose(v, fresh[k], atol=1e-8), k
+
+
+def test_bf16_condenses_in_bf16_and_keeps_the_wire_and_the_model_float32(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    amps = record_amps(monkeypatch, feddm_module, "distribution_matching")
+    mixed = RoundLoop({**feddm_config(rounds=2), "amp": "bf16"}, tmp_path / "bf16", progress=False).run().records
+    assert amps and set(amps) == {"bf16"}  # the run's amp reaches the clients' condensation
+    plain = RoundLoop(feddm_config(rounds=2), tmp_path / "fp32", progress=False).run().records
+    assert [r["bytes_client_to_server"] for r in mixed] == [r["bytes_client_to_server"] for r in plain]
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in mixed)
+    model = torch.load(tmp_path / "bf16" / "model.pt", weights_only=True)
+    assert all(t.dtype == torch.float32 for t in model.values() if t.is_floating_point())

@@ -53,6 +53,7 @@ from fedskew.condense import (
     interpolated_model_sampler,
     sliced_wasserstein,
 )
+from fedskew.core.device import current_compute
 from fedskew.core.message import Message, arrays_with_prefix
 from fedskew.core.params import check
 from fedskew.models.evaluation import chunk_bounds
@@ -85,13 +86,16 @@ def real_class_logits(
     """Eq. 5: the classes present in ``y`` and the mean logits of their real images under ``model``.
 
     The model is the global model f_w used for inference (evaluation-mode normalisation layers), run
-    in chunks so a large client does not need one huge batch.
+    in chunks so a large client does not need one huge batch, in the run's precision (the logits are
+    float32).
     """
     was_training = model.training
     model.eval()
     cl = is_channels_last(model)
-    with torch.no_grad():
-        logits = torch.cat([model(as_model_format(x[s:e], cl)) for s, e in chunk_bounds(int(y.shape[0]), LOGIT_CHUNK)])
+    with torch.no_grad(), current_compute().precision().autocast():
+        logits = torch.cat(
+            [model(as_model_format(x[s:e], cl)).float() for s, e in chunk_bounds(int(y.shape[0]), LOGIT_CHUNK)]
+        )
     model.train(was_training)
     means, counts = class_mean_logits(logits, y, num_classes)
     classes = torch.nonzero(counts > 0).flatten()
@@ -205,7 +209,7 @@ class FedAF(AggregationFree):
             model.eval()
             logits = model(as_model_format(syn.images, is_channels_last(model)))
             model.train(was_training)
-            total = torch.zeros(())
+            total = torch.zeros((), device=logits.device)
             for c in sorted(set(syn.labels.tolist()) & targets.keys()):
                 u = logits[syn.labels == c]
                 if p.swd_local == "mean":

@@ -30,6 +30,7 @@ from fedskew.algorithms.condensation.wire import (
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.aggregate import weighted_mean
 from fedskew.condense import GMConfig, gradient_matching
+from fedskew.core.device import current_compute
 from fedskew.core.message import Message, arrays_with_prefix
 from fedskew.core.params import check
 
@@ -97,12 +98,13 @@ class FedDC(FedAvg):
 
     # ---- client ------------------------------------------------------------------------------
     def gm_config(self) -> GMConfig:
-        """CondensedDataTraining's settings (FedDC: no inner network training, one step per draw)."""
+        """CondensedDataTraining's settings (FedDC: no inner network training, one step per draw), in
+        the run's mixed precision (``amp``)."""
         p = self.params
         return GMConfig(
             iterations=p.condense_iterations, ipc=p.ipc, image_lr=p.image_lr, momentum=p.image_momentum,
             weight_decay=p.image_weight_decay, clip_norm=p.clip_norm, real_batch=p.real_batch,
-            distance=p.distance, outer_loop=1, inner_loop=0, init=p.init,
+            distance=p.distance, outer_loop=1, inner_loop=0, init=p.init, amp=current_compute().amp,
         )
 
     def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:

@@ -134,12 +134,15 @@ def sample_dsa_params(cfg: DSAConfig, batch_size: int | None, generator: torch.G
 
 
 def apply_dsa(x: torch.Tensor, params: DSAParams) -> torch.Tensor:
-    """Apply the drawn transform to the batch ``x`` (N, C, H, W); differentiable with respect to ``x``."""
+    """Apply the drawn transform to the batch ``x`` (N, C, H, W); differentiable with respect to ``x``.
+
+    The draws (made on the CPU) are moved to ``x``'s device, so a seed augments alike on every device.
+    """
     for op in params.ops:
         u = params.draws[op]
         if u.shape[0] not in (1, x.shape[0]):
             raise ValueError(f"DSA draws for {u.shape[0]} samples applied to a batch of {x.shape[0]}")
-        x = _OPS[op](x, u.to(x.dtype), params.cfg)
+        x = _OPS[op](x, u.to(device=x.device, dtype=x.dtype), params.cfg)
     return x
 
 
@@ -179,11 +182,12 @@ def _crop(x: torch.Tensor, u: torch.Tensor, cfg: DSAConfig) -> torch.Tensor:
     ty = _pixel_offsets(u[:, 0], ph).expand(n)
     tx = _pixel_offsets(u[:, 1], pw).expand(n)
     padded = F.pad(x, (pw, pw, ph, ph))
-    rows = torch.arange(h)[None, :] + ph - ty[:, None]
-    cols = torch.arange(w)[None, :] + pw - tx[:, None]
+    dev = x.device
+    rows = torch.arange(h, device=dev)[None, :] + ph - ty[:, None]
+    cols = torch.arange(w, device=dev)[None, :] + pw - tx[:, None]
     return padded[
-        torch.arange(n)[:, None, None, None],
-        torch.arange(c)[None, :, None, None],
+        torch.arange(n, device=dev)[:, None, None, None],
+        torch.arange(c, device=dev)[None, :, None, None],
         rows[:, None, :, None],
         cols[:, None, None, :],
     ]
@@ -195,8 +199,8 @@ def _cutout(x: torch.Tensor, u: torch.Tensor, cfg: DSAConfig) -> torch.Tensor:
     sh, sw = int(h * cfg.ratio_cutout + 0.5), int(w * cfg.ratio_cutout + 0.5)
     top = (u[:, 0] * h).floor().long().clamp(max=h - 1) - sh // 2
     left = (u[:, 1] * w).floor().long().clamp(max=w - 1) - sw // 2
-    rows = torch.arange(h)[None, :] - top[:, None]
-    cols = torch.arange(w)[None, :] - left[:, None]
+    rows = torch.arange(h, device=x.device)[None, :] - top[:, None]
+    cols = torch.arange(w, device=x.device)[None, :] - left[:, None]
     in_rows = (rows >= 0) & (rows < sh)
     in_cols = (cols >= 0) & (cols < sw)
     keep = ~(in_rows[:, :, None] & in_cols[:, None, :])

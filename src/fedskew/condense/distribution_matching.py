@@ -16,6 +16,16 @@ concatenated and the class means are segment sums (``index_add``) divided by cou
 training mode, as in DM, so normalisation layers use batch statistics; with BatchNorm these are pooled
 over the whole concatenated batch (real and synthetic, all classes), so synthetic features are
 normalised with the same, real-dominated statistics as real ones.
+
+Devices and precision: the real images decide the device; networks built by a factory (on the CPU)
+are moved there, random draws come from the CPU generator and are moved (:mod:`fedskew.core.device`),
+so a seed gives the same draws on every device. ``DMConfig.amp`` runs the networks' forward passes
+under autocast (``"bf16"``, or ``"fp16"`` with a gradient scaler on CUDA); the images, their optimiser
+and the loss's class means stay float32. With ``amp = "off"`` a step is exactly the float32 step.
+
+Speed: the samplers around a given model reuse one network (its weights overwritten at every step)
+instead of building one per step, and a sampler draws from the generator exactly what building a new
+network drew, so the results are those of a new network per step, bit for bit (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -31,14 +41,19 @@ from fedskew.condense.augment import DSAConfig, apply_dsa, sample_dsa_params
 from fedskew.condense.synthetic import (
     ModelFactory,
     SyntheticSet,
+    backward_to,
+    check_amp_word,
     check_data,
     check_init,
     class_indices,
+    draw_seed,
     fresh_model,
+    model_device,
     model_features,
     sample_indices,
     start_set,
 )
+from fedskew.core.device import Precision
 from fedskew.core.errors import ConfigError, DataError
 from fedskew.models.layout import as_model_format, is_channels_last, use_channels_last
 
@@ -74,6 +89,9 @@ class DMConfig:
     clip_norm
         Clip the norm of the whole image gradient (all classes together) to this value before each step
         (FedDM: 2.0; ``None``: off, as in DM).
+    amp
+        Mixed precision of the networks' forward passes: ``"off"`` (float32), ``"bf16"``, or ``"fp16"``
+        (CUDA only, with a gradient scaler). The methods pass the run's ``amp``.
     """
 
     iterations: int = 1000
@@ -84,9 +102,11 @@ class DMConfig:
     init: str = "real"
     dsa: DSAConfig | None = None
     clip_norm: float | None = None
+    amp: str = "off"
 
     def __post_init__(self) -> None:
         check_init(self.init)
+        check_amp_word(self.amp)
         if self.iterations < 0:
             raise ConfigError(f"iterations must be >= 0, got {self.iterations}")
         if min(self.ipc, self.real_batch) < 1:
@@ -113,16 +133,18 @@ def dm_loss(
         raise DataError("every class needs at least one real and one synthetic image")
     num = len(real_by_class)
     groups = [*real_by_class, *syn_by_class]
-    counts = torch.tensor([t.shape[0] for t in groups])
-    segment = torch.repeat_interleave(torch.arange(2 * num), counts)
-    emb = model_features(torch.cat([t.detach() for t in real_by_class] + list(syn_by_class)))
-    sums = torch.zeros((2 * num, emb.shape[1]), dtype=emb.dtype).index_add(0, segment, emb)
+    # Under autocast the embedding may be bf16/fp16; the class means are float32 sums (a no-op in float32).
+    emb = model_features(torch.cat([t.detach() for t in real_by_class] + list(syn_by_class))).float()
+    counts = torch.tensor([t.shape[0] for t in groups], device=emb.device)
+    segment = torch.repeat_interleave(torch.arange(2 * num, device=emb.device), counts)
+    sums = torch.zeros((2 * num, emb.shape[1]), dtype=emb.dtype, device=emb.device).index_add(0, segment, emb)
     means = sums / counts.to(emb.dtype)[:, None]
     return ((means[:num] - means[num:]) ** 2).sum()
 
 
 def random_model_sampler(model_factory: ModelFactory) -> ModelSampler:
-    """DM's sampler: a freshly initialised network ``model_factory()`` at every step."""
+    """DM's sampler: a freshly initialised network ``model_factory()`` at every step (built on the CPU;
+    :func:`distribution_matching` moves it to the data's device)."""
 
     def sample(step: int, generator: torch.Generator) -> nn.Module:
         return fresh_model(model_factory, generator)
@@ -130,11 +152,15 @@ def random_model_sampler(model_factory: ModelFactory) -> ModelSampler:
     return sample
 
 
-def _container(model: nn.Module, model_factory: ModelFactory, generator: torch.Generator) -> nn.Module:
-    """A new network with the state (parameters and buffers) of ``model``, so ``model`` is never touched."""
-    out = fresh_model(model_factory, generator)
-    out.load_state_dict(model.state_dict())
-    return out
+def _load_state(net: nn.Module, model: nn.Module, parameters: bool = True) -> None:
+    """``net.load_state_dict(model.state_dict())`` without its bookkeeping (a step's cost matters here);
+    ``parameters=False`` copies the buffers only."""
+    target = net.state_dict(keep_vars=True)
+    skip = set() if parameters else {name for name, _ in net.named_parameters()}
+    with torch.no_grad():
+        for name, t in model.state_dict().items():
+            if name not in skip:
+                target[name].copy_(t)
 
 
 def perturbed_model_sampler(model: nn.Module, model_factory: ModelFactory, rho: float) -> ModelSampler:
@@ -143,14 +169,24 @@ def perturbed_model_sampler(model: nn.Module, model_factory: ModelFactory, rho: 
     The rule: all floating-point parameters form one vector of dimension D; a direction d ~ N(0, I_D)
     is normalised, a radius ``r = rho * U^(1/D)`` with U ~ U(0, 1) is drawn (which makes w' uniform in
     the ball; for large D, r is close to rho), and ``w' = w + r d / ||d||``. Buffers (e.g. BatchNorm
-    running statistics) are copied from ``model``. ``model_factory`` builds the container network,
-    whose own initial weights are overwritten.
+    running statistics) are copied from ``model``. The draws are made on the CPU and moved to
+    ``model``'s device.
+
+    ``model_factory`` builds the container network once, on ``model``'s device; every step overwrites
+    its weights and returns it. Later steps draw from the generator the seed a new container would
+    have taken, so the stream (and the result) is that of a new network per step.
     """
     if rho < 0:
         raise ConfigError(f"rho must be >= 0, got {rho}")
+    container: list[nn.Module] = []
 
     def sample(step: int, generator: torch.Generator) -> nn.Module:
-        out = _container(model, model_factory, generator)
+        if container:
+            draw_seed(generator)  # the draw fresh_model makes
+        else:
+            container.append(fresh_model(model_factory, generator, model_device(model)))
+        out = container[0]
+        _load_state(out, model)
         params = [p for p in out.parameters() if p.is_floating_point()]
         if not params:
             return out
@@ -160,7 +196,10 @@ def perturbed_model_sampler(model: nn.Module, model_factory: ModelFactory, rho: 
         radius = rho * u ** (1.0 / sum(p.numel() for p in params))
         with torch.no_grad():
             for p, d in zip(params, directions, strict=True):
-                p.add_(d, alpha=radius / norm)
+                # Added in the layout a new network's weights had (contiguous), as when one was built
+                # per step: with mixed layouts the add runs a non-vectorised loop, whose rounding (fused
+                # multiply-add or not) depends on how PyTorch was compiled.
+                p.copy_(p.contiguous().add_(d.to(p.device), alpha=radius / norm))
         return out
 
     return sample
@@ -169,22 +208,27 @@ def perturbed_model_sampler(model: nn.Module, model_factory: ModelFactory, rho: 
 def interpolated_model_sampler(model: nn.Module, model_factory: ModelFactory, gamma: float) -> ModelSampler:
     """FedAF's re-sampling (Eq. 17): ``w' = gamma w + (1 - gamma) w_random`` at every step.
 
-    ``w_random`` is a fresh ``model_factory()`` network. Only parameters are interpolated; buffers
-    (BatchNorm running statistics, counters) are copied from ``model``. ``gamma = 1`` returns exactly
-    the weights of ``model`` (``1 * w + 0 * w_random == w`` in floating point for finite weights);
-    ``gamma = 0`` is DM's random network. FedAF uses 0.9.
+    ``w_random`` is a fresh ``model_factory()`` network, built on the CPU from the generator and moved
+    to ``model``'s device. Only parameters are interpolated; buffers (BatchNorm running statistics,
+    counters) are copied from ``model``. ``gamma = 1`` returns exactly the weights of ``model``
+    (``1 * w + 0 * w_random == w`` in floating point for finite weights); ``gamma = 0`` is DM's random
+    network. FedAF uses 0.9. The first step's network is kept as the container that every step
+    overwrites and returns.
     """
     if not 0.0 <= gamma <= 1.0:
         raise ConfigError(f"gamma must be in [0, 1], got {gamma}")
     source = dict(model.named_parameters())
+    container: list[nn.Module] = []
 
     def sample(step: int, generator: torch.Generator) -> nn.Module:
-        out = fresh_model(model_factory, generator)
-        random_params = {name: p.detach().clone() for name, p in out.named_parameters()}
-        out.load_state_dict(model.state_dict())
+        w_random = fresh_model(model_factory, generator, model_device(model))
+        if not container:
+            container.append(w_random)
+        out = container[0]
+        _load_state(out, model, parameters=False)
         with torch.no_grad():
-            for name, p in out.named_parameters():
-                p.copy_(gamma * source[name].detach() + (1.0 - gamma) * random_params[name])
+            for (name, p), r in zip(out.named_parameters(), w_random.parameters(), strict=True):
+                p.copy_(gamma * source[name].detach() + (1.0 - gamma) * r)
         return out
 
     return sample
@@ -212,12 +256,14 @@ def distribution_matching(
     Parameters
     ----------
     x_real, y_real
-        Real images (N, C, H, W), normalised, and labels.
+        Real images (N, C, H, W), normalised, and labels; the condensation runs on their device.
     model_sampler
         ``model_sampler(step, generator)`` gives the network of each step (see
         :func:`random_model_sampler`, :func:`perturbed_model_sampler`,
-        :func:`interpolated_model_sampler`); it must have a ``features`` sub-module. It should return
-        a new network each call: the network is put in training mode with its parameters frozen.
+        :func:`interpolated_model_sampler`); it must have a ``features`` sub-module. The network is
+        moved to the data's device, put in training mode and its parameters frozen; a sampler may
+        return the same network every step with new weights (each step is done with it before the
+        next draw).
     cfg
         Settings.
     generator
@@ -234,9 +280,11 @@ def distribution_matching(
     Returns
     -------
     SyntheticSet
-        With ``init_set``: its labels and order. Otherwise the classes of ``y_real`` in increasing
-        order, ``cfg.ipc`` images each.
+        On the data's device, float32. With ``init_set``: its labels and order. Otherwise the classes
+        of ``y_real`` in increasing order, ``cfg.ipc`` images each.
     """
+    device = x_real.device
+    precision = Precision(device, cfg.amp)  # refuses fp16 off CUDA in one line
     if init_set is None:
         init_set = start_set(x_real, y_real, cfg.ipc, cfg.init, generator)
     else:
@@ -245,15 +293,19 @@ def distribution_matching(
             raise DataError(f"init_set images {tuple(init_set.images.shape[1:])} vs real {tuple(x_real.shape[1:])}")
     classes = list(init_set.by_class())
     real_indices = class_indices(y_real, classes)
-    labels = init_set.labels.clone()
+    labels = init_set.labels.to(device).clone()
     syn_indices = [torch.nonzero(labels == c).flatten() for c in classes]
-    images = init_set.images.detach().clone().to(torch.float32).requires_grad_(True)
+    images = init_set.images.detach().to(device).clone().to(torch.float32).requires_grad_(True)
     optimizer = torch.optim.SGD([images], lr=cfg.image_lr, momentum=cfg.momentum)
     bar = tqdm(range(cfg.iterations), desc="distribution matching", disable=not progress)
     for step in bar:
+        model = model_sampler(step, generator)
+        if model_device(model) != device:
+            model.to(device)
         # Channels-last networks and batches: the step runs faster on CPU (benchmarks/kernels.py);
-        # results equal the NCHW ones up to float rounding.
-        model = use_channels_last(model_sampler(step, generator))
+        # results equal the NCHW ones up to float rounding. A reused network is converted once.
+        if not is_channels_last(model):
+            use_channels_last(model)
         cl = is_channels_last(model)
         model.train()
         model.requires_grad_(False)
@@ -265,13 +317,16 @@ def distribution_matching(
                 x_r, x_s = apply_dsa(x_r, draw), apply_dsa(x_s, draw)
             real.append(as_model_format(x_r, cl))
             syn.append(as_model_format(x_s, cl))
-        loss = dm_loss(model_features(model), real, syn)
-        if extra_loss is not None:
-            loss = loss + extra_loss(model, SyntheticSet(images, labels, init_set.soft_labels))
+        with precision.autocast():
+            loss = dm_loss(model_features(model), real, syn)
+            if extra_loss is not None:
+                loss = loss + extra_loss(model, SyntheticSet(images, labels, init_set.soft_labels))
         optimizer.zero_grad()
-        loss.backward(inputs=[images])
+        backward_to(loss, [images], precision)
         if cfg.clip_norm is not None and images.grad is not None:
+            precision.unscale(optimizer)
             _clip_total(images.grad, cfg.clip_norm)
-        optimizer.step()
-        bar.set_postfix(loss=float(loss.detach()), refresh=False)
+        precision.step(optimizer)
+        if progress:  # reading the loss waits for the device
+            bar.set_postfix(loss=float(loss.detach()), refresh=False)
     return SyntheticSet(images.detach(), labels, init_set.soft_labels)

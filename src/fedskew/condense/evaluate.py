@@ -116,6 +116,7 @@ def train_with_protocol(
                 group["lr"] = cfg.lr * cfg.lr_decay
         total, count = 0.0, 0
         for idx in shuffled_batches(len(syn), cfg.batch_size, generator):
+            idx = idx.to(x.device)
             xb = x[idx] if cfg.dsa is None else dsa(x[idx], cfg.dsa, generator)
             loss = _loss(model(xb), y[idx], None if soft is None else soft[idx])
             optimizer.zero_grad(set_to_none=True)
@@ -141,7 +142,8 @@ def evaluate_synthetic(
         Real test images, normalised the same way, and their labels.
     model_factory
         Builds the randomly initialised network (DC's ConvNet for the published protocol); called
-        inside :func:`~fedskew.condense.synthetic.fresh_model`, so ``generator`` fixes its weights.
+        inside :func:`~fedskew.condense.synthetic.fresh_model`, so ``generator`` fixes its weights,
+        and moved to the synthetic set's device (the test set must be there too).
     cfg, generator
         Training settings; the only source of randomness (initial weights, shuffling, augmentation).
     progress
@@ -155,7 +157,7 @@ def evaluate_synthetic(
     check_data(x_test, y_test)
     if x_test.shape[1:] != syn.images.shape[1:]:
         raise DataError(f"test images {tuple(x_test.shape[1:])} vs synthetic {tuple(syn.images.shape[1:])}")
-    model = fresh_model(model_factory, generator)
+    model = fresh_model(model_factory, generator, syn.images.device)
     train_with_protocol(model, syn, cfg, generator, progress=progress)
     num_classes = int(max(int(y_test.max()), int(syn.labels.max()))) + 1
     return evaluate_model(model, x_test, y_test, num_classes).accuracy

@@ -24,6 +24,11 @@ clients and other networks keep the loop, which also keeps batch statistics per 
 BatchNorm1d layer cannot run on a single-image class (``ipc=1``): DC's ConvNet uses instance
 normalisation for this reason. Real batches go to the network in the channels-last memory format, as
 in local training.
+
+Devices and precision: the condensation runs on the real images' device; networks are built on the CPU
+and moved, draws are made on the CPU and moved (:mod:`fedskew.core.device`). ``GMConfig.amp`` runs the
+forward passes under autocast; gradients, distances and images stay float32 (``"off"``: exactly the
+float32 computation).
 """
 
 from __future__ import annotations
@@ -41,12 +46,15 @@ from fedskew.condense.augment import DSAConfig, apply_dsa, dsa, sample_dsa_param
 from fedskew.condense.synthetic import (
     ModelFactory,
     SyntheticSet,
+    backward_to,
+    check_amp_word,
     check_init,
     class_indices,
     fresh_model,
     sample_indices,
     start_set,
 )
+from fedskew.core.device import Precision
 from fedskew.core.errors import ConfigError
 from fedskew.models.layout import as_model_format, is_channels_last, use_channels_last
 
@@ -91,6 +99,9 @@ class GMConfig:
     dsa
         Differentiable Siamese augmentation of each class's real and synthetic batch with one shared
         draw (``None``: off, as in FedDC).
+    amp
+        Mixed precision of the networks' forward passes: ``"off"`` (float32), ``"bf16"``, or ``"fp16"``
+        (CUDA only, with a gradient scaler). The methods pass the run's ``amp``.
     """
 
     iterations: int = 500
@@ -106,11 +117,13 @@ class GMConfig:
     net_lr: float = 0.01
     init: str = "noise"
     dsa: DSAConfig | None = None
+    amp: str = "off"
 
     def __post_init__(self) -> None:
         if self.distance not in DISTANCES:
             raise ConfigError(f"distance must be one of {DISTANCES}, got {self.distance!r}")
         check_init(self.init)
+        check_amp_word(self.amp)
         if self.iterations < 0 or self.inner_loop < 0:
             raise ConfigError("iterations and inner_loop must be >= 0")
         if min(self.ipc, self.real_batch, self.outer_loop) < 1:
@@ -140,7 +153,7 @@ def match_distance(g_syn: Sequence[torch.Tensor], g_real: Sequence[torch.Tensor]
         raise ConfigError(f"distance must be one of {DISTANCES}, got {kind!r}")
     if len(g_syn) != len(g_real):
         raise ValueError(f"{len(g_syn)} synthetic vs {len(g_real)} real gradient tensors")
-    total = torch.zeros(())
+    total = torch.zeros((), device=g_syn[0].device if g_syn else None)
     for gs, gr in zip(g_syn, g_real, strict=True):
         if kind == "cosine":
             total = total + _one_minus_cos(gs.flatten(), gr.flatten())
@@ -187,7 +200,7 @@ def _batched_syn_distances(
 
     g_syn = vmap(grad(class_loss), in_dims=(None, 0, 0))(named, x_syn, y_syn)
     n = x_syn.shape[0]
-    total = torch.zeros(n)
+    total = torch.zeros(n, device=x_syn.device)
     for i, name in enumerate(names):
         gs = g_syn[name]
         gr = torch.stack([g[i] for g in real_grads])
@@ -224,10 +237,11 @@ def gradient_matching(
     ----------
     x_real, y_real
         Real images (N, C, H, W) in the normalised space and their labels; every label must be a valid
-        output index of the networks.
+        output index of the networks. The condensation runs on their device.
     model_factory
         ``model_factory()`` returns a new randomly initialised network (weights from the global RNG);
-        it is called inside :func:`fresh_model`, seeded from ``generator``, once per iteration.
+        it is called inside :func:`fresh_model`, seeded from ``generator``, once per iteration, and
+        the network is moved to the data's device.
     cfg
         Settings.
     generator
@@ -242,17 +256,21 @@ def gradient_matching(
     Returns
     -------
     SyntheticSet
-        Images of the classes present in ``y_real``, in increasing label order, ``ipc`` each.
+        Images of the classes present in ``y_real``, in increasing label order, ``ipc`` each; float32,
+        on the data's device.
     """
+    device = x_real.device
+    precision = Precision(device, cfg.amp)  # refuses fp16 off CUDA in one line
     syn = start_set(x_real, y_real, cfg.ipc, cfg.init, generator)
     classes = list(syn.by_class())
     indices = class_indices(y_real, classes)
     images = syn.images.clone().requires_grad_(True)
     optimizer = torch.optim.SGD([images], lr=cfg.image_lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    targets = [torch.full((cfg.ipc,), c, dtype=torch.int64) for c in classes]
+    targets = [torch.full((cfg.ipc,), c, dtype=torch.int64, device=device) for c in classes]
+    net_precision = Precision(device, cfg.amp)  # the inner loop's own scaler (another optimiser)
     bar = tqdm(range(cfg.iterations), desc="gradient matching", disable=not progress)
     for _ in bar:
-        net = use_channels_last(fresh_model(model_factory, generator))
+        net = use_channels_last(fresh_model(model_factory, generator, device))
         cl = is_channels_last(net)
         net.train()
         params = [p for p in net.parameters() if p.requires_grad]
@@ -268,28 +286,36 @@ def gradient_matching(
                 if cfg.dsa is not None:
                     draw = sample_dsa_params(cfg.dsa, None, generator)
                     x_r, x_s = apply_dsa(x_r, draw), apply_dsa(x_s, draw)
-                y_r = torch.full((x_r.shape[0],), c, dtype=torch.int64)
-                g_real = torch.autograd.grad(F.cross_entropy(net(as_model_format(x_r, cl)), y_r), params)
+                y_r = torch.full((x_r.shape[0],), c, dtype=torch.int64, device=device)
+                with precision.autocast():
+                    real_loss = F.cross_entropy(net(as_model_format(x_r, cl)), y_r)
+                g_real = torch.autograd.grad(real_loss, params)
                 if batched:
                     syn_batches.append(x_s)
                     real_grads.append(tuple(g.detach() for g in g_real))
                     continue
-                g_syn = torch.autograd.grad(F.cross_entropy(net(x_s), targets[k]), params, create_graph=True)
+                with precision.autocast():
+                    syn_loss = F.cross_entropy(net(x_s), targets[k])
+                g_syn = torch.autograd.grad(syn_loss, params, create_graph=True)
                 distance = match_distance(g_syn, [g.detach() for g in g_real], cfg.distance)
-                distance.backward(inputs=[images])
-                total += float(distance.detach())
+                backward_to(distance, [images], precision)
+                if progress:  # reading the distance waits for the device
+                    total += float(distance.detach())
             if batched:
-                per_class = _batched_syn_distances(
-                    net, torch.stack(syn_batches), torch.stack(targets), real_grads, cfg.distance
-                )
-                per_class.sum().backward(inputs=[images])
-                total = float(per_class.detach().sum())
+                with precision.autocast():
+                    per_class = _batched_syn_distances(
+                        net, torch.stack(syn_batches), torch.stack(targets), real_grads, cfg.distance
+                    )
+                backward_to(per_class.sum(), [images], precision)
+                if progress:
+                    total = float(per_class.detach().sum())
             if cfg.clip_norm is not None and images.grad is not None:
+                precision.unscale(optimizer)
                 _clip_per_class(images.grad, len(classes), cfg.clip_norm)
-            optimizer.step()
+            precision.step(optimizer)
             bar.set_postfix(distance=total / len(classes), refresh=False)
             if cfg.inner_loop > 0 and step < cfg.outer_loop - 1:
-                _train_network(net, params, images.detach(), syn.labels, cfg, generator)
+                _train_network(net, params, images.detach(), syn.labels, cfg, generator, net_precision)
     return SyntheticSet(images.detach(), syn.labels)
 
 
@@ -300,15 +326,19 @@ def _train_network(
     y: torch.Tensor,
     cfg: GMConfig,
     generator: torch.Generator,
+    precision: Precision,
 ) -> None:
     """DC's inner loop: ``cfg.inner_loop`` full-batch SGD steps of the network on the synthetic set.
 
     With DSA on, each step augments with independent per-sample draws, as DC+DSA does when training on
     the synthetic set. Plain SGD has no state, so a new optimiser per call equals DC's persistent one.
+    The forward passes run under ``precision`` (with ``amp = "off"``: plain float32 steps).
     """
     optimizer = torch.optim.SGD(params, lr=cfg.net_lr)
     for _ in range(cfg.inner_loop):
         batch = x if cfg.dsa is None else dsa(x, cfg.dsa, generator)
         optimizer.zero_grad()
-        F.cross_entropy(net(batch), y).backward()
-        optimizer.step()
+        with precision.autocast():
+            loss = F.cross_entropy(net(batch), y)
+        precision.backward(loss)
+        precision.step(optimizer)

@@ -21,7 +21,10 @@ that "no information" is the zero prediction of an uninformed kernel regressor. 
 ``learn_labels=True`` the support labels are optimised too and returned as ``soft_labels``.
 
 Kernels and solves run in float64 (KIP's JAX code enables x64): with ``reg = 1e-6`` the regularised
-K_ss is too ill-conditioned for float32.
+K_ss is too ill-conditioned for float32. Hence no MPS (it has no float64). On a GPU the computation
+runs on the real images' device, with draws made on the CPU and moved (:mod:`fedskew.core.device`).
+``KIPConfig.amp`` runs the random ConvNet feature maps (``"rf_convnet"``, float32 convolutions) under
+autocast; the NTK, the kernel products and the solve are float64 and autocast leaves them alone.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from fedskew.condense.synthetic import SyntheticSet, check_data, check_init, start_set
+from fedskew.condense.synthetic import SyntheticSet, check_amp_word, check_data, check_init, start_set
+from fedskew.core.device import Precision
 from fedskew.core.errors import ConfigError, DataError
 
 Kernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -136,7 +140,7 @@ def random_feature_kernel(x1: torch.Tensor, x2: torch.Tensor, networks: Sequence
     """
     if not networks:
         raise ConfigError("random_feature_kernel needs at least one network")
-    total = torch.zeros((x1.shape[0], x2.shape[0]), dtype=torch.float64)
+    total = torch.zeros((x1.shape[0], x2.shape[0]), dtype=torch.float64, device=x1.device)
     for net in networks:
         total = total + net(x1).double() @ net(x2).double().T
     return total / len(networks)
@@ -167,7 +171,7 @@ def kip_loss(
     k_ss = kernel(x_s, x_s)
     k_ts = kernel(x_t, x_s)
     n_s = k_ss.shape[0]
-    ridge = reg * torch.trace(k_ss) / n_s * torch.eye(n_s, dtype=k_ss.dtype)
+    ridge = reg * torch.trace(k_ss) / n_s * torch.eye(n_s, dtype=k_ss.dtype, device=k_ss.device)
     prediction = k_ts @ torch.linalg.solve(k_ss + ridge, y_s.double())
     return 0.5 * ((y_t.double() - prediction) ** 2).sum()
 
@@ -205,6 +209,9 @@ class KIPConfig:
         Channels of the random ConvNet (DC's width, 128) and networks averaged per step.
     init
         See :func:`init_synthetic` (KIP: ``"real"``).
+    amp
+        Mixed precision of the random ConvNet features (``"off"``, ``"bf16"``, ``"fp16"`` on CUDA with
+        a gradient scaler); the float64 NTK and solve are not affected.
     """
 
     iterations: int = 1000
@@ -220,19 +227,24 @@ class KIPConfig:
     rf_width: int = 128
     rf_draws: int = 1
     init: str = "real"
+    amp: str = "off"
 
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
             raise ConfigError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
         check_init(self.init)
+        check_amp_word(self.amp)
         if self.iterations < 0 or self.depth < 0 or self.reg < 0:
             raise ConfigError("iterations, depth and reg must be >= 0")
         if min(self.ipc, self.target_batch, self.rf_width, self.rf_draws) < 1:
             raise ConfigError("ipc, target_batch, rf_width and rf_draws must be >= 1")
 
 
-def _step_kernel(cfg: KIPConfig, in_channels: int, generator: torch.Generator) -> Kernel:
-    """The kernel of one step: the fixed NTK, or freshly drawn random ConvNet features."""
+def _step_kernel(
+    cfg: KIPConfig, in_channels: int, generator: torch.Generator, device: torch.device | None = None
+) -> Kernel:
+    """The kernel of one step: the fixed NTK, or freshly drawn random ConvNet features (drawn on the CPU,
+    moved to ``device``, default the CPU)."""
     if cfg.kernel == "ntk":
 
         def ntk(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -240,6 +252,8 @@ def _step_kernel(cfg: KIPConfig, in_channels: int, generator: torch.Generator) -
 
         return ntk
     nets = [RandomConvFeatures(in_channels, cfg.rf_width, cfg.depth, generator) for _ in range(cfg.rf_draws)]
+    if device is not None:
+        nets = [net.to(device) for net in nets]
 
     def rf(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return random_feature_kernel(a, b, nets)
@@ -260,7 +274,8 @@ def kip(
     Parameters
     ----------
     x_real, y_real
-        Real images (N, C, H, W), normalised, and labels in ``[0, num_classes)``.
+        Real images (N, C, H, W), normalised, and labels in ``[0, num_classes)``; the distillation
+        runs on their device (not MPS: KIP needs float64).
     num_classes
         L, the width of the label vectors.
     cfg
@@ -273,10 +288,15 @@ def kip(
     Returns
     -------
     SyntheticSet
-        ``cfg.ipc`` images per class present, in increasing label order; ``soft_labels`` holds the
-        learned (centred) label vectors when ``cfg.learn_labels``, else ``None``.
+        ``cfg.ipc`` images per class present, in increasing label order, float32 on the data's device;
+        ``soft_labels`` holds the learned (centred) label vectors when ``cfg.learn_labels``, else
+        ``None``.
     """
     check_data(x_real, y_real)
+    device = x_real.device
+    if device.type == "mps":
+        raise ConfigError("KIP computes its kernels in float64, which MPS lacks; run it on device cpu or cuda")
+    precision = Precision(device, cfg.amp)  # refuses fp16 off CUDA in one line
     if num_classes < 1 or int(y_real.min()) < 0 or int(y_real.max()) >= num_classes:
         raise DataError(f"labels must lie in [0, {num_classes})")
     syn = start_set(x_real, y_real, cfg.ipc, cfg.init, generator)
@@ -286,12 +306,14 @@ def kip(
     optimizer = torch.optim.Adam([x_s, y_s] if cfg.learn_labels else [x_s], lr=cfg.lr)
     bar = tqdm(range(cfg.iterations), desc="KIP", disable=not progress)
     for _ in bar:
-        idx = torch.randperm(x_real.shape[0], generator=generator)[: cfg.target_batch]
-        kernel = _step_kernel(cfg, x_real.shape[1], generator)
-        loss = kip_loss(x_real[idx], targets[idx], x_s, y_s, kernel, cfg.reg)
+        idx = torch.randperm(x_real.shape[0], generator=generator)[: cfg.target_batch].to(device)
+        kernel = _step_kernel(cfg, x_real.shape[1], generator, device)
+        with precision.autocast():
+            loss = kip_loss(x_real[idx], targets[idx], x_s, y_s, kernel, cfg.reg)
         optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        bar.set_postfix(loss=float(loss.detach()), refresh=False)
+        precision.backward(loss)
+        precision.step(optimizer)
+        if progress:  # reading the loss waits for the device
+            bar.set_postfix(loss=float(loss.detach()), refresh=False)
     soft = y_s.detach().float() if cfg.learn_labels else None
     return SyntheticSet(x_s.detach(), syn.labels, soft)

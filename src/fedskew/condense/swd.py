@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from fedskew.condense.synthetic import default_generator
+from fedskew.core.device import randn
 from fedskew.core.errors import ConfigError, DataError
 
 
@@ -57,8 +58,10 @@ def sliced_wasserstein(
     Returns
     -------
     torch.Tensor
-        Scalar ``SW_p``, differentiable with respect to ``a`` and ``b``; 0 for identical sets. At
-        exactly 0 the gradient of the root is taken as 0 (the minimum), not NaN.
+        Scalar ``SW_p`` on ``a``'s device, in at least float32 (also under autocast),
+        differentiable with respect to ``a`` and ``b``; 0 for identical sets. At exactly 0 the
+        gradient of the root is taken as 0 (the minimum), not NaN. The directions are drawn on the
+        CPU and moved, so a seed projects alike on every device.
     """
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
         raise DataError(f"expected (n, d) and (m, d) point sets, got {tuple(a.shape)} and {tuple(b.shape)}")
@@ -67,14 +70,17 @@ def sliced_wasserstein(
     if num_projections < 1 or p < 1:
         raise ConfigError(f"need num_projections >= 1 and p >= 1, got {num_projections} and {p}")
     g = default_generator(generator)
-    dtype = torch.promote_types(a.dtype, b.dtype)
-    theta = torch.randn((a.shape[1], num_projections), generator=g, dtype=dtype)
-    theta = theta / theta.norm(dim=0, keepdim=True)
-    pa = torch.sort(a.to(dtype) @ theta, dim=0).values
-    pb = torch.sort(b.to(dtype) @ theta, dim=0).values
-    ia, ib, w = _quantile_pairs(a.shape[0], b.shape[0])
-    cost = ((pa[ia] - pb[ib]).abs() ** p * w.to(dtype)[:, None]).sum(dim=0)
-    mean = cost.mean()
-    positive = mean > 0
-    safe = torch.where(positive, mean, torch.ones_like(mean))
-    return torch.where(positive, safe ** (1.0 / p), torch.zeros_like(mean))
+    dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
+    device = a.device
+    # At least float32, also inside an autocast region (sorting bf16 projections would tie most values).
+    with torch.autocast(device.type, enabled=False):
+        theta = randn((a.shape[1], num_projections), g, device, dtype=dtype)
+        theta = theta / theta.norm(dim=0, keepdim=True)
+        pa = torch.sort(a.to(dtype) @ theta, dim=0).values
+        pb = torch.sort(b.to(device=device, dtype=dtype) @ theta, dim=0).values
+        ia, ib, w = (t.to(device) for t in _quantile_pairs(a.shape[0], b.shape[0]))
+        cost = ((pa[ia] - pb[ib]).abs() ** p * w.to(dtype)[:, None]).sum(dim=0)
+        mean = cost.mean()
+        positive = mean > 0
+        safe = torch.where(positive, mean, torch.ones_like(mean))
+        return torch.where(positive, safe ** (1.0 / p), torch.zeros_like(mean))

@@ -9,6 +9,11 @@ Randomness: every function takes an explicit :class:`torch.Generator`. Model con
 initial weights from torch's global generator, so :func:`fresh_model` runs the constructor inside
 :func:`torch.random.fork_rng` with a seed drawn from the caller's generator: the initialisation is
 reproducible and the global stream is left untouched.
+
+Devices (:mod:`fedskew.core.device`): generators are CPU streams; every draw is made on the CPU and then
+moved to the device of the data it serves, so a seed gives the same sets and networks on every device.
+Networks are built on the CPU by their factory and moved; what goes on the wire (:class:`UInt8Set`) is
+computed on the CPU.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from fedskew.core.device import AMP_DTYPES, Precision, randn
 from fedskew.core.errors import ConfigError, DataError
 
 INITS = ("noise", "real", "mean")
@@ -48,17 +54,44 @@ def draw_seed(generator: torch.Generator) -> int:
     return int(torch.randint(0, _SEED_BOUND, (1,), generator=generator).item())
 
 
-def fresh_model(model_factory: ModelFactory, generator: torch.Generator) -> nn.Module:
+def fresh_model(
+    model_factory: ModelFactory, generator: torch.Generator, device: torch.device | None = None
+) -> nn.Module:
     """Build a randomly initialised network whose initial weights are determined by ``generator``.
 
-    ``model_factory()`` initialises its weights from the global RNG (as every ``nn.Module`` does); we
-    fork that RNG and seed it with a number drawn from ``generator``, so two calls with equally seeded
-    generators return identical networks and the caller's global RNG state is unchanged.
+    ``model_factory()`` initialises its weights from the global RNG (as every ``nn.Module`` does) on the
+    CPU; we fork that RNG and seed it with a number drawn from ``generator``, so two calls with equally
+    seeded generators return identical networks and the caller's global RNG state is unchanged. Only
+    the CPU generator is seeded (``torch.manual_seed`` would also seed, and leave changed, the CUDA
+    generators, and costs ~60 us a call here); the network is then moved to ``device`` (``None``: left
+    on the CPU), so its weights are the same on every device.
     """
     seed = draw_seed(generator)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return model_factory()
+        torch.default_generator.manual_seed(seed)
+        model = model_factory()
+    return model if device is None else model.to(device)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """Where a network's parameters (or, lacking any, buffers) are; the CPU for a network without tensors."""
+    for p in model.parameters():
+        return p.device
+    for b in model.buffers():
+        return b.device
+    return torch.device("cpu")
+
+
+def check_amp_word(amp: str) -> None:
+    """Raise :class:`ConfigError` unless ``amp`` is ``"off"``, ``"bf16"`` or ``"fp16"`` (whether the
+    device can run it is checked when the condensation starts, on the data's device)."""
+    if amp != "off" and amp not in AMP_DTYPES:
+        raise ConfigError(f"amp must be one of 'off', 'bf16', 'fp16', got {amp!r}")
+
+
+def backward_to(loss: torch.Tensor, inputs: list[torch.Tensor], precision: Precision) -> None:
+    """``loss.backward(inputs=inputs)``, through ``precision``'s gradient scaler when it has one (fp16)."""
+    (loss if precision.scaler is None else precision.scaler.scale(loss)).backward(inputs=inputs)
 
 
 def model_features(model: nn.Module) -> nn.Module:
@@ -97,9 +130,9 @@ def class_indices(y: torch.Tensor, classes: Sequence[int]) -> list[torch.Tensor]
 
 
 def sample_indices(idx: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
-    """``min(k, len(idx))`` entries of ``idx`` drawn without replacement."""
+    """``min(k, len(idx))`` entries of ``idx`` drawn without replacement (drawn on the CPU, on ``idx``'s device)."""
     perm = torch.randperm(idx.numel(), generator=generator)[:k]
-    return idx[perm]
+    return idx[perm.to(idx.device)]
 
 
 def _channel_stats(values: Sequence[float] | torch.Tensor, channels: int, name: str) -> torch.Tensor:
@@ -165,25 +198,30 @@ class SyntheticSet:
         """Quantise to 8-bit pixels: de-normalise, scale to [0, 255], clamp and round.
 
         The arithmetic is done in float64 so that ``from_uint8(u).to_uint8(mean, std)`` returns ``u``
-        exactly: only the first quantisation loses information.
+        exactly: only the first quantisation loses information. It runs on the CPU (MPS has no
+        float64), and the result is on the CPU: it is what goes on the wire.
         """
         channels = self.images.shape[1]
         m = _channel_stats(mean, channels, "mean")
         s = _channel_stats(std, channels, "std")
-        pixels = (self.images.detach().to(torch.float64) * s + m) * 255.0
+        pixels = (self.images.detach().cpu().to(torch.float64) * s + m) * 255.0
         images = pixels.clamp(0.0, 255.0).round().to(torch.uint8)
-        soft = None if self.soft_labels is None else self.soft_labels.detach().clone()
-        return UInt8Set(images, self.labels.clone(), soft)
+        soft = None if self.soft_labels is None else self.soft_labels.detach().cpu().clone()
+        return UInt8Set(images, self.labels.cpu().clone(), soft)
 
     @staticmethod
     def from_uint8(
         u: UInt8Set, mean: Sequence[float] | torch.Tensor, std: Sequence[float] | torch.Tensor
     ) -> SyntheticSet:
-        """Return the float set in the normalised space, ``(u / 255 - mean) / std``."""
+        """Return the float set in the normalised space, ``(u / 255 - mean) / std``.
+
+        Decoded on the CPU in float64 (as :meth:`to_uint8`), returned on the device of ``u.images``.
+        """
         channels = u.images.shape[1]
         m = _channel_stats(mean, channels, "mean")
         s = _channel_stats(std, channels, "std")
-        images = ((u.images.to(torch.float64) / 255.0 - m) / s).to(torch.float32)
+        device = u.images.device
+        images = ((u.images.cpu().to(torch.float64) / 255.0 - m) / s).to(torch.float32).to(device)
         soft = None if u.soft_labels is None else u.soft_labels.clone()
         return SyntheticSet(images, u.labels.to(torch.int64).clone(), soft)
 
@@ -235,16 +273,16 @@ def init_synthetic(
         raise ConfigError("no classes to initialise")
     check_data(x, y)
     g = default_generator(generator)
-    labels = torch.tensor(list(classes), dtype=torch.int64).repeat_interleave(ipc)
+    labels = torch.tensor(list(classes), dtype=torch.int64).repeat_interleave(ipc).to(y.device)
     shape = (len(classes) * ipc, *x.shape[1:])
     if init == "noise":
-        return SyntheticSet(torch.randn(shape, generator=g, dtype=torch.float32), labels)
+        return SyntheticSet(randn(shape, g, x.device, dtype=torch.float32), labels)
     parts = []
     for idx in class_indices(y, classes):
         if init == "real":
             rounds = -(-ipc // idx.numel())
             order = torch.cat([torch.randperm(idx.numel(), generator=g) for _ in range(rounds)])
-            parts.append(x[idx[order[:ipc]]])
+            parts.append(x[idx[order[:ipc].to(idx.device)]])
         else:
             parts.append(torch.stack([x[sample_indices(idx, mean_samples, g)].mean(dim=0) for _ in range(ipc)]))
     return SyntheticSet(torch.cat(parts).to(torch.float32).clone(), labels)

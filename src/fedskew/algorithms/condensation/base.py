@@ -27,6 +27,7 @@ from fedskew.algorithms.condensation.wire import (
 from fedskew.components.selection import uniform_sample
 from fedskew.components.trainer import LossTerm
 from fedskew.condense import DMConfig, SyntheticSet
+from fedskew.core.device import current_compute
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import check, next_checks
 from fedskew.core.seeding import seeded_init
@@ -130,10 +131,11 @@ class AggregationFree(Algorithm):
 
     # ---- client ------------------------------------------------------------------------------
     def dm_config(self, init: str, clip_norm: float | None) -> DMConfig:
+        """The clients' distribution-matching settings, in the run's mixed precision (``amp``)."""
         p = self.params
         return DMConfig(
             iterations=p.condense_iterations, ipc=p.ipc, image_lr=p.image_lr, momentum=p.image_momentum,
-            real_batch=p.real_batch, init=init, clip_norm=clip_norm,
+            real_batch=p.real_batch, init=init, clip_norm=clip_norm, amp=current_compute().amp,
         )
 
     def condense(self, msg: Message, client: ClientContext) -> tuple[SyntheticSet, dict[str, torch.Tensor]]:

@@ -34,7 +34,7 @@ def symmetric_kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
         shapes = f"{tuple(log_p.shape)} and {tuple(log_q.shape)}"
         raise ValueError(f"expected two (n, L) tensors of equal shape, got {shapes}")
     if log_p.shape[0] == 0:
-        return torch.zeros((), dtype=log_p.dtype)
+        return torch.zeros((), dtype=log_p.dtype, device=log_p.device)
     per_row = ((log_p.exp() - log_q.exp()) * (log_p - log_q)).sum(dim=1)
     return 0.5 * per_row.mean()
 
@@ -47,7 +47,7 @@ def class_mean_logits(logits: torch.Tensor, y: torch.Tensor, num_classes: int) -
     data) and the argument of the softmax in Eq. 13 (on the server).
     """
     counts = torch.bincount(y, minlength=num_classes)
-    sums = torch.zeros((num_classes, logits.shape[1]), dtype=logits.dtype).index_add(0, y, logits)
+    sums = torch.zeros((num_classes, logits.shape[1]), dtype=logits.dtype, device=logits.device).index_add(0, y, logits)
     return sums / counts.clamp_min(1).to(logits.dtype)[:, None], counts
 
 
@@ -81,6 +81,6 @@ def knowledge_matching_term(
         means, counts = class_mean_logits(logits, y, soft_labels.shape[0])
         rows = (counts > 0) & known
         log_t = F.log_softmax(means[rows] / tau, dim=1)
-        return weight * symmetric_kl(log_r[rows].to(log_t.dtype), log_t)
+        return weight * symmetric_kl(log_r[rows].to(device=log_t.device, dtype=log_t.dtype), log_t)
 
     return term

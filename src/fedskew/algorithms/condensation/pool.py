@@ -43,11 +43,12 @@ def update_pool(
     uploaded = {cid for cid, _ in fresh}
     parts: list[dict[str, torch.Tensor]] = []
     if pool is not None and keep_others:
-        keep = torch.tensor([int(o) not in uploaded for o in pool[OWNER].tolist()], dtype=torch.bool)
+        owners = pool[OWNER]
+        keep = torch.tensor([int(o) not in uploaded for o in owners.tolist()], dtype=torch.bool, device=owners.device)
         parts.append({k: v[keep] for k, v in pool.items()})
     for cid, cols in fresh:
-        rows = next(iter(cols.values())).shape[0]
-        parts.append({**cols, OWNER: torch.full((rows,), cid, dtype=torch.int64)})
+        first = next(iter(cols.values()))
+        parts.append({**cols, OWNER: torch.full((first.shape[0],), cid, dtype=torch.int64, device=first.device)})
     if not parts:
         raise ValueError("update_pool needs a previous pool or at least one upload")
     merged = {k: torch.cat([p[k] for p in parts]) for k in parts[-1]}
@@ -58,7 +59,7 @@ def update_pool(
 def uploads_artifact(pool: dict[str, torch.Tensor], clients: Sequence[int]) -> dict[str, torch.Tensor]:
     """The rows of ``pool`` sent by ``clients`` (this round's uploads), as a run saves them for
     ``fedskew audit`` and the report's image grids: ``images`` (uint8), ``labels`` and ``clients``."""
-    mask = torch.isin(pool[OWNER], torch.tensor(list(clients), dtype=torch.int64))
+    mask = torch.isin(pool[OWNER], torch.tensor(list(clients), dtype=torch.int64, device=pool[OWNER].device))
     return {"images": pool["images"][mask], "labels": pool["labels"][mask], "clients": pool[OWNER][mask]}
 
 

@@ -51,6 +51,9 @@ def train_global_on_synthetic(
     FedAF Eq. 14's ``L_CE`` are all this; FedAF adds its LGKM term
     (:func:`~fedskew.algorithms.condensation.knowledge.knowledge_matching_term`). A convolutional
     ``model`` is put in channels-last format first (in place): an epoch on a few hundred images in
-    one batch runs about twice as fast (benchmarks/kernels.py).
+    one batch runs about twice as fast (benchmarks/kernels.py). The set is moved to the model's device;
+    the run's precision applies as in local training.
     """
-    return train_local(use_channels_last(model), syn.images, syn.labels, cfg.sgd(cfg.epochs), generator, terms)
+    device = next(model.parameters()).device
+    x, y = syn.images.to(device), syn.labels.to(device)
+    return train_local(use_channels_last(model), x, y, cfg.sgd(cfg.epochs), generator, terms)
