@@ -79,7 +79,8 @@ def update_norms(items: Sequence[dict[str, torch.Tensor]], reference: dict[str, 
     """L2 norm of each item's floating tensors minus ``reference``'s (the update a client sent)."""
     keys = [k for k, v in items[0].items() if v.is_floating_point()] if items else []
     return [
-        math.sqrt(sum(float((item[k].double() - reference[k].double()).pow(2).sum()) for k in keys)) for item in items
+        math.sqrt(sum(float((item[k].to(_wide(item[k])) - reference[k].to(_wide(item[k]))).pow(2).sum()) for k in keys))
+        for item in items
     ]
 
 
@@ -117,7 +118,7 @@ def robust_average(
         if not first.is_floating_point():
             out[key] = torch.stack([item[key] for item in kept]).amax(dim=0)
             continue
-        stack = torch.stack([item[key].double() for item in kept]).sort(dim=0).values
+        stack = torch.stack([item[key].to(_wide(item[key])) for item in kept]).sort(dim=0).values
         n = stack.shape[0]
         if cfg.rule == "median":
             value = 0.5 * (stack[(n - 1) // 2] + stack[n // 2])
@@ -138,3 +139,8 @@ def _clipped(
     return {
         k: (reference[k] + (v - reference[k]) * scale) if v.is_floating_point() else v for k, v in item.items()
     }
+
+
+def _wide(t: torch.Tensor) -> torch.dtype:
+    """float64 for exact sums, except on MPS, which has no float64."""
+    return torch.float32 if t.device.type == "mps" else torch.float64

@@ -202,6 +202,8 @@ def current_compute() -> Compute:
 @contextlib.contextmanager
 def use_compute(compute: Compute) -> Iterator[Compute]:
     """Run the block with ``compute`` as the current settings (deterministic kernels if it asks)."""
+    if compute.deterministic:
+        set_deterministic_env()  # every engine's process (pool, Ray, Flower node) before cuBLAS starts
     token = _COMPUTE.set(compute)
     try:
         with deterministic_algorithms(compute.deterministic):

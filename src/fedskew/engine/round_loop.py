@@ -265,6 +265,8 @@ class RoundLoop:
     def evaluate_global(self) -> EvalCounts:
         assert self._workers is not None
         state = state_to_arrays(self.server.model.state_dict())
+        if self.device.type != "cpu":
+            state = to_cpu(state)  # device-free on the wire to evaluation workers, as every message
         parts = self._workers.evaluate_chunks(state, chunk_bounds(int(self.fed.y_test.shape[0]), EVAL_CHUNK))
         total = parts[0]
         for p in parts[1:]:
