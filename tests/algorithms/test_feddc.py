@@ -170,3 +170,13 @@ def test_bf16_condenses_in_bf16_and_keeps_uint8_uploads(tmp_path: Path, monkeypa
     assert amps and set(amps) == {"bf16"}
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in records)
     assert sim.server.state["syn_images"].dtype == torch.uint8
+
+
+def test_feddc_averages_through_the_aggregation_table(tmp_path: Path) -> None:
+    """FedDC's model average follows [algorithm.aggregation], as every model-averaging method's does."""
+    mean = RoundLoop(feddc_config(), tmp_path / "mean", progress=False)
+    mean.run()
+    median = RoundLoop(feddc_config(aggregation={"rule": "median"}), tmp_path / "median", progress=False)
+    median.run()
+    a, b = mean.server.model.state_dict(), median.server.model.state_dict()
+    assert any(not torch.equal(a[k], b[k]) for k in a if a[k].is_floating_point())

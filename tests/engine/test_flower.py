@@ -206,13 +206,19 @@ class FakeGrid:
         return next(n for n, c in self.contexts.items() if cid in node_partitions(c.node_config))
 
 
-@pytest.fixture
-def probe(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Register :class:`Probe` for one test (and set the task identity Flower messages are stamped with)."""
+def register_for_flower(monkeypatch: pytest.MonkeyPatch, name: str, cls: type) -> str:
+    """Register ``cls`` as algorithm ``name`` for one test, and set the task identity Flower messages
+    are stamped with (the in-process SuperLink has no real task)."""
     for attr in ("_task_id", "_run_id", "_node_id"):
         monkeypatch.setattr(TaskIdentity, attr, 1)
-    monkeypatch.setitem(ALGORITHMS._items, "flower_probe", Probe)
-    yield "flower_probe"
+    monkeypatch.setitem(ALGORITHMS._items, name, cls)
+    return name
+
+
+@pytest.fixture
+def probe(monkeypatch: pytest.MonkeyPatch) -> str:
+    """Register :class:`Probe` for one test."""
+    return register_for_flower(monkeypatch, "flower_probe", Probe)
 
 
 def _app(tmp_path: Path, cfg: dict[str, Any]) -> Path:

@@ -8,7 +8,6 @@ ClientApp on the node).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from fedskew.algorithms.base import ALGORITHMS, ClientContext
+from fedskew.algorithms.base import ClientContext
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.aggregate import Aggregation, robust_average, update_norms
 from fedskew.config import dump
@@ -25,7 +24,7 @@ from fedskew.core.message import Message
 from fedskew.engine.faults import model_replacement
 from fedskew.engine.round_loop import RoundLoop
 from tests.conftest import tiny_config
-from tests.engine.test_flower import FakeGrid, _deploy
+from tests.engine.test_flower import FakeGrid, _deploy, register_for_flower
 
 HOSTILE = 0  # the client that misbehaves
 TWO = (0, 1)  # the clients of the two-reply overflow case
@@ -64,13 +63,8 @@ class Hostile(FedAvg):
 
 
 @pytest.fixture
-def hostile(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    from flwr.supercore.task_identity import TaskIdentity
-
-    for attr in ("_task_id", "_run_id", "_node_id"):
-        monkeypatch.setattr(TaskIdentity, attr, 1)
-    monkeypatch.setitem(ALGORITHMS._items, "hostile", Hostile)
-    yield "hostile"
+def hostile(monkeypatch: pytest.MonkeyPatch) -> str:
+    return register_for_flower(monkeypatch, "hostile", Hostile)
 
 
 def _config(attack: str, rounds: int = 2, **algo: Any) -> dict[str, Any]:

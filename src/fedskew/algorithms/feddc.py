@@ -28,7 +28,6 @@ from fedskew.algorithms.condensation.wire import (
     synthetic_reply_spec,
 )
 from fedskew.algorithms.fedavg import FedAvg
-from fedskew.components.aggregate import weighted_mean
 from fedskew.condense import GMConfig, gradient_matching
 from fedskew.core.device import current_compute
 from fedskew.core.message import Message, arrays_with_prefix
@@ -88,7 +87,8 @@ class FedDC(FedAvg):
             return
         p = self.params
         states = [arrays_with_prefix(m.arrays, MODEL) for _, m in replies]
-        server.model.load_state_dict(weighted_mean(states, [m.metrics["num_samples"] for _, m in replies]))
+        state, replies = self.average(server, replies, states)  # [algorithm.aggregation]; outliers dropped
+        server.model.load_state_dict(state)
         # This round's sets only (Sec. IV-C); the uploads are kept for `fedskew audit` (FedDC vs FedDC+).
         syn = receive_sets(server, replies, keep_others=False)
         if syn is None or p.server.epochs == 0:
