@@ -300,3 +300,24 @@ def test_the_resume_that_is_allowed_still_works(stopped_run: Path) -> None:
     assert res.code == 0, res.err
     rounds = [json.loads(line)["round"] for line in (stopped_run / "metrics.jsonl").read_text().splitlines()]
     assert rounds == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_worker_dying_mid_handshake_leaves_no_traceback_and_other_errors_still_print() -> None:
+    import sys
+    import traceback
+
+    from fedskew.cli import _quiet_peer_resets
+
+    printed: list[type[BaseException]] = []
+    hook = _quiet_peer_resets(lambda kind, value, tb: printed.append(kind))
+    assert _quiet_peer_resets(hook) is hook  # wrapping twice (main() called again) adds nothing
+    sharer = "/x/multiprocessing/resource_sharer.py"
+    code = compile("raise ConnectionResetError(104, 'Connection reset by peer')", sharer, "exec")
+    eof = compile("raise EOFError", sharer, "exec")
+    for raiser in (lambda: exec(code), lambda: exec(eof), lambda: (_ for _ in ()).throw(ConnectionResetError()),
+                   lambda: 1 / 0):
+        try:
+            raiser()
+        except BaseException:
+            hook(*sys.exc_info())  # type: ignore[operator]
+    assert printed == [ConnectionResetError, ZeroDivisionError], traceback.format_exc()

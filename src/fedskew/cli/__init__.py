@@ -10,8 +10,9 @@ import multiprocessing
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Sequence
-from types import FrameType
+from types import FrameType, TracebackType
 
 from fedskew.cli.commands import (
     cmd_audit,
@@ -136,6 +137,26 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Terminated
 
 
+def _quiet_peer_resets(hook: object) -> object:
+    """``sys.excepthook`` without the traceback multiprocessing's fd-sharing thread prints when a worker
+    it was handing a shared tensor to dies mid-handshake (SIGTERM or Ctrl-C while a round is in flight).
+
+    That thread reports the ``ConnectionError`` or ``EOFError`` itself and carries on; a worker that really died is
+    reported by the pool (:data:`fedskew.engine.workers.BROKEN`). Everything else goes to ``hook``.
+    """
+
+    def excepthook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        sharer = any(f.filename.endswith("resource_sharer.py") for f in traceback.extract_tb(tb))
+        if sharer and issubclass(kind, (ConnectionError, EOFError)):
+            return
+        hook(kind, value, tb)  # type: ignore[operator]
+
+    if getattr(hook, "quiet_peer_resets", False):
+        return hook
+    excepthook.quiet_peer_resets = True  # type: ignore[attr-defined]
+    return excepthook
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; every error a user can cause ends in one line ``fedskew: error: ...`` and exit code 2.
 
@@ -148,6 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
+    if main_thread:
+        sys.excepthook = _quiet_peer_resets(sys.excepthook)  # type: ignore[assignment]
     try:
         return int(args.func(args))
     except FedskewError as e:
