@@ -29,6 +29,7 @@ from fedskew.condense import (
     random_model_sampler,
     sliced_wasserstein,
 )
+from fedskew.condense.distribution_matching import ball_offset
 from fedskew.condense.evaluate import EvalConfig, evaluate_synthetic
 from fedskew.core.errors import ConfigError
 from fedskew.models.layout import use_channels_last
@@ -140,13 +141,10 @@ def _old_perturbed(model: nn.Module, factory: Callable[[], nn.Module], rho: floa
         out = fresh_model(factory, g)
         out.load_state_dict(model.state_dict())
         params = [p for p in out.parameters() if p.is_floating_point()]
-        directions = [torch.randn(p.shape, generator=g, dtype=p.dtype) for p in params]
-        norm = float(torch.cat([d.flatten() for d in directions]).double().norm())
-        u = float(torch.rand((), generator=g, dtype=torch.float64))
-        radius = rho * u ** (1.0 / sum(p.numel() for p in params))
+        directions, scale = ball_offset(params, rho, g)
         with torch.no_grad():
             for p, d in zip(params, directions, strict=True):
-                p.add_(d, alpha=radius / norm)
+                p.add_(d, alpha=scale)
         return out
 
     return sample

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedskew.condense import SyntheticSet, UInt8Set, fresh_model, init_synthetic
+from fedskew.condense import DMConfig, GMConfig, KIPConfig, SyntheticSet, UInt8Set, fresh_model, init_synthetic
 from fedskew.core.errors import ConfigError, DataError
 
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
@@ -96,3 +96,26 @@ def test_fresh_model_is_seeded_and_leaves_global_rng_alone(factory: Callable[[],
     for pa, pb, pc in zip(a.parameters(), b.parameters(), c.parameters(), strict=True):
         assert torch.equal(pa, pb)
         assert not torch.equal(pa, pc)
+
+
+@pytest.mark.parametrize(
+    ("cls", "options", "message"),
+    [
+        (DMConfig, {"iterations": -1}, "iterations must be >= 0, got -1"),
+        (DMConfig, {"init": "zeros"}, "init must be one of ('noise', 'real', 'mean'), got 'zeros'"),
+        (DMConfig, {"clip_norm": 0.0}, "clip_norm must be positive or None, got 0.0"),
+        (GMConfig, {"inner_loop": -2}, "inner_loop must be >= 0, got -2"),
+        (GMConfig, {"outer_loop": 0}, "outer_loop must be >= 1, got 0"),
+        (GMConfig, {"distance": "l2"}, "distance must be one of ('dc', 'cosine'), got 'l2'"),
+        (KIPConfig, {"reg": -1e-3}, "reg must be >= 0, got -0.001"),
+        (KIPConfig, {"kernel": "rbf"}, "kernel must be one of"),
+        (KIPConfig, {"amp": "fp8"}, "amp must be one of 'off', 'bf16', 'fp16', got 'fp8'"),
+    ],
+)
+def test_each_condensation_config_names_the_bad_option_and_what_is_allowed(
+    cls: type, options: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        cls(**options)
+    assert str(caught.value).startswith(message)
+    cls(**{k: v for k, v in vars(cls()).items()})  # the defaults pass their own checks

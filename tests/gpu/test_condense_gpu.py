@@ -9,17 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedskew.condense import (
-    DMConfig,
-    GMConfig,
-    KIPConfig,
-    distribution_matching,
-    fresh_model,
-    gradient_matching,
-    interpolated_model_sampler,
-    kip,
-    perturbed_model_sampler,
-)
+import fedskew.condense as cd
 from tests.condense.device_draws import assert_same, computed, draws, tiny3, toy_data
 
 pytestmark = pytest.mark.gpu
@@ -40,16 +30,16 @@ def test_results_on_cuda_equal_the_cpus_up_to_rounding() -> None:
 def test_every_method_runs_under_autocast_on_cuda(amp: str) -> None:
     x, y = toy_data(CUDA)
     g = torch.Generator().manual_seed(0)
-    base = fresh_model(tiny3, g, CUDA)
+    base = cd.fresh_model(tiny3, g, CUDA)
     outs = [
-        distribution_matching(x, y, perturbed_model_sampler(base, tiny3, 1.0),
-                              DMConfig(iterations=3, ipc=2, real_batch=8, clip_norm=2.0, amp=amp), g),
-        distribution_matching(x, y, interpolated_model_sampler(base, tiny3, 0.9),
-                              DMConfig(iterations=3, ipc=2, real_batch=8, amp=amp), g),
-        gradient_matching(x, y, tiny3, GMConfig(iterations=2, ipc=2, real_batch=8, amp=amp), g),
-        gradient_matching(x, y, tiny3, GMConfig(iterations=2, ipc=2, real_batch=8, amp=amp), g, batched_ok=False),
-        kip(x, y, 3, KIPConfig(iterations=2, ipc=2, target_batch=12, kernel="rf_convnet", rf_width=4, depth=2,
-                               amp=amp), g),
+        cd.distribution_matching(x, y, cd.perturbed_model_sampler(base, tiny3, 1.0),
+                                 cd.DMConfig(iterations=3, ipc=2, real_batch=8, clip_norm=2.0, amp=amp), g),
+        cd.distribution_matching(x, y, cd.interpolated_model_sampler(base, tiny3, 0.9),
+                                 cd.DMConfig(iterations=3, ipc=2, real_batch=8, amp=amp), g),
+        cd.gradient_matching(x, y, tiny3, cd.GMConfig(iterations=2, ipc=2, real_batch=8, amp=amp), g),
+        cd.gradient_matching(x, y, tiny3, cd.GMConfig(iterations=2, ipc=2, real_batch=8, amp=amp), g, batched_ok=False),
+        cd.kip(x, y, 3, cd.KIPConfig(iterations=2, ipc=2, target_batch=12, kernel="rf_convnet", rf_width=4, depth=2,
+                                     amp=amp), g),
     ]
     for syn in outs:
         assert syn.images.device.type == "cuda" and syn.images.dtype == torch.float32

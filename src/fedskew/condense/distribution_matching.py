@@ -30,8 +30,9 @@ network drew, so the results are those of a new network per step, bit for bit (d
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -39,12 +40,12 @@ from tqdm import tqdm
 
 from fedskew.condense.augment import DSAConfig, apply_dsa, sample_dsa_params
 from fedskew.condense.synthetic import (
+    INITS,
     ModelFactory,
+    SynthesisOptions,
     SyntheticSet,
     backward_to,
-    check_amp_word,
     check_data,
-    check_init,
     class_indices,
     draw_seed,
     fresh_model,
@@ -66,7 +67,7 @@ being optimised, so gradients reach it."""
 
 
 @dataclass
-class DMConfig:
+class DMConfig(SynthesisOptions):
     """Distribution-matching settings (defaults: DM, except ``iterations``: FedAF/FedDM's 1000 steps).
 
     Attributes
@@ -90,9 +91,12 @@ class DMConfig:
         Clip the norm of the whole image gradient (all classes together) to this value before each step
         (FedDM: 2.0; ``None``: off, as in DM).
     amp
-        Mixed precision of the networks' forward passes: ``"off"`` (float32), ``"bf16"``, or ``"fp16"``
-        (CUDA only, with a gradient scaler). The methods pass the run's ``amp``.
+        See :class:`SynthesisOptions`.
     """
+
+    choices: ClassVar[Mapping[str, Sequence[str]]] = {"init": INITS}
+    at_least: ClassVar[Mapping[str, float]] = {"iterations": 0, "ipc": 1, "real_batch": 1}
+    positive_or_none = ("clip_norm",)
 
     iterations: int = 1000
     ipc: int = 10
@@ -102,17 +106,6 @@ class DMConfig:
     init: str = "real"
     dsa: DSAConfig | None = None
     clip_norm: float | None = None
-    amp: str = "off"
-
-    def __post_init__(self) -> None:
-        check_init(self.init)
-        check_amp_word(self.amp)
-        if self.iterations < 0:
-            raise ConfigError(f"iterations must be >= 0, got {self.iterations}")
-        if min(self.ipc, self.real_batch) < 1:
-            raise ConfigError("ipc and real_batch must be >= 1")
-        if self.clip_norm is not None and self.clip_norm <= 0:
-            raise ConfigError(f"clip_norm must be positive or None, got {self.clip_norm}")
 
 
 def dm_loss(
@@ -190,19 +183,28 @@ def perturbed_model_sampler(model: nn.Module, model_factory: ModelFactory, rho: 
         params = [p for p in out.parameters() if p.is_floating_point()]
         if not params:
             return out
-        directions = [torch.randn(p.shape, generator=generator, dtype=p.dtype) for p in params]
-        norm = float(torch.cat([d.flatten() for d in directions]).double().norm())
-        u = float(torch.rand((), generator=generator, dtype=torch.float64))
-        radius = rho * u ** (1.0 / sum(p.numel() for p in params))
+        directions, scale = ball_offset(params, rho, generator)
         with torch.no_grad():
             for p, d in zip(params, directions, strict=True):
                 # Added in the layout a new network's weights had (contiguous), as when one was built
                 # per step: with mixed layouts the add runs a non-vectorised loop, whose rounding (fused
                 # multiply-add or not) depends on how PyTorch was compiled.
-                p.copy_(p.contiguous().add_(d.to(p.device), alpha=radius / norm))
+                p.copy_(p.contiguous().add_(d.to(p.device), alpha=scale))
         return out
 
     return sample
+
+
+def ball_offset(
+    params: Sequence[torch.Tensor], rho: float, generator: torch.Generator
+) -> tuple[list[torch.Tensor], float]:
+    """One draw of FedDM's offset: CPU directions ``d`` (one per tensor in ``params``) and the scale
+    ``r / ||d||`` with ``r = rho * U^(1/D)``, so that ``w + scale * d`` is uniform in the ball of radius
+    ``rho`` around the weights ``w`` (D of them in all)."""
+    directions = [torch.randn(p.shape, generator=generator, dtype=p.dtype) for p in params]
+    norm = float(torch.cat([d.flatten() for d in directions]).double().norm())
+    u = float(torch.rand((), generator=generator, dtype=torch.float64))
+    return directions, rho * u ** (1.0 / sum(p.numel() for p in params)) / norm
 
 
 def interpolated_model_sampler(model: nn.Module, model_factory: ModelFactory, gamma: float) -> ModelSampler:

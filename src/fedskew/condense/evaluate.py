@@ -82,11 +82,7 @@ def _loss(logits: torch.Tensor, labels: torch.Tensor, soft: torch.Tensor | None)
 
 
 def train_with_protocol(
-    model: nn.Module,
-    syn: SyntheticSet,
-    cfg: EvalConfig,
-    generator: torch.Generator,
-    progress: bool = False,
+    model: nn.Module, syn: SyntheticSet, cfg: EvalConfig, generator: torch.Generator, progress: bool = False
 ) -> float:
     """Train ``model`` in place on ``syn`` alone with the evaluation protocol of ``cfg``.
 

@@ -33,8 +33,9 @@ float32 computation).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -44,11 +45,11 @@ from tqdm import tqdm
 
 from fedskew.condense.augment import DSAConfig, apply_dsa, dsa, sample_dsa_params
 from fedskew.condense.synthetic import (
+    INITS,
     ModelFactory,
+    SynthesisOptions,
     SyntheticSet,
     backward_to,
-    check_amp_word,
-    check_init,
     class_indices,
     fresh_model,
     sample_indices,
@@ -63,7 +64,7 @@ _EPS = 1e-12
 
 
 @dataclass
-class GMConfig:
+class GMConfig(SynthesisOptions):
     """Gradient-matching settings (defaults: FedDC, Kim & Choi 2022, Sec. V).
 
     Attributes
@@ -100,9 +101,14 @@ class GMConfig:
         Differentiable Siamese augmentation of each class's real and synthetic batch with one shared
         draw (``None``: off, as in FedDC).
     amp
-        Mixed precision of the networks' forward passes: ``"off"`` (float32), ``"bf16"``, or ``"fp16"``
-        (CUDA only, with a gradient scaler). The methods pass the run's ``amp``.
+        See :class:`SynthesisOptions`.
     """
+
+    choices: ClassVar[Mapping[str, Sequence[str]]] = {"distance": DISTANCES, "init": INITS}
+    at_least: ClassVar[Mapping[str, float]] = {
+        "iterations": 0, "inner_loop": 0, "ipc": 1, "real_batch": 1, "outer_loop": 1,
+    }
+    positive_or_none = ("clip_norm",)
 
     iterations: int = 500
     ipc: int = 1
@@ -117,19 +123,6 @@ class GMConfig:
     net_lr: float = 0.01
     init: str = "noise"
     dsa: DSAConfig | None = None
-    amp: str = "off"
-
-    def __post_init__(self) -> None:
-        if self.distance not in DISTANCES:
-            raise ConfigError(f"distance must be one of {DISTANCES}, got {self.distance!r}")
-        check_init(self.init)
-        check_amp_word(self.amp)
-        if self.iterations < 0 or self.inner_loop < 0:
-            raise ConfigError("iterations and inner_loop must be >= 0")
-        if min(self.ipc, self.real_batch, self.outer_loop) < 1:
-            raise ConfigError("ipc, real_batch and outer_loop must be >= 1")
-        if self.clip_norm is not None and self.clip_norm <= 0:
-            raise ConfigError(f"clip_norm must be positive or None, got {self.clip_norm}")
 
 
 def _one_minus_cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

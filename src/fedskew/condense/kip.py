@@ -30,15 +30,16 @@ autocast; the NTK, the kernel products and the solve are float64 and autocast le
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from fedskew.condense.synthetic import SyntheticSet, check_amp_word, check_data, check_init, start_set
+from fedskew.condense.synthetic import INITS, SynthesisOptions, SyntheticSet, check_data, start_set
 from fedskew.core.device import Precision
 from fedskew.core.errors import ConfigError, DataError
 
@@ -182,7 +183,7 @@ def centered_one_hot(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
 
 
 @dataclass
-class KIPConfig:
+class KIPConfig(SynthesisOptions):
     """KIP settings (defaults: KIP's, where it gives them; HFLDD gives none).
 
     Attributes
@@ -214,6 +215,11 @@ class KIPConfig:
         a gradient scaler); the float64 NTK and solve are not affected.
     """
 
+    choices: ClassVar[Mapping[str, Sequence[str]]] = {"kernel": KERNELS, "init": INITS}
+    at_least: ClassVar[Mapping[str, float]] = {
+        "iterations": 0, "depth": 0, "reg": 0, "ipc": 1, "target_batch": 1, "rf_width": 1, "rf_draws": 1,
+    }
+
     iterations: int = 1000
     ipc: int = 10
     lr: float = 0.01
@@ -227,17 +233,6 @@ class KIPConfig:
     rf_width: int = 128
     rf_draws: int = 1
     init: str = "real"
-    amp: str = "off"
-
-    def __post_init__(self) -> None:
-        if self.kernel not in KERNELS:
-            raise ConfigError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
-        check_init(self.init)
-        check_amp_word(self.amp)
-        if self.iterations < 0 or self.depth < 0 or self.reg < 0:
-            raise ConfigError("iterations, depth and reg must be >= 0")
-        if min(self.ipc, self.target_batch, self.rf_width, self.rf_draws) < 1:
-            raise ConfigError("ipc, target_batch, rf_width and rf_draws must be >= 1")
 
 
 def _step_kernel(

@@ -18,8 +18,9 @@ computed on the CPU.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -87,6 +88,42 @@ def check_amp_word(amp: str) -> None:
     device can run it is checked when the condensation starts, on the data's device)."""
     if amp != "off" and amp not in AMP_DTYPES:
         raise ConfigError(f"amp must be one of 'off', 'bf16', 'fp16', got {amp!r}")
+
+
+@dataclass(kw_only=True)
+class SynthesisOptions:
+    """What the settings of every condensation method (:class:`~fedskew.condense.DMConfig`,
+    :class:`~fedskew.condense.GMConfig`, :class:`~fedskew.condense.KIPConfig`) share: ``amp``, and checks
+    that each class declares (:attr:`choices`, :attr:`at_least`, :attr:`positive_or_none`) and this
+    class runs, each failing with one line naming the option, its value and what is allowed.
+
+    Attributes
+    ----------
+    amp
+        Mixed precision of the networks' forward passes: ``"off"`` (float32), ``"bf16"``, or ``"fp16"``
+        (CUDA only, with a gradient scaler). The methods pass the run's ``amp``.
+    """
+
+    amp: str = "off"
+
+    choices: ClassVar[Mapping[str, Sequence[str]]] = {"init": INITS}
+    """Option -> the words it may be."""
+    at_least: ClassVar[Mapping[str, float]] = {}
+    """Option -> its smallest allowed value."""
+    positive_or_none: ClassVar[tuple[str, ...]] = ()
+    """Options that are ``None`` (off) or a positive number."""
+
+    def __post_init__(self) -> None:
+        check_amp_word(self.amp)
+        for name, allowed in self.choices.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name} must be one of {tuple(allowed)}, got {getattr(self, name)!r}")
+        for name, low in self.at_least.items():
+            if getattr(self, name) < low:
+                raise ConfigError(f"{name} must be >= {low}, got {getattr(self, name)}")
+        for name in self.positive_or_none:
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive or None, got {getattr(self, name)}")
 
 
 def backward_to(loss: torch.Tensor, inputs: list[torch.Tensor], precision: Precision) -> None:

@@ -139,13 +139,8 @@ class RoundLoop:
         )
 
     # ---- the exchange the algorithm calls ---------------------------------------------------------
-    def exchange(
-        self,
-        task: str,
-        messages: list[tuple[int, Message]],
-        down: str | None = "server_to_client",
-        up: str | None = "client_to_server",
-    ) -> Replies:
+    def exchange(self, task: str, messages: list[tuple[int, Message]], down: str | None = "server_to_client",
+                 up: str | None = "client_to_server") -> Replies:
         """Deliver each message to its client, run ``client_step`` there, return replies in order.
 
         Clients that drop out (simulated faults) are not asked; replies that arrive late (stragglers)
