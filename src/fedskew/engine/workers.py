@@ -229,6 +229,8 @@ class Workers:
         # round does not end with one worker still training a big client while the other idles.
         sizes = [self._size(j.cid) for j in jobs]
         order = sorted(range(len(jobs)), key=lambda i: -sizes[i])
+        for job in jobs:
+            _share(job.msg.arrays, job.state)
         pending = {i: self._pool.submit(_client_task, jobs[i]) for i in order}
         return [(Message.from_bytes(data), state) for data, state in _gather([pending[i] for i in range(len(jobs))])]
 
@@ -238,12 +240,27 @@ class Workers:
     def evaluate_chunks(self, model_state: dict[str, torch.Tensor], bounds: list[tuple[int, int]]) -> list[EvalCounts]:
         if self._inline is not None:
             return [self._inline.run_eval(model_state, s, e) for s, e in bounds]
+        _share(model_state)
         return _gather([self._pool.submit(_eval_task, (model_state, s, e)) for s, e in bounds])
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+def _share(*tables: dict[str, Any]) -> None:
+    """Move the CPU tensors of ``tables`` into shared memory here, in the calling thread.
+
+    Otherwise the pool's feeder thread does it while pickling a job, and the copy it runs there starts
+    a second OpenMP thread team in this process; the main thread's own training (a condensation
+    method's server step) then ran about 1.45x slower until the pool closed. Moving storage into
+    shared memory keeps every value, so results are unchanged.
+    """
+    for table in tables:
+        for value in table.values():
+            if isinstance(value, torch.Tensor) and value.device.type == "cpu" and not value.is_shared():
+                value.share_memory_()
 
 
 def usable_cores() -> int:
