@@ -115,12 +115,18 @@ def test_a_bad_reply_is_rejected_with_its_reason_and_the_model_stays_sane(
                if t.is_floating_point())
 
 
-def test_a_round_whose_every_reply_is_rejected_stops_the_run_resumably(hostile: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("path", ["simulation", "flower"])
+def test_a_round_whose_every_reply_is_rejected_stops_the_run_resumably(
+    hostile: str, tmp_path: Path, path: str
+) -> None:
     cfg = _config("no_num_samples", rounds=3, everyone=True)
+    run = _simulate if path == "simulation" else _over_flower
     with pytest.raises(FedskewError, match=r"^round 1: every reply to 'train' was rejected \(client \d+: metric "
-                       r"'num_samples' is missing; .*\); the run stops here"):
-        _simulate(cfg, tmp_path / "r")
-    assert (tmp_path / "r" / "metrics.jsonl").read_text() == ""  # nothing half-written
+                       r"'num_samples' is missing; .*\); the run stops here") as err:
+        run(cfg, tmp_path / "r")
+    assert "\n" not in str(err.value)
+    [metrics] = (tmp_path / "r").rglob("metrics.jsonl")
+    assert metrics.read_text() == ""  # nothing half-written
 
 
 def test_robust_rules_by_hand() -> None:
