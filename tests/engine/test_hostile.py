@@ -54,8 +54,9 @@ class Hostile(FedAvg):
             reply.metrics["num_samples"] = 1e12
             reply.arrays = {k: torch.full_like(v, 1e4) if v.is_floating_point() else v
                             for k, v in reply.arrays.items()}
-        elif a == "big":  # finite weights of 3e38 that wreck a mean
-            reply.arrays = {k: torch.full_like(v, 3e38) if v.is_floating_point() else v
+        elif a in ("big", "large"):  # finite weights of 3e38 that wreck a mean, or of 1e4 (an honest claim)
+            value = 3e38 if a == "big" else 1e4
+            reply.arrays = {k: torch.full_like(v, value) if v.is_floating_point() else v
                             for k, v in reply.arrays.items()}
         elif a == "fractional":
             reply.metrics["num_samples"] = 2.5
@@ -89,6 +90,7 @@ REASONS = {
     "claim": f"claims 1000000000000 samples, but client {HOSTILE} holds at most",
     "huge": "claims 1500000000000000",
     "big": "exceeds 10 x the round's median",
+    "large": "exceeds 10 x the round's median",
     "fractional": "num_samples = 2.5 is not a whole number",
 }
 
