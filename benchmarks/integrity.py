@@ -28,6 +28,11 @@ CLI = "tests/test_integrity_cli.py"
 FOLDERS = "tests/engine/test_run_folders.py"
 DEPLOY = "tests/engine/test_deploy_integrity.py"
 CACHE = "tests/data/test_cache_verify.py"
+HOSTILE_TESTS = "tests/engine/test_hostile.py"
+REPLIES = "tests/engine/test_reliability.py"
+FLOWER = "tests/engine/test_flower.py"
+ALL_ALGORITHMS = "tests/algorithms/test_all_algorithms.py"
+FEDDC = "tests/algorithms/test_feddc.py"
 
 
 @dataclass(frozen=True)
@@ -47,12 +52,55 @@ def _damage(kind: str) -> str:
     return f"{CLI}::test_a_damaged_checkpoint_is_one_line_and_changes_nothing[{kind}]"
 
 
+def _reply(attack: str) -> tuple[str, str]:
+    """A hostile reply's test through the real round loop and through Flower's message path."""
+    test = f"{HOSTILE_TESTS}::test_a_bad_reply_is_rejected_with_its_reason_and_the_model_stays_sane"
+    return f"{test}[{attack}-simulation]", f"{test}[{attack}-flower]"
+
+
+HOSTILE = "Hostile and broken clients"
 RUNS = "Run folders and results"
 PROCESSES = "Processes and resources"
 INPUT = "Every bad input gets one line, before anything runs"
 DEPLOYMENT = "Deployment"
 
 CASES: list[Case] = [
+    # ---- hostile and broken clients
+    Case(HOSTILE, "a reply without `num_samples` rejected with the reason; a reply's scalars are a schema: required, "
+                  "a finite whole number, in range (also NaN, negative, 2.5)",
+         (*_reply("no_num_samples"), *_reply("fractional"),
+          f"{REPLIES}::test_out_of_range_labels_and_bad_metrics_are_rejected")),
+    Case(HOSTILE, "`num_samples = 1e12` with weights of 1e4: a claim above the client's shard rejected with the reason",
+         _reply("claim")),
+    Case(HOSTILE, "two claims of 1.5e308 samples (they overflowed the weight sum to an all-zero model) rejected",
+         _reply("huge")),
+    Case(HOSTILE, "finite weights of 3e38, and of 1e4 with an honest claim, rejected by the update-norm bound "
+                  "(`max_norm_ratio`, on by default: 10 x the round's median)",
+         (*_reply("big"), *_reply("large"), f"{HOSTILE_TESTS}::test_robust_rules_by_hand")),
+    Case(HOSTILE, "robust aggregation (median, trimmed mean, norm clipping) reaches every model-averaging method; "
+                  "the other methods refuse it in one line",
+         (f"{HOSTILE_TESTS}::test_robust_rules_by_hand",
+          f"{ALL_ALGORITHMS}::test_every_averaging_method_takes_the_robust_rules",
+          f"{FEDDC}::test_feddc_averages_through_the_aggregation_table")),
+    Case(HOSTILE, "model replacement (`[faults] malicious`): a fixed set of attackers; clipping and trimmed mean "
+                  "resist what wrecks FedAvg's mean",
+         (f"{HOSTILE_TESTS}::test_model_replacement_flips_and_boosts_the_update",
+          f"{HOSTILE_TESTS}::test_attackers_are_a_fixed_fraction_drawn_from_the_seed",
+          f"{HOSTILE_TESTS}::test_clipping_and_trimmed_mean_resist_model_replacement")),
+    Case(HOSTILE, "every rejection (by the engine or the aggregation rule) in the round's `rejected` with its reason, "
+                  "out of `clients` and `samples`",
+         (f"{HOSTILE_TESTS}::test_a_bad_reply_is_rejected_with_its_reason_and_the_model_stays_sane",
+          f"{REPLIES}::test_engine_survives_hostile_replies")),
+    Case(HOSTILE, "a round whose every reply is rejected stops the run with one line naming the round and the "
+                  "reasons; nothing half-written",
+         (f"{HOSTILE_TESTS}::test_a_round_whose_every_reply_is_rejected_stops_the_run_resumably",
+          f"{CLI}::test_a_round_whose_every_reply_is_rejected_stops_the_run_in_one_error_line")),
+    Case(HOSTILE, "the hostile replies through the real simulator and through Flower's message path; a garbled "
+                  "Flower reply fails its client, not the run",
+         (f"{HOSTILE_TESTS}::test_a_bad_reply_is_rejected_with_its_reason_and_the_model_stays_sane",
+          f"{HOSTILE_TESTS}::test_a_round_whose_every_reply_is_rejected_stops_the_run_resumably",
+          f"{REPLIES}::test_each_hostile_reply_kind_is_rejected",
+          f"{FLOWER}::test_garbled_reply_fails_its_client_not_the_run")),
     # ---- run folders and results
     Case(RUNS, "`seed=5` on a config with `seeds` runs seed 5 (sets the seeds); `seed` with `seeds` refused",
          (f"{CLI}::test_seed_on_the_command_line_sets_the_seeds",)),
@@ -82,6 +130,10 @@ CASES: list[Case] = [
          (f"{FOLDERS}::test_workers_die_with_a_killed_run",)),
     Case(PROCESSES, "SIGTERM stops a run as Ctrl-C does (exit 143, workers end) and it resumes byte-identically",
          (f"{FOLDERS}::test_sigterm_stops_a_run_as_ctrl_c_does_and_it_resumes_exactly",)),
+    Case(PROCESSES, "SIGTERM or Ctrl-C killing a worker mid fd-handshake: no traceback (the peer's reset is quiet; "
+                    "other errors still print)",
+         (f"{CLI}::test_a_worker_dying_mid_handshake_leaves_no_traceback_and_other_errors_still_print",
+          f"{FOLDERS}::test_sigterm_stops_a_run_as_ctrl_c_does_and_it_resumes_exactly")),
     Case(PROCESSES, "disk full during a checkpoint: one line naming the folder, last checkpoint intact",
          (f"{FOLDERS}::test_a_full_disk_is_one_line_and_the_last_checkpoint_survives[checkpoints/last.pt.tmp]",
           f"{FOLDERS}::test_a_checkpoint_write_that_fails_leaves_the_last_one")),
@@ -123,9 +175,11 @@ CASES: list[Case] = [
     Case(INPUT, "`faults.attack=nan` (and `inf`) accepted unquoted",
          (f"{CLI}::test_faults_attack_takes_the_documented_words_unquoted",)),
     # ---- deployment
-    Case(DEPLOYMENT, "the SuperLink (Control API) bound to 127.0.0.1 by `superlink_command` and `deploy init`'s advice",
+    Case(DEPLOYMENT, "the SuperLink (Control API) bound to 127.0.0.1 by `superlink_command`, `deploy init`'s advice "
+                     "and docs/deploy.md's commands (SSH tunnel)",
          (f"{DEPLOY}::test_the_superlink_command_binds_to_localhost",
-          f"{DEPLOY}::test_deploy_init_tells_to_start_the_superlink_on_localhost")),
+          f"{DEPLOY}::test_deploy_init_tells_to_start_the_superlink_on_localhost",
+          f"{DEPLOY}::test_docs_deploy_starts_the_superlink_on_localhost")),
     Case(DEPLOYMENT, "a SuperNode's data location comes from its node config; the server names no path on it",
          (f"{DEPLOY}::test_a_node_takes_no_path_from_the_server",
           f"{DEPLOY}::test_a_node_refuses_a_server_named_path_before_reading_anything",

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.cli_process import fedskew, one_error, snapshot, write_config
+from tests.cli_process import RUN_HEADER, fedskew, one_error, snapshot, write_config
 
 
 @pytest.fixture
@@ -106,6 +106,19 @@ def test_faults_attack_takes_the_documented_words_unquoted(tmp_path: Path, cfg_f
     res = fedskew("run", str(cfg_file), "faults.attack=inf", "faults.corrupt=0.5", "rounds=1", "--out", "p",
                   "--no-progress", cwd=tmp_path)
     assert res.code == 0, res.err
+
+
+def test_a_round_whose_every_reply_is_rejected_stops_the_run_in_one_error_line(tmp_path: Path, cfg_file: Path) -> None:
+    """Every reply of round 1 corrupted: exit 2, one error line naming the round and the reasons (after the
+    logged rejections), no traceback, no round recorded."""
+    res = fedskew("run", str(cfg_file), "faults.corrupt=0.99", "--out", "o", "--no-progress", cwd=tmp_path)
+    assert res.code == 2 and "Traceback" not in res.err + res.out, res.err
+    *logged, line = res.err_lines
+    assert line.startswith("fedskew: error: round 1: every reply to 'train' was rejected (client "), res.err
+    assert "holds NaN or inf" in line and "the run stops here" in line
+    assert logged[0].startswith(RUN_HEADER) and len(logged) == 4, res.err  # the header, three rejections
+    assert all(x.startswith("round 1: rejected the 'train' reply of client ") for x in logged[1:]), res.err
+    assert (tmp_path / "o" / "fedavg-seed0" / "metrics.jsonl").read_text() == ""
 
 
 def test_a_model_too_large_for_memory_is_one_line(tmp_path: Path, cfg_file: Path) -> None:

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from fedskew.algorithms.base import ALGORITHMS
-from fedskew.config import dump
+from fedskew.config import dump, validate
+from fedskew.core.errors import ConfigError
 from fedskew.engine.experiment import resume_run
 from fedskew.engine.round_loop import RoundLoop
 from tests.conftest import tiny_config
@@ -68,6 +69,44 @@ def test_every_algorithm_runs_changes_the_model_and_is_counted(tmp_path: Path, n
     assert all(r["accuracy"] is not None and r["rejected"] == [] for r in recs)
     total = sum(r[k] for r in recs for k in r if k.startswith("bytes_"))
     assert total > 0
+
+
+ROBUST: dict[str, dict[str, Any]] = {
+    "median": {"rule": "median"},
+    "trimmed_mean": {"rule": "trimmed_mean", "trim": 0.34},  # three clients: one cut at each end
+    "clipping": {"clip_norm": 0.01},
+}
+"""[algorithm.aggregation] settings that each change a round's mean of the clients' models."""
+MANY_REPLIES: dict[str, dict[str, Any]] = {"hfldd": {"num_homogeneous": 1}}
+"""Settings under which a method averages several replies (HFLDD: one homogeneous cluster, so every
+client heads a heterogeneous cluster of its own)."""
+
+
+@pytest.mark.parametrize("name", ALGORITHMS.names())
+def test_every_averaging_method_takes_the_robust_rules(tmp_path: Path, name: str) -> None:
+    """Median, trimmed mean and norm clipping reach the model of every method that averages client models;
+    the other methods refuse [algorithm.aggregation] with one line."""
+    params = ALGORITHMS.get(name).Params
+    fields = {f.name for f in dataclasses.fields(params)}
+    if "aggregation" not in fields or not params.averages_models:
+        cfg = config_for(name, rounds=1)
+        cfg["algorithm"]["aggregation"] = {"rule": "median"}
+        with pytest.raises(ConfigError, match=r"algorithm\.aggregation") as err:
+            validate(cfg)
+        assert "\n" not in str(err.value)
+        return
+    models = {}
+    for label, aggregation in {"mean": {}, **ROBUST}.items():
+        cfg = config_for(name, rounds=1)
+        cfg["algorithm"].update(MANY_REPLIES.get(name, {}), aggregation=aggregation)
+        sim = RoundLoop(cfg, tmp_path / label, progress=False)
+        [record] = sim.run().records
+        assert record["rejected"] == [] and len(record["clients"]) >= 2, record
+        models[label] = sim.server.model.state_dict()
+    mean = models.pop("mean")
+    for label, model in models.items():
+        assert any(not torch.equal(mean[k], model[k]) for k in mean if mean[k].is_floating_point()), \
+            f"{name} ignored [algorithm.aggregation] {ROBUST[label]}"
 
 
 STATEFUL = ["scaffold", "feddyn", "fedavgm", "fedadam", "fedgen", "moon", "fedbn"]

@@ -4,6 +4,7 @@ decided by its own node config, and a deployment's run folder held and checked a
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,15 @@ def test_deploy_init_tells_to_start_the_superlink_on_localhost(tmp_path: Path) -
     assert res.code == 0, res.err
     assert "--host 127.0.0.1" in res.out and "SSH tunnel" in res.out
     assert "--host 127.0.0.1" in (tmp_path / "app" / "pyproject.toml").read_text()
+
+
+def test_docs_deploy_starts_the_superlink_on_localhost() -> None:
+    """docs/deploy.md gives ``deploy init``'s command, and no ``--host`` other than the loopback interface."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "deploy.md").read_text()
+    assert set(re.findall(r"--host (\S+)", doc)) == {SUPERLINK_HOST}
+    block = re.search(r"```bash\n(flower-superlink .*?)\n```", doc, re.DOTALL)
+    assert block is not None and " ".join(block.group(1).replace("\\\n", " ").split()) == superlink_command()
+    assert "ssh -N -L 9093:localhost:9093" in doc
 
 
 def test_a_node_takes_no_path_from_the_server() -> None:

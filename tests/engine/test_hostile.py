@@ -54,8 +54,9 @@ class Hostile(FedAvg):
             reply.metrics["num_samples"] = 1e12
             reply.arrays = {k: torch.full_like(v, 1e4) if v.is_floating_point() else v
                             for k, v in reply.arrays.items()}
-        elif a == "big":  # finite weights of 3e38 that wreck a mean
-            reply.arrays = {k: torch.full_like(v, 3e38) if v.is_floating_point() else v
+        elif a in ("big", "large"):  # finite weights of 3e38 that wreck a mean, or of 1e4 (an honest claim)
+            value = 3e38 if a == "big" else 1e4
+            reply.arrays = {k: torch.full_like(v, value) if v.is_floating_point() else v
                             for k, v in reply.arrays.items()}
         elif a == "fractional":
             reply.metrics["num_samples"] = 2.5
@@ -89,6 +90,7 @@ REASONS = {
     "claim": f"claims 1000000000000 samples, but client {HOSTILE} holds at most",
     "huge": "claims 1500000000000000",
     "big": "exceeds 10 x the round's median",
+    "large": "exceeds 10 x the round's median",
     "fractional": "num_samples = 2.5 is not a whole number",
 }
 
@@ -115,12 +117,18 @@ def test_a_bad_reply_is_rejected_with_its_reason_and_the_model_stays_sane(
                if t.is_floating_point())
 
 
-def test_a_round_whose_every_reply_is_rejected_stops_the_run_resumably(hostile: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("path", ["simulation", "flower"])
+def test_a_round_whose_every_reply_is_rejected_stops_the_run_resumably(
+    hostile: str, tmp_path: Path, path: str
+) -> None:
     cfg = _config("no_num_samples", rounds=3, everyone=True)
+    run = _simulate if path == "simulation" else _over_flower
     with pytest.raises(FedskewError, match=r"^round 1: every reply to 'train' was rejected \(client \d+: metric "
-                       r"'num_samples' is missing; .*\); the run stops here"):
-        _simulate(cfg, tmp_path / "r")
-    assert (tmp_path / "r" / "metrics.jsonl").read_text() == ""  # nothing half-written
+                       r"'num_samples' is missing; .*\); the run stops here") as err:
+        run(cfg, tmp_path / "r")
+    assert "\n" not in str(err.value)
+    [metrics] = (tmp_path / "r").rglob("metrics.jsonl")
+    assert metrics.read_text() == ""  # nothing half-written
 
 
 def test_robust_rules_by_hand() -> None:
