@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import fedskew.algorithms.fedaf as fedaf_module
-from fedskew.algorithms.base import FederationInfo, ModelSpec, ServerContext
+from fedskew.algorithms.base import ClientContext, FederationInfo, ModelSpec, ServerContext
 from fedskew.algorithms.condensation.knowledge import class_mean_logits, knowledge_matching_term, symmetric_kl
 from fedskew.algorithms.fedaf import FedAF
 from fedskew.condense import (
@@ -23,6 +23,7 @@ from fedskew.condense import (
     interpolated_model_sampler,
     sliced_wasserstein,
 )
+from fedskew.core.errors import ConfigError
 from fedskew.core.params import build_params
 from fedskew.core.seeding import seeded_init
 from fedskew.engine.round_loop import RoundLoop
@@ -202,3 +203,88 @@ def test_bf16_condenses_in_bf16_and_uploads_float32_knowledge(tmp_path: Path, mo
         assert sim.server.state[key].dtype == torch.float32 and bool(torch.isfinite(sim.server.state[key]).all())
     assert sim.server.state["syn_images"].dtype == torch.uint8
     assert all(s["syn_images"].dtype == torch.float32 for s in sim.client_states.values() if "syn_images" in s)
+
+
+# ---- the readings the paper leaves open (issue "Fidelity, second pass") ------------------------------
+
+
+def test_the_mean_kl_reading_is_batchmean_divided_by_the_class_count() -> None:
+    g = torch.Generator().manual_seed(0)
+    log_p = F.log_softmax(torch.randn(4, 10, generator=g), dim=1)
+    log_q = F.log_softmax(torch.randn(4, 10, generator=g), dim=1)
+    batchmean, mean = symmetric_kl(log_p, log_q), symmetric_kl(log_p, log_q, "mean")
+    assert batchmean > 0 and torch.allclose(mean * 10, batchmean)
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        symmetric_kl(log_p, log_q, "sum")
+    r = F.softmax(torch.randn(10, 10, generator=g), dim=1)
+    logits, y = torch.randn(32, 10, generator=g), torch.arange(32) % 10
+    known = torch.ones(10, dtype=torch.bool)
+    terms = [knowledge_matching_term(r, known, 1.0, 2.0, red) for red in ("batchmean", "mean")]
+    values = [float(t(torch.nn.Identity(), torch.zeros(0), y, logits)) for t in terms]
+    assert values[0] == pytest.approx(10 * values[1], rel=1e-5)
+
+
+def _final_sets(tmp_path: Path, name: str, **algo: Any) -> tuple[list[dict[str, Any]], dict[int, torch.Tensor]]:
+    sim = RoundLoop(fedaf_config(rounds=2, **algo), tmp_path / name, progress=False)
+    records = sim.run().records
+    return records, {cid: s["syn_images"] for cid, s in sim.client_states.items() if "syn_images" in s}
+
+
+def test_normalised_cdc_logs_its_gradient_fraction_and_moves_the_images(tmp_path: Path) -> None:
+    printed, printed_sets = _final_sets(tmp_path, "printed", lambda_loc=1e-4)
+    normalised, normalised_sets = _final_sets(tmp_path, "norm", lambda_loc=1e-4, cdc_scale="normalised",
+                                              cdc_fraction=0.5)
+    _, without = _final_sets(tmp_path, "off", lambda_loc=1e-4, use_cdc=False)
+    assert "cdc_grad_fraction" not in printed[0]  # round 1: no V yet
+    assert normalised[1]["cdc_grad_fraction"] == pytest.approx(0.5, rel=1e-6)  # by construction
+    assert 0 < printed[1]["cdc_grad_fraction"] < 0.01  # the printed weight: numerically small
+    moved = max(float((normalised_sets[c] - without[c]).abs().max()) for c in without)
+    barely = max(float((printed_sets[c] - without[c]).abs().max()) for c in without)
+    assert moved > 1e-2 and moved > 100 * barely, (moved, barely)
+
+
+def test_this_rounds_knowledge_needs_a_first_exchange_and_turns_cdc_on_in_round_one(tmp_path: Path) -> None:
+    records, _ = _final_sets(tmp_path, "this", knowledge_round="this")
+    last, _ = _final_sets(tmp_path, "last")
+    assert "cdc_grad_fraction" in records[0] and "cdc_grad_fraction" not in last[0]
+    # The knowledge exchange adds the model download and the V_k/R_k upload of every selected client.
+    for this_round, last_round in zip(records, last, strict=True):
+        assert this_round["bytes_server_to_client"] > last_round["bytes_server_to_client"]
+        assert this_round["bytes_client_to_server"] > last_round["bytes_client_to_server"]
+
+
+def test_knowledge_this_round_resumes_exactly(tmp_path: Path) -> None:
+    assert_resumes_exactly(
+        tmp_path, lambda rounds: fedaf_config(rounds=rounds, clients_per_round=3, knowledge_round="this")
+        | {"checkpoint_every": 1},
+    )
+
+
+def test_init_noise_separates_a_small_class_whose_images_start_alike() -> None:
+    fed = toy_fed(num_classes=2)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(12, 1, 4, 4, generator=g), torch.tensor([0] * 10 + [1] * 2)  # class 1: 2 images
+    client = ClientContext(cid=0, round=1, x=x, y=y, fed=fed)
+    for noise in (0.0, 0.05):
+        algo = make(fed, init="mean", ipc=3, init_noise=noise)
+        start = algo.start_set(client, client.generator("condense"))
+        small = start.images[start.labels == 1].flatten(1)
+        alike = bool((small == small[:1]).all())  # "mean" over all of a class with <= 16 images
+        assert alike == (noise == 0.0)
+        plain = make(fed, init="mean", ipc=3).start_set(client, client.generator("condense"))
+        big = start.labels == 0  # class 0's averages differ already: no noise added there
+        assert torch.equal(start.images[big], plain.images[big])
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"cdc_fraction": 0.0}, "cdc_fraction"),
+        ({"init_noise": -1.0}, "init_noise"),
+        ({"kl_reduction": "sum"}, "kl_reduction must be one of 'batchmean', 'mean'"),
+        ({"knowledge_round": "next"}, "knowledge_round must be one of 'last', 'this'"),
+    ],
+)
+def test_the_reading_options_refuse_bad_values_in_one_line(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        make(toy_fed(), **options)

@@ -33,6 +33,7 @@ Eq. 6 reading (u_{k,c} as one point) instead.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Literal
 
@@ -50,9 +51,12 @@ from fedskew.condense import (
     ExtraLoss,
     SyntheticSet,
     distribution_matching,
+    dm_loss,
     interpolated_model_sampler,
+    model_features,
     sliced_wasserstein,
 )
+from fedskew.condense.synthetic import class_indices, sample_indices, start_set
 from fedskew.core.device import current_compute
 from fedskew.core.message import Message, arrays_with_prefix
 from fedskew.core.params import check
@@ -118,6 +122,12 @@ class FedAF(AggregationFree):
         swd_local: Literal["samples", "mean"] = "samples"  # class-c logits of S_k: per image, or Eq. 6's mean
         use_cdc: bool = True  # false: "w/o CDC" (Table 4), no SWD term
         use_lgkm: bool = True  # false: "w/o LGKM" (Table 4), no KL term
+        # Readings the paper's text leaves open (docs/algorithms.md, FedAF; issue "Fidelity, second pass"):
+        kl_reduction: Literal["batchmean", "mean"] = "batchmean"  # LGKM's C x C KL: rows averaged, or all entries
+        cdc_scale: Literal["printed", "normalised"] = "printed"  # lambda_loc as printed, or set per round ...
+        cdc_fraction: float = 0.1  # ... so that ||grad CDC|| = cdc_fraction * ||grad L_DM|| at the round's start
+        knowledge_round: Literal["last", "this"] = "last"  # V from last round's uploads, or a first exchange now
+        init_noise: float = 0.0  # std of per-image noise on classes whose ipc images start identical
 
         def __post_init__(self) -> None:
             super().__post_init__()
@@ -126,8 +136,11 @@ class FedAF(AggregationFree):
             check(self.lambda_glob >= 0, "lambda_glob", self.lambda_glob, ">= 0")
             check(self.tau > 0, "tau", self.tau, "> 0")
             check(self.swd_projections >= 1, "swd_projections", self.swd_projections, "at least 1")
+            check(self.cdc_fraction > 0, "cdc_fraction", self.cdc_fraction, "> 0")
+            check(self.init_noise >= 0, "init_noise", self.init_noise, ">= 0")
 
     params: Params
+    _cdc_fraction: float | None = None  # this job's measured gradient fraction (condense -> client_step)
 
     # ---- server ------------------------------------------------------------------------------
     def global_knowledge(self, server: ServerContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -158,8 +171,9 @@ class FedAF(AggregationFree):
         return arrays
 
     def reply_spec(self, task: str, server: ServerContext) -> Spec | None:
-        """A synthetic set, and one row of V_k and R_k per held class (any number of classes)."""
-        spec = super().reply_spec(task, server)
+        """A synthetic set, and one row of V_k and R_k per held class (any number of classes); a
+        ``knowledge`` reply holds only the rows."""
+        spec = super().reply_spec(task, server) if task != "knowledge" else {}
         if spec is None:
             return None
         num = self.fed.num_classes
@@ -170,8 +184,22 @@ class FedAF(AggregationFree):
             KNOWLEDGE_SOFT: ((-2, num), torch.float32),
         }
 
-    def aggregate(self, server: ServerContext, replies: Replies) -> None:
-        """Store the clients' V_k and R_k, then train on the union of sets (with LGKM)."""
+    def round(self, server: ServerContext) -> None:
+        """One round; with ``knowledge_round = "this"`` (and CDC on) a first ``knowledge`` exchange
+        collects this round's V_k and R_k from the selected clients, so the V they match is this
+        round's (Eq. 9 read as computed before the condensation) rather than last round's uploads."""
+        p = self.params
+        if p.knowledge_round == "last" or not p.use_cdc:
+            super().round(server)
+            return
+        clients = [cid for cid, _ in self.configure(server)]
+        plain = Message(arrays=super().download(server))
+        self.store_knowledge(server, server.exchange("knowledge", [(cid, plain) for cid in clients]))
+        msg = Message(arrays=self.download(server))
+        self.aggregate(server, server.exchange("train", [(cid, msg) for cid in clients]))
+
+    def store_knowledge(self, server: ServerContext, replies: Replies) -> None:
+        """Put the replies' V_k and R_k rows into the pool (a client's rows replace its previous ones)."""
         if replies:
             pool = update_pool(
                 pool_from_state(server.state, KNOWLEDGE_STATE, ("labels", "logits", "soft")),
@@ -183,6 +211,13 @@ class FedAF(AggregationFree):
                 keep_others=True,
             )
             pool_to_state(server.state, KNOWLEDGE_STATE, pool)
+
+    def aggregate(self, server: ServerContext, replies: Replies) -> None:
+        """Store the clients' V_k and R_k, then train on the union of sets (with LGKM)."""
+        self.store_knowledge(server, replies)
+        fractions = [m.metrics["cdc_grad_fraction"] for _, m in replies if "cdc_grad_fraction" in m.metrics]
+        if fractions:
+            server.metrics["cdc_grad_fraction"] = sum(fractions) / len(fractions)
         super().aggregate(server, replies)
 
     def server_terms(self, server: ServerContext) -> list[LossTerm]:
@@ -192,16 +227,20 @@ class FedAF(AggregationFree):
         if knowledge is None:
             return []
         _, r, known = knowledge
-        return [knowledge_matching_term(r, known, p.tau, p.lambda_glob)]
+        return [knowledge_matching_term(r, known, p.tau, p.lambda_glob, p.kl_reduction)]
 
     # ---- client ------------------------------------------------------------------------------
-    def cdc_loss(self, classes: torch.Tensor, v: torch.Tensor, generator: torch.Generator) -> ExtraLoss:
-        """``lambda_loc * sum_c SWD(u_{k,c}, v_c)`` (Eq. 10) over the held classes that V covers.
+    def cdc_loss(
+        self, classes: torch.Tensor, v: torch.Tensor, generator: torch.Generator, weight: float | None = None
+    ) -> ExtraLoss:
+        """``weight * sum_c SWD(u_{k,c}, v_c)`` (Eq. 10) over the held classes that V covers.
 
         The logits of S_k come from the step's re-sampled network w' in evaluation mode, the mode in
-        which the clients computed V; ``generator`` draws new projections at every step.
+        which the clients computed V; ``generator`` draws new projections at every step. ``weight``:
+        ``lambda_loc`` unless given (see :meth:`cdc_weight`).
         """
         p = self.params
+        scale = p.lambda_loc if weight is None else weight
         targets = {int(c): v[i : i + 1] for i, c in enumerate(classes.tolist())}
 
         def loss(model: nn.Module, syn: SyntheticSet) -> torch.Tensor:
@@ -215,9 +254,59 @@ class FedAF(AggregationFree):
                 if p.swd_local == "mean":
                     u = u.mean(dim=0, keepdim=True)
                 total = total + sliced_wasserstein(u, targets[c], p.swd_projections, generator)
-            return p.lambda_loc * total
+            return scale * total
 
         return loss
+
+    def cdc_gradients(
+        self, model: nn.Module, client: ClientContext, start: SyntheticSet, classes: torch.Tensor, v: torch.Tensor
+    ) -> tuple[float, float]:
+        """``(||grad L_DM||, ||grad sum_c SWD||)`` on the images of ``start``, the set a round starts from.
+
+        Measured once per round, before the steps, at the received global model w (a copy in training
+        mode, as the steps run it), with ``real_batch`` real images per class and projections from a
+        stream of their own, so the condensation's draws are untouched.
+        """
+        p = self.params
+        net = copy.deepcopy(model).train().requires_grad_(False)
+        g = client.generator("cdc_probe")
+        images = start.images.detach().to(torch.float32).clone().requires_grad_(True)
+        labels = start.labels
+        cl = is_channels_last(net)
+        held = sorted(set(labels.tolist()))
+        rows = class_indices(client.y, held)
+        real = [as_model_format(client.x[sample_indices(r, p.real_batch, g)], cl) for r in rows]
+        syn = [as_model_format(images[labels == c], cl) for c in held]
+        (g_dm,) = torch.autograd.grad(dm_loss(model_features(net), real, syn), [images])
+        swd = self.cdc_loss(classes, v, g, weight=1.0)(net, SyntheticSet(images, labels))
+        g_swd = torch.autograd.grad(swd, [images])[0] if swd.requires_grad else torch.zeros_like(images)
+        return float(g_dm.norm()), float(g_swd.norm())
+
+    def cdc_weight(self, dm_norm: float, swd_norm: float) -> float:
+        """The CDC term's weight: ``lambda_loc`` as printed, or (``cdc_scale = "normalised"``) the weight
+        that makes its gradient ``cdc_fraction`` times L_DM's at the round's start."""
+        p = self.params
+        if p.cdc_scale == "printed" or swd_norm == 0.0:
+            return p.lambda_loc
+        return p.cdc_fraction * dm_norm / swd_norm
+
+    def start_set(self, client: ClientContext, generator: torch.Generator) -> SyntheticSet:
+        """S_k's first images (:func:`~fedskew.condense.synthetic.start_set`, drawn from ``generator`` as
+        the condensation would), with ``init_noise`` added to the classes whose ipc images are all
+        alike (a class with few real images under ``init = "mean"``), so they can move apart."""
+        p = self.params
+        start = start_set(client.x, client.y, p.ipc, p.init, generator)
+        if p.init_noise == 0:
+            return start
+        images = start.images.clone()
+        noise = client.generator("init_noise")
+        for c in sorted(set(start.labels.tolist())):
+            rows = torch.nonzero(start.labels == c).flatten()
+            flat = images[rows].flatten(1)
+            if rows.numel() > 1 and bool((flat == flat[:1]).all()):
+                draw = torch.randn(images[rows].shape, generator=noise, dtype=images.dtype)
+                images[rows] = images[rows] + p.init_noise * draw.to(images.device)
+        return SyntheticSet(images, start.labels, start.soft_labels)
 
     def condense(self, msg: Message, client: ClientContext) -> tuple[SyntheticSet, dict[str, torch.Tensor]]:
         """Eqs. 5 and 11 on the real data, then refine the kept S_k (Eqs. 4, 10, 17)."""
@@ -225,16 +314,39 @@ class FedAF(AggregationFree):
         model = client.model(arrays_with_prefix(msg.arrays, MODEL))
         classes, v = real_class_logits(model, client.x, client.y, client.fed.num_classes)
         soft = F.softmax(v / p.tau, dim=1)
+        generator = client.generator("condense")
         init_set = None
         if CLIENT_IMAGES in client.state:
             init_set = SyntheticSet(client.state[CLIENT_IMAGES], client.state[CLIENT_LABELS])
         extra = None
-        if p.use_cdc and GLOBAL_LABELS in msg.arrays:
-            extra = self.cdc_loss(msg.arrays[GLOBAL_LABELS], msg.arrays[GLOBAL_LOGITS], client.generator("swd"))
+        cdc = p.use_cdc and GLOBAL_LABELS in msg.arrays
+        if init_set is None and (cdc or p.init_noise > 0):
+            init_set = self.start_set(client, generator)  # the draws distribution_matching would make
+        if cdc:
+            assert init_set is not None
+            dm_norm, swd_norm = self.cdc_gradients(model, client, init_set, msg.arrays[GLOBAL_LABELS],
+                                                   msg.arrays[GLOBAL_LOGITS])
+            weight = self.cdc_weight(dm_norm, swd_norm)
+            self._cdc_fraction = weight * swd_norm / dm_norm if dm_norm > 0 else 0.0
+            extra = self.cdc_loss(msg.arrays[GLOBAL_LABELS], msg.arrays[GLOBAL_LOGITS], client.generator("swd"), weight)
         syn = distribution_matching(
             client.x, client.y, interpolated_model_sampler(model, client.fed.model.build, p.gamma),
-            self.dm_config(p.init, None), client.generator("condense"), init_set=init_set, extra_loss=extra,
+            self.dm_config(p.init, None), generator, init_set=init_set, extra_loss=extra,
         )
         client.state[CLIENT_IMAGES] = syn.images
         client.state[CLIENT_LABELS] = syn.labels
         return syn, {KNOWLEDGE_LABELS: classes, KNOWLEDGE_LOGITS: v, KNOWLEDGE_SOFT: soft.contiguous()}
+
+    def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
+        """``knowledge``: V_k and R_k of the real data only; ``train``: the condensed set as well, and the
+        CDC gradient fraction (``cdc_grad_fraction``) when the CDC term was on."""
+        if task == "knowledge":
+            model = client.model(arrays_with_prefix(msg.arrays, MODEL))
+            classes, v = real_class_logits(model, client.x, client.y, client.fed.num_classes)
+            soft = F.softmax(v / self.params.tau, dim=1).contiguous()
+            return Message(arrays={KNOWLEDGE_LABELS: classes, KNOWLEDGE_LOGITS: v, KNOWLEDGE_SOFT: soft})
+        self._cdc_fraction = None
+        reply = super().client_step(task, msg, client)
+        if self._cdc_fraction is not None:
+            reply.metrics["cdc_grad_fraction"] = self._cdc_fraction
+        return reply

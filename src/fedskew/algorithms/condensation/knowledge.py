@@ -13,30 +13,38 @@ from torch import nn
 
 from fedskew.components.trainer import LossTerm
 
+KL_REDUCTIONS = ("batchmean", "mean")
+"""How :func:`symmetric_kl` combines its per-row terms (FedAF does not say): PyTorch's two readings."""
 
-def symmetric_kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+
+def symmetric_kl(log_p: torch.Tensor, log_q: torch.Tensor, reduction: str = "batchmean") -> torch.Tensor:
     """``(KL(P||Q) + KL(Q||P)) / 2`` between row distributions, averaged over rows (FedAF Eq. 15).
 
     Parameters
     ----------
     log_p, log_q
         (n, L) log-probabilities; row i of each is a distribution over L classes.
+    reduction
+        ``"batchmean"``: the sum over classes averaged over rows (the default); ``"mean"``: averaged
+        over all n x L entries, PyTorch's ``kl_div(reduction="mean")``, which is ``batchmean / L``.
 
     Notes
     -----
     Summing the two directions gives ``KL(P||Q) + KL(Q||P) = sum_j (p_j - q_j)(log p_j - log q_j)``,
     one non-negative term per class, so the result is symmetric, zero for equal inputs and never
     negative. FedAF writes ``D_KL(R||T)`` between the C x C matrices R and T without saying how rows
-    are combined; we average over rows (PyTorch's ``batchmean`` convention), so the weight
+    are combined; by default we average over rows (PyTorch's ``batchmean`` convention), so the weight
     ``lambda_glob`` does not depend on how many classes a batch holds. Zero rows give 0.
     """
+    if reduction not in KL_REDUCTIONS:
+        raise ValueError(f"reduction must be one of {KL_REDUCTIONS}, got {reduction!r}")
     if log_p.shape != log_q.shape or log_p.dim() != 2:
         shapes = f"{tuple(log_p.shape)} and {tuple(log_q.shape)}"
         raise ValueError(f"expected two (n, L) tensors of equal shape, got {shapes}")
     if log_p.shape[0] == 0:
         return torch.zeros((), dtype=log_p.dtype, device=log_p.device)
     per_row = ((log_p.exp() - log_q.exp()) * (log_p - log_q)).sum(dim=1)
-    return 0.5 * per_row.mean()
+    return 0.5 * (per_row.mean() if reduction == "batchmean" else per_row.mean() / log_p.shape[1])
 
 
 def class_mean_logits(logits: torch.Tensor, y: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,7 +60,7 @@ def class_mean_logits(logits: torch.Tensor, y: torch.Tensor, num_classes: int) -
 
 
 def knowledge_matching_term(
-    soft_labels: torch.Tensor, known: torch.Tensor, tau: float, weight: float
+    soft_labels: torch.Tensor, known: torch.Tensor, tau: float, weight: float, reduction: str = "batchmean"
 ) -> LossTerm:
     """FedAF's local-global knowledge matching, ``lambda_glob * L_LGKM`` (Eqs. 13, 15, 16), as a loss term.
 
@@ -66,6 +74,8 @@ def knowledge_matching_term(
         Softmax temperature of Eq. 13 (the same tau the clients used for r_{k,c}).
     weight
         lambda_glob.
+    reduction
+        How the C x C divergence is reduced, see :func:`symmetric_kl`.
 
     Notes
     -----
@@ -81,6 +91,6 @@ def knowledge_matching_term(
         means, counts = class_mean_logits(logits, y, soft_labels.shape[0])
         rows = (counts > 0) & known
         log_t = F.log_softmax(means[rows] / tau, dim=1)
-        return weight * symmetric_kl(log_r[rows].to(device=log_t.device, dtype=log_t.dtype), log_t)
+        return weight * symmetric_kl(log_r[rows].to(device=log_t.device, dtype=log_t.dtype), log_t, reduction)
 
     return term
