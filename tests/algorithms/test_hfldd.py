@@ -11,9 +11,11 @@ import pytest
 import torch
 from sklearn.metrics import adjusted_rand_score
 
+import fedskew.algorithms.hfldd as hfldd_module
 from fedskew.algorithms.hfldd import auto_public_dataset, public_set
 from fedskew.engine.round_loop import RoundLoop
 from tests.algorithms.resume import assert_resumes_exactly
+from tests.condense.device_draws import record_amps
 from tests.conftest import tiny_config
 
 
@@ -135,3 +137,11 @@ def test_public_set_is_converted_to_the_federation_shape() -> None:
     assert torch.equal(x, public_set("digits", 50, 0, "", (3, 32, 32), mean, std))
     grey = public_set("digits", 50, 0, "", (1, 8, 8), (0.0,), (1.0,))
     assert grey.min() >= 0 and grey.max() <= 1 and grey.shape == (50, 1, 8, 8)
+
+
+def test_members_distil_in_the_runs_mixed_precision(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    amps = record_amps(monkeypatch, hfldd_module, "kip")
+    cfg = _tiny_c1(1, kip_kernel="rf_convnet") | {"amp": "bf16"}
+    records = RoundLoop(cfg, tmp_path / "bf16", progress=False).run().records
+    assert amps and set(amps) == {"bf16"}
+    assert 0.0 <= records[-1]["accuracy"] <= 1.0

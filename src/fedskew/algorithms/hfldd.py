@@ -73,6 +73,7 @@ from fedskew.components.clustering import (
 from fedskew.components.trainer import LocalConfig, train_local
 from fedskew.condense.kip import KIPConfig, kip
 from fedskew.condense.synthetic import SyntheticSet, UInt8Set
+from fedskew.core.device import current_compute
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import check
@@ -307,7 +308,7 @@ class HFLDD(FedAvg):
         ipc = p.kip_ipc or max(1, p.kip_images // max(held, 1))
         cfg = KIPConfig(
             iterations=p.kip_iterations, ipc=ipc, lr=p.kip_lr, reg=p.kip_reg,
-            target_batch=p.kip_target_batch, kernel=p.kip_kernel,
+            target_batch=p.kip_target_batch, kernel=p.kip_kernel, amp=current_compute().amp,
         )
         syn = kip(client.x, client.y, self.fed.num_classes, cfg, client.generator("kip"))
         u = syn.to_uint8(self.fed.mean, self.fed.std)

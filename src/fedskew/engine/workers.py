@@ -151,6 +151,10 @@ def _init_worker(fed: Federation, algo_name: str, params: Any, compute: Compute,
     if compute.deterministic:
         set_deterministic_env()
     device = devices.get() if devices is not None else compute.device
+    if str(device).startswith("cuda"):
+        # This worker's GPU becomes its current device, so that kernels, caches and any tensor made
+        # without a device index go there rather than to GPU 0.
+        torch.cuda.set_device(torch.device(device))
     _RUNTIME = _Runtime(fed, algo_name, params, dataclasses.replace(compute, device=device))
 
 
