@@ -172,5 +172,15 @@ def test_a_resume_may_move_the_run_to_another_device(tmp_path: Path) -> None:
     res = resume_run(tmp_path / "part", {"rounds": 3, "device": "cpu"}, data_dir=None, progress=False)
     assert res.records == full
     with pytest.raises(ConfigError, match=r"--resume accepts only the overrides rounds, workers, checkpoint_every, "
-                       r"device, not 'amp'"):
-        resume_run(tmp_path / "part", {"amp": "bf16"}, data_dir=None, progress=False)
+                       r"device, amp, not 'seed'"):
+        resume_run(tmp_path / "part", {"seed": 1}, data_dir=None, progress=False)
+
+
+def test_a_resume_may_change_the_precision_and_records_it(tmp_path: Path) -> None:
+    from fedskew.config import read_config
+    from fedskew.engine.experiment import resume_run
+
+    _run(tiny_config(rounds=2, checkpoint_every=1), tmp_path / "part")
+    res = resume_run(tmp_path / "part", {"rounds": 3, "amp": "bf16"}, data_dir=None, progress=False)
+    assert [r["round"] for r in res.records] == [1, 2, 3]
+    assert read_config(tmp_path / "part" / "config.toml")["amp"] == "bf16"

@@ -60,9 +60,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         source = None
     if args.resume:
         if source is not None:
+            from fedskew.engine.checkpoint import RESUMABLE
+
             raise FedskewError(
                 f"--resume takes no config file ({source!r}): the run folder's {CONFIG_FILE} is used; "
-                "give only overrides (rounds, workers, checkpoint_every)"
+                f"give only overrides ({', '.join(RESUMABLE)})"
             )
         res = resume_run(Path(args.resume), overrides, data_dir=_data_dir(args), progress=progress)
         parents = [res.run_dir]
