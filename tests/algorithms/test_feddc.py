@@ -89,19 +89,27 @@ def test_feddc_plus_differs_only_in_the_condensation_optimiser() -> None:
 # ---- a run -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["feddc", "feddc_plus"])
-def test_finetunes_on_this_rounds_sets_only_and_counts_uint8_uploads(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
-) -> None:
+def run_recording(
+    cfg: dict[str, Any], path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[RoundLoop, list[dict[str, Any]], list[torch.Tensor], list[list[tuple[int, Message]]], list[SyntheticSet]]:
+    """Run ``cfg`` in this process; return the loop, its records, every condensed set's images as the
+    client made them, each round's accepted replies and each round's fine-tuning set."""
+    made: list[torch.Tensor] = []
     tuned: list[SyntheticSet] = []
-    real_train = feddc_module.train_global_on_synthetic
+    real_gm, real_train = feddc_module.gradient_matching, feddc_module.train_global_on_synthetic
 
-    def spy(model: torch.nn.Module, syn: SyntheticSet, *args: Any, **kwargs: Any) -> Any:
+    def gm_spy(*args: Any, **kwargs: Any) -> SyntheticSet:
+        syn = real_gm(*args, **kwargs)
+        made.append(syn.images.detach().clone())
+        return syn
+
+    def train_spy(model: torch.nn.Module, syn: SyntheticSet, *args: Any, **kwargs: Any) -> Any:
         tuned.append(syn)
         return real_train(model, syn, *args, **kwargs)
 
-    monkeypatch.setattr(feddc_module, "train_global_on_synthetic", spy)
-    sim = RoundLoop(feddc_config(name), tmp_path / "r", progress=False)
+    monkeypatch.setattr(feddc_module, "gradient_matching", gm_spy)
+    monkeypatch.setattr(feddc_module, "train_global_on_synthetic", train_spy)
+    sim = RoundLoop(cfg, path, progress=False)
     uploads: list[list[tuple[int, Message]]] = []
     exchange = sim.exchange
 
@@ -111,10 +119,18 @@ def test_finetunes_on_this_rounds_sets_only_and_counts_uint8_uploads(
         return replies
 
     sim.server.exchange = recording_exchange
-    res = sim.run()
+    records = sim.run().records
+    return sim, records, made, uploads, tuned
+
+
+@pytest.mark.parametrize("name", ["feddc", "feddc_plus"])
+def test_finetunes_on_this_rounds_sets_only_and_counts_uint8_uploads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    sim, records, _, uploads, tuned = run_recording(feddc_config(name), tmp_path / "r", monkeypatch)
 
     c, h, w = sim.fed.info.image_shape
-    for rec, replies, syn in zip(res.records, uploads, tuned, strict=True):
+    for rec, replies, syn in zip(records, uploads, tuned, strict=True):
         counts = [int(m.arrays["syn.labels"].shape[0]) for _, m in replies]
         # ipc 1 per class the client holds
         held = [int((sim.fed.client_data(cid)[1].bincount() > 0).sum()) for cid, _ in replies]
@@ -184,40 +200,6 @@ def test_feddc_averages_through_the_aggregation_table(tmp_path: Path) -> None:
 
 
 # ---- wire_dtype: what the images travel as ---------------------------------------------------------
-
-
-def run_recording(
-    cfg: dict[str, Any], path: Path, monkeypatch: pytest.MonkeyPatch
-) -> tuple[RoundLoop, list[dict[str, Any]], list[torch.Tensor], list[list[tuple[int, Message]]], list[SyntheticSet]]:
-    """Run ``cfg`` in this process; return the loop, its records, every condensed set's images as the
-    client made them, each round's accepted replies and each round's fine-tuning set."""
-    made: list[torch.Tensor] = []
-    tuned: list[SyntheticSet] = []
-    real_gm, real_train = feddc_module.gradient_matching, feddc_module.train_global_on_synthetic
-
-    def gm_spy(*args: Any, **kwargs: Any) -> SyntheticSet:
-        syn = real_gm(*args, **kwargs)
-        made.append(syn.images.detach().clone())
-        return syn
-
-    def train_spy(model: torch.nn.Module, syn: SyntheticSet, *args: Any, **kwargs: Any) -> Any:
-        tuned.append(syn)
-        return real_train(model, syn, *args, **kwargs)
-
-    monkeypatch.setattr(feddc_module, "gradient_matching", gm_spy)
-    monkeypatch.setattr(feddc_module, "train_global_on_synthetic", train_spy)
-    sim = RoundLoop(cfg, path, progress=False)
-    uploads: list[list[tuple[int, Message]]] = []
-    exchange = sim.exchange
-
-    def recording_exchange(*args: Any, **kwargs: Any) -> Any:
-        replies = exchange(*args, **kwargs)
-        uploads.append(replies)
-        return replies
-
-    sim.server.exchange = recording_exchange
-    records = sim.run().records
-    return sim, records, made, uploads, tuned
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
