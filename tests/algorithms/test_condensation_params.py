@@ -1,4 +1,5 @@
-"""The condensation family's parameters: the nested [algorithm.server] table and the renamed keys."""
+"""The condensation family's parameters: the nested [algorithm.server] table, the renamed keys and
+``wire_dtype``."""
 
 from __future__ import annotations
 
@@ -75,3 +76,13 @@ def test_lr_is_the_clients_rate_for_feddc_and_fedavg_variants_keep_theirs() -> N
 def test_list_shows_the_nested_keys() -> None:
     doc = {name: default for name, _, default in params_doc(ALGORITHMS.get("feddm").Params)}
     assert doc["server.lr"] == 0.001 and doc["server.epochs"] == 500 and "server" not in doc
+
+
+@pytest.mark.parametrize("name", ["feddc", "feddc_plus", "feddm", "fedaf"])
+def test_every_uploading_method_takes_wire_dtype_uint8_by_default(name: str) -> None:
+    cls = ALGORITHMS.get(name).Params
+    assert build_params(cls, {}).wire_dtype == "uint8"
+    assert build_params(cls, {"wire_dtype": "float16"}).wire_dtype == "float16"
+    with pytest.raises(ConfigError) as err:
+        _runs(BASE.format(name=name), "algorithm.wire_dtype=int8")
+    assert str(err.value) == "algorithm.wire_dtype must be one of 'uint8', 'float16', 'float32', got 'int8'"

@@ -1,5 +1,6 @@
 """FedDC / FedDC+ (Kim & Choi 2022): condensed uploads, fine-tuning on this round's sets only, the
-ledger of 8-bit uploads, the variable-size reply check and the image grid."""
+ledger of 8-bit and float uploads (``wire_dtype``), the clamp fraction per round, the variable-size
+reply check and the image grid."""
 
 from __future__ import annotations
 
@@ -88,19 +89,27 @@ def test_feddc_plus_differs_only_in_the_condensation_optimiser() -> None:
 # ---- a run -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["feddc", "feddc_plus"])
-def test_finetunes_on_this_rounds_sets_only_and_counts_uint8_uploads(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
-) -> None:
+def run_recording(
+    cfg: dict[str, Any], path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[RoundLoop, list[dict[str, Any]], list[torch.Tensor], list[list[tuple[int, Message]]], list[SyntheticSet]]:
+    """Run ``cfg`` in this process; return the loop, its records, every condensed set's images as the
+    client made them, each round's accepted replies and each round's fine-tuning set."""
+    made: list[torch.Tensor] = []
     tuned: list[SyntheticSet] = []
-    real_train = feddc_module.train_global_on_synthetic
+    real_gm, real_train = feddc_module.gradient_matching, feddc_module.train_global_on_synthetic
 
-    def spy(model: torch.nn.Module, syn: SyntheticSet, *args: Any, **kwargs: Any) -> Any:
+    def gm_spy(*args: Any, **kwargs: Any) -> SyntheticSet:
+        syn = real_gm(*args, **kwargs)
+        made.append(syn.images.detach().clone())
+        return syn
+
+    def train_spy(model: torch.nn.Module, syn: SyntheticSet, *args: Any, **kwargs: Any) -> Any:
         tuned.append(syn)
         return real_train(model, syn, *args, **kwargs)
 
-    monkeypatch.setattr(feddc_module, "train_global_on_synthetic", spy)
-    sim = RoundLoop(feddc_config(name), tmp_path / "r", progress=False)
+    monkeypatch.setattr(feddc_module, "gradient_matching", gm_spy)
+    monkeypatch.setattr(feddc_module, "train_global_on_synthetic", train_spy)
+    sim = RoundLoop(cfg, path, progress=False)
     uploads: list[list[tuple[int, Message]]] = []
     exchange = sim.exchange
 
@@ -110,10 +119,18 @@ def test_finetunes_on_this_rounds_sets_only_and_counts_uint8_uploads(
         return replies
 
     sim.server.exchange = recording_exchange
-    res = sim.run()
+    records = sim.run().records
+    return sim, records, made, uploads, tuned
+
+
+@pytest.mark.parametrize("name", ["feddc", "feddc_plus"])
+def test_finetunes_on_this_rounds_sets_only_and_counts_uint8_uploads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    sim, records, _, uploads, tuned = run_recording(feddc_config(name), tmp_path / "r", monkeypatch)
 
     c, h, w = sim.fed.info.image_shape
-    for rec, replies, syn in zip(res.records, uploads, tuned, strict=True):
+    for rec, replies, syn in zip(records, uploads, tuned, strict=True):
         counts = [int(m.arrays["syn.labels"].shape[0]) for _, m in replies]
         # ipc 1 per class the client holds
         held = [int((sim.fed.client_data(cid)[1].bincount() > 0).sum()) for cid, _ in replies]
@@ -180,3 +197,65 @@ def test_feddc_averages_through_the_aggregation_table(tmp_path: Path) -> None:
     median.run()
     a, b = mean.server.model.state_dict(), median.server.model.state_dict()
     assert any(not torch.equal(a[k], b[k]) for k in a if a[k].is_floating_point())
+
+
+# ---- wire_dtype: what the images travel as ---------------------------------------------------------
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int32 if t.dtype == torch.float32 else torch.int16)
+
+
+@pytest.mark.parametrize("wire", ["float32", "float16"])
+def test_float_wires_carry_the_clients_images_to_the_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wire: str
+) -> None:
+    dtype = getattr(torch, wire)
+    sim, records, made, uploads, tuned = run_recording(feddc_config(wire_dtype=wire), tmp_path / "r", monkeypatch)
+    sent = [m.arrays["syn.images"] for replies in uploads for _, m in replies]
+    assert len(sent) == len(made) and all(t.dtype == dtype for t in sent)
+    for images, made_here in zip(sent, made, strict=True):  # clients run in order, one process
+        assert torch.equal(bits(images), bits(made_here.to(dtype)))  # float32: bit for bit; float16: the cast
+    for replies, syn in zip(uploads, tuned, strict=True):  # the server tunes on them, pooled by owner
+        by_owner = [m.arrays["syn.images"] for _, m in sorted(replies, key=lambda r: r[0])]
+        assert torch.equal(bits(syn.images), bits(torch.cat(by_owner).to(torch.float32)))
+    assert sim.server.state["syn_images"].dtype == dtype
+    assert all(r["wire_clamped"] == 0.0 for r in records)
+    from safetensors.torch import load_file
+
+    art = load_file(str(tmp_path / "r" / "artifacts" / "synthetic" / "round_0002.safetensors"))
+    assert art["images"].dtype == torch.uint8  # audit and image grids read pixels
+    assert torch.equal(art["images"], SyntheticSet(tuned[1].images, tuned[1].labels).to_uint8(
+        sim.fed.info.mean, sim.fed.info.std).images)
+
+
+def test_the_ledger_counts_1_2_or_4_bytes_per_uploaded_value(tmp_path: Path) -> None:
+    records = {}
+    for wire in ("uint8", "float16", "float32"):
+        sim = RoundLoop(feddc_config(wire_dtype=wire), tmp_path / wire, progress=False)
+        records[wire] = sim.run().records
+    c, h, w = sim.fed.info.image_shape
+    images = [r["synthetic_images"] for r in records["uint8"]]
+    assert all(n > 0 for n in images)
+    for k, wire in ((1, "uint8"), (2, "float16"), (4, "float32")):
+        assert [r["synthetic_images"] for r in records[wire]] == images  # the same sets whatever the wire
+        # each client sends its model back (as many bytes as came down) and n images and int64 labels
+        assert [r["bytes_client_to_server"] for r in records[wire]] == [
+            r["bytes_server_to_client"] + n * (c * h * w * k + 8) for r, n in zip(records[wire], images, strict=True)
+        ]
+
+
+def test_clamp_fraction_per_round_and_identical_for_one_and_two_workers(tmp_path: Path) -> None:
+    from fedskew.config import dump
+
+    out = []
+    for workers in (1, 2):
+        path = tmp_path / f"w{workers}"
+        path.mkdir()
+        cfg = {**feddc_config(), "workers": workers}
+        (path / "config.toml").write_text(dump(cfg))
+        RoundLoop(cfg, path, progress=False).run()
+        out.append((path / "metrics.jsonl").read_bytes())
+    assert out[0] == out[1]
+    records = [json.loads(line) for line in out[0].decode().splitlines()]
+    assert all(0.0 < r["wire_clamped"] < 1.0 for r in records)  # images from noise leave the 8-bit range

@@ -24,8 +24,10 @@ from fedskew.algorithms.condensation.server import ServerTraining, train_global_
 from fedskew.algorithms.condensation.wire import (
     MODEL,
     SYN_LABELS,
-    synthetic_arrays,
+    WIRE_CLAMPED,
     synthetic_reply_spec,
+    synthetic_scalars,
+    synthetic_upload,
 )
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.condense import GMConfig, gradient_matching
@@ -70,19 +72,25 @@ class FedDC(FedAvg):
 
     # ---- server ------------------------------------------------------------------------------
     def reply_spec(self, task: str, server: ServerContext) -> dict[str, tuple[tuple[int, ...], torch.dtype]] | None:
-        """The local model's weights (exact shapes) and a synthetic set of any size."""
+        """The local model's weights (exact shapes) and a synthetic set of any size in the wire dtype."""
         if task != "train":
             return None
         spec = {MODEL + k: (tuple(v.shape), v.dtype) for k, v in server.model.state_dict().items()}
-        return {**spec, **synthetic_reply_spec(self.fed.image_shape)}
+        return {**spec, **synthetic_reply_spec(self.fed.image_shape, self.params.wire_dtype)}
+
+    def reply_scalars(self, task: str, server: ServerContext) -> dict[str, tuple[float, float | None]]:
+        """A ``train`` reply also says what share of its pixel values the 8-bit encoding clamped."""
+        scalars = super().reply_scalars(task, server)
+        return {**scalars, **synthetic_scalars()} if task == "train" else scalars
 
     def aggregate(self, server: ServerContext, replies: Replies) -> None:
         """Eq. 2 (average weighted by |D_i|), then Eq. 7 (fine-tune on this round's union of S_i).
 
-        The round's union is kept in ``server.state`` (``syn_images`` uint8, ``syn_labels``,
+        The round's union is kept in ``server.state`` (``syn_images`` in the wire dtype, ``syn_labels``,
         ``syn_owner``), so it is checkpointed and a report can show the images the model was tuned on.
         """
         server.metrics["synthetic_images"] = 0
+        server.metrics[WIRE_CLAMPED] = 0.0
         if not replies:  # every client failed: keep the model, nothing to fine-tune on
             return
         p = self.params
@@ -118,8 +126,9 @@ class FedDC(FedAvg):
                 client.x, client.y, client.fed.model.build, self.gm_config(), client.generator("condense")
             )
         arrays = {MODEL + k: v for k, v in trained.arrays.items()}
-        arrays.update(synthetic_arrays(syn, client))
-        metrics = {**trained.metrics, "synthetic_images": float(arrays[SYN_LABELS].shape[0])}
+        upload, scalars = synthetic_upload(syn, client, self.params.wire_dtype)
+        arrays.update(upload)
+        metrics = {**trained.metrics, "synthetic_images": float(arrays[SYN_LABELS].shape[0]), **scalars}
         return Message(arrays=arrays, metrics=metrics)
 
 

@@ -2,8 +2,9 @@
 condensation methods.
 
 Images live in the *normalised* space ``(x / 255 - mean) / std`` in which models are trained; a set is
-sent over the network as 8-bit images (FedAF, Wang et al. CVPR 2024, App. C counts one byte per pixel
-and channel), hence :meth:`SyntheticSet.to_uint8` / :meth:`SyntheticSet.from_uint8`.
+sent over the network as 8-bit images by default (FedAF, Wang et al. CVPR 2024, App. C counts one byte per
+pixel and channel), hence :meth:`SyntheticSet.to_uint8` / :meth:`SyntheticSet.from_uint8`; the 8-bit
+range clamps pixels that condensation pushed outside it (:meth:`SyntheticSet.clamped_fraction`).
 
 Randomness: every function takes an explicit :class:`torch.Generator`. Model constructors draw their
 initial weights from torch's global generator, so :func:`fresh_model` runs the constructor inside
@@ -231,18 +232,29 @@ class SyntheticSet:
         """Images of each class, keyed by label, in order of first appearance."""
         return {int(c): self.images[self.labels == c] for c in dict.fromkeys(self.labels.tolist())}
 
+    def pixels(self, mean: Sequence[float] | torch.Tensor, std: Sequence[float] | torch.Tensor) -> torch.Tensor:
+        """The images de-normalised to the 8-bit pixel scale, ``(x * std + mean) * 255``, unclamped and
+        unrounded: float64 on the CPU (MPS has no float64)."""
+        channels = self.images.shape[1]
+        m = _channel_stats(mean, channels, "mean")
+        s = _channel_stats(std, channels, "std")
+        return (self.images.detach().cpu().to(torch.float64) * s + m) * 255.0
+
+    def clamped_fraction(self, mean: Sequence[float] | torch.Tensor, std: Sequence[float] | torch.Tensor) -> float:
+        """The fraction of pixel values (over images, channels and positions) that :meth:`to_uint8` clamps:
+        those outside [0, 255] on the pixel scale (:meth:`pixels`), which 8 bits cannot represent."""
+        pixels = self.pixels(mean, std)
+        return int(((pixels < 0.0) | (pixels > 255.0)).sum()) / pixels.numel()
+
     def to_uint8(self, mean: Sequence[float] | torch.Tensor, std: Sequence[float] | torch.Tensor) -> UInt8Set:
         """Quantise to 8-bit pixels: de-normalise, scale to [0, 255], clamp and round.
 
         The arithmetic is done in float64 so that ``from_uint8(u).to_uint8(mean, std)`` returns ``u``
         exactly: only the first quantisation loses information. It runs on the CPU (MPS has no
-        float64), and the result is on the CPU: it is what goes on the wire.
+        float64), and the result is on the CPU: it is what goes on the wire. :meth:`clamped_fraction`
+        says how much the clamp cut.
         """
-        channels = self.images.shape[1]
-        m = _channel_stats(mean, channels, "mean")
-        s = _channel_stats(std, channels, "std")
-        pixels = (self.images.detach().cpu().to(torch.float64) * s + m) * 255.0
-        images = pixels.clamp(0.0, 255.0).round().to(torch.uint8)
+        images = self.pixels(mean, std).clamp(0.0, 255.0).round().to(torch.uint8)
         soft = None if self.soft_labels is None else self.soft_labels.detach().cpu().clone()
         return UInt8Set(images, self.labels.cpu().clone(), soft)
 

@@ -20,9 +20,12 @@ from fedskew.algorithms.condensation.wire import (
     MODEL,
     SYN_LABELS,
     SYN_STATE,
+    WIRE_CLAMPED,
     Spec,
-    synthetic_arrays,
+    WireDtype,
     synthetic_reply_spec,
+    synthetic_scalars,
+    synthetic_upload,
 )
 from fedskew.components.selection import uniform_sample
 from fedskew.components.trainer import LossTerm
@@ -40,7 +43,9 @@ SERVER_KEYS = ("epochs", "batch_size", "lr", "momentum", "weight_decay")
 class CondensationParams:
     """Parameters every condensation-based method has (each gives its own defaults).
 
-    ``server`` is the nested ``[algorithm.server]`` table (:class:`ServerTraining`).
+    ``server`` is the nested ``[algorithm.server]`` table (:class:`ServerTraining`). ``wire_dtype`` is
+    how the condensed images travel (:mod:`.wire`): ``"uint8"`` 8-bit pixels (clamped to [0, 255]),
+    ``"float16"`` or ``"float32"`` the normalised images (2 or 4 bytes per value instead of 1).
     """
 
     ipc: int = 1  # synthetic images per class held
@@ -48,6 +53,7 @@ class CondensationParams:
     image_lr: float = 1.0  # learning rate of the synthetic images
     image_momentum: float = 0.0  # SGD momentum of the synthetic images
     real_batch: int = 256  # real images per class per step (all of them if fewer)
+    wire_dtype: WireDtype = "uint8"  # how the condensed images are uploaded: uint8, float16 or float32
     server: ServerTraining = field(default_factory=ServerTraining)
 
     def __post_init__(self) -> None:
@@ -104,8 +110,13 @@ class AggregationFree(Algorithm):
         return [(cid, msg) for cid in clients]
 
     def reply_spec(self, task: str, server: ServerContext) -> Spec | None:
-        """A synthetic set of any size (no model: nothing is averaged)."""
-        return synthetic_reply_spec(self.fed.image_shape) if task == "train" else None
+        """A synthetic set of any size in the wire dtype (no model: nothing is averaged)."""
+        return synthetic_reply_spec(self.fed.image_shape, self.params.wire_dtype) if task == "train" else None
+
+    def reply_scalars(self, task: str, server: ServerContext) -> dict[str, tuple[float, float | None]]:
+        """A ``train`` reply also says what share of its pixel values the 8-bit encoding clamped."""
+        scalars = super().reply_scalars(task, server)
+        return {**scalars, **synthetic_scalars()} if task == "train" else scalars
 
     def server_terms(self, server: ServerContext) -> list[LossTerm]:
         """Loss terms added to cross-entropy in the server's training (FedDM: none)."""
@@ -117,6 +128,7 @@ class AggregationFree(Algorithm):
         if not replies:  # nothing new this round: keep the model
             previous = pool_from_state(server.state, SYN_STATE, ("images", "labels"))
             server.metrics["synthetic_images"] = 0 if previous is None else int(previous["labels"].shape[0])
+            server.metrics[WIRE_CLAMPED] = 0.0
             return
         syn = receive_sets(server, replies, keep_others=True)
         if syn is None or p.server.epochs == 0:
@@ -149,6 +161,7 @@ class AggregationFree(Algorithm):
         syn = None
         if client.num_samples > 0:
             syn, arrays = self.condense(msg, client)
-        arrays.update(synthetic_arrays(syn, client))
+        upload, scalars = synthetic_upload(syn, client, self.params.wire_dtype)
+        arrays.update(upload)
         metrics = {"num_samples": float(client.num_samples), "synthetic_images": float(arrays[SYN_LABELS].shape[0])}
-        return Message(arrays=arrays, metrics=metrics)
+        return Message(arrays=arrays, metrics={**metrics, **scalars})

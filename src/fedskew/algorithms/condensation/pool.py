@@ -3,8 +3,9 @@
 The server keeps what clients sent as a dict of row-aligned tensors (``images``, ``labels``, ...) plus
 ``owner``, the id of the client each row came from. A client's new upload replaces its old rows, so
 the pool holds each client's latest set; sorting rows by owner makes the pool independent of the order
-in which replies arrived. Sets arrive as 8-bit images (what the ledger counts) and are decoded into
-the normalised space the model is trained in.
+in which replies arrived. Sets arrive in the method's wire dtype (8-bit pixels by default, or float16 /
+float32 normalised images: :mod:`.wire`), are pooled as they arrived (what the ledger counts), and are
+decoded into the normalised space the model is trained in.
 """
 
 from __future__ import annotations
@@ -14,8 +15,16 @@ from collections.abc import Sequence
 import torch
 
 from fedskew.algorithms.base import Replies, ServerContext
-from fedskew.algorithms.condensation.wire import SYN_IMAGES, SYN_LABELS, SYN_STATE
-from fedskew.condense import SyntheticSet, UInt8Set
+from fedskew.algorithms.condensation.wire import (
+    SYN_IMAGES,
+    SYN_LABELS,
+    SYN_STATE,
+    WIRE_CLAMPED,
+    as_uint8,
+    decode_images,
+    round_clamped,
+)
+from fedskew.condense import SyntheticSet
 
 OWNER = "owner"
 """Pool column holding the client id of each row."""
@@ -57,8 +66,8 @@ def update_pool(
 
 
 def uploads_artifact(pool: dict[str, torch.Tensor], clients: Sequence[int]) -> dict[str, torch.Tensor]:
-    """The rows of ``pool`` sent by ``clients`` (this round's uploads), as a run saves them for
-    ``fedskew audit`` and the report's image grids: ``images`` (uint8), ``labels`` and ``clients``."""
+    """The rows of ``pool`` sent by ``clients`` (this round's uploads): ``images`` (as they are pooled),
+    ``labels`` and ``clients``."""
     mask = torch.isin(pool[OWNER], torch.tensor(list(clients), dtype=torch.int64, device=pool[OWNER].device))
     return {"images": pool["images"][mask], "labels": pool["labels"][mask], "clients": pool[OWNER][mask]}
 
@@ -81,26 +90,16 @@ def pool_from_state(state: dict[str, object], prefix: str, columns: Sequence[str
     return out
 
 
-def decode_set(
-    images: torch.Tensor, labels: torch.Tensor, mean: Sequence[float], std: Sequence[float]
-) -> SyntheticSet | None:
-    """8-bit images and labels as a float :class:`SyntheticSet` in the model's normalised space.
-
-    None for an empty set (nothing to train on).
-    """
-    if images.shape[0] == 0:
-        return None
-    return SyntheticSet.from_uint8(UInt8Set(images, labels), mean, std)
-
-
 def receive_sets(
     server: ServerContext, replies: Replies, keep_others: bool
 ) -> SyntheticSet | None:
     """Put this round's uploaded sets into the pool and return the pool as a trainable set.
 
-    The pool is kept in ``server.state`` (``syn_images`` uint8, ``syn_labels``, ``syn_owner``), so it
-    is checkpointed; the round's uploads are saved as the ``synthetic`` artifact (for ``fedskew audit``
-    and the report's image grids); ``synthetic_images`` in the round's metrics is the pool's size.
+    The pool is kept in ``server.state`` (``syn_images`` in the wire dtype, ``syn_labels``,
+    ``syn_owner``), so it is checkpointed; the round's uploads are saved as the ``synthetic`` artifact
+    (for ``fedskew audit`` and the report's image grids); ``synthetic_images`` in the round's metrics is
+    the pool's size and ``wire_clamped`` the share of this round's uploaded pixel values that the 8-bit
+    encoding clamped (:func:`~.wire.round_clamped`).
     ``keep_others`` as in :func:`update_pool` (FedDC: False, FedDM and FedAF: True). None when there
     is nothing to train on.
     """
@@ -112,5 +111,10 @@ def receive_sets(
     )
     pool_to_state(server.state, SYN_STATE, pool)
     server.metrics["synthetic_images"] = int(pool["labels"].shape[0])
-    server.save_artifact("synthetic", uploads_artifact(pool, [cid for cid, _ in replies]))
-    return decode_set(pool["images"], pool["labels"], server.fed.mean, server.fed.std)
+    server.metrics[WIRE_CLAMPED] = round_clamped(replies)
+    mean, std = server.fed.mean, server.fed.std
+    # Saved for `fedskew audit` and the report's image grids, which read 8-bit pixels: float uploads
+    # are quantised for them (the audit then sees them at 8 bits).
+    uploads = uploads_artifact(pool, [cid for cid, _ in replies])
+    server.save_artifact("synthetic", {**uploads, "images": as_uint8(uploads["images"], uploads["labels"], mean, std)})
+    return decode_images(pool["images"], pool["labels"], mean, std)
