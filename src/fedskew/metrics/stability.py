@@ -47,11 +47,10 @@ def round_stability(acc: Sequence[float]) -> Stability:
     d = np.diff(np.asarray(acc, dtype=np.float64))
     drops = d[d < 0]
     rises = d[d > 0]
-    return Stability(
-        max_drop=float(drops.min()) if drops.size else 0.0,
-        mean_drop=float(drops.mean()) if drops.size else 0.0,
-        mean_rise=float(rises.mean()) if rises.size else 0.0,
-    )
+    max_drop = float(drops.min()) if drops.size else 0.0
+    # A float mean of equal drops can round one ulp below their minimum: keep max <= mean <= 0.
+    mean_drop = min(max(float(drops.mean()), max_drop), 0.0) if drops.size else 0.0
+    return Stability(max_drop=max_drop, mean_drop=mean_drop, mean_rise=float(rises.mean()) if rises.size else 0.0)
 
 
 def _first_reaching(acc: Sequence[float], target: float) -> int | None:
