@@ -68,7 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         parents = [res.run_dir]
     else:
         raw = read_config(source)
-        runs = resolve(raw, overrides, where=str(source or "default"))
+        runs = resolve(raw, overrides, where=str(source or "default"), imports=args.imports)
         if args.only:
             runs = _only(runs, args.only)
         check_devices([r.config for r in runs])
@@ -90,7 +90,9 @@ def cmd_partition(args: argparse.Namespace) -> int:
     from fedskew.data.partition_plot import bubble_plot
     from fedskew.engine.federation import build_federation
 
-    spec = resolve(read_config(args.config), parse_overrides(args.overrides), where=str(args.config))[0]
+    spec = resolve(
+        read_config(args.config), parse_overrides(args.overrides), where=str(args.config), imports=args.imports
+    )[0]
     cfg = spec.config
     fed = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), _data_dir(args))
     # The federation holds each client's shard contiguously: offsets give the partition back.
@@ -135,7 +137,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         return 0
     from fedskew.config import parse_overrides, read_config, resolve
 
-    cfg = resolve(read_config(config), parse_overrides(overrides), where=str(config or "default"))[0].config
+    cfg = resolve(
+        read_config(config), parse_overrides(overrides), where=str(config or "default"), imports=args.imports
+    )[0].config
     paths = write_shards(cfg, Path(args.folder), _data_dir(args))
     print(f"{len(paths)} shard files in {args.folder}: give client-<k>.pt to the site of partition k")
     return 0
@@ -169,6 +173,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     from fedskew.data import DATASETS
     from fedskew.data.partition import PARTITIONERS
     from fedskew.models import MODELS
+    from fedskew.plugins import loaded_plugins
 
     registries: dict[str, Any] = {
         "algorithms": ALGORITHMS, "models": MODELS, "datasets": DATASETS, "partitioners": PARTITIONERS,
@@ -182,4 +187,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             doc = ", ".join(f"{n}={d!r}" for n, _, d in params_doc(cls) if n not in common) if cls else ""
             print(f"  {name:<14} {doc}")
     print("configs:      " + ", ".join(builtin_configs()))
+    plugins = loaded_plugins()
+    if plugins:
+        print("plugins:      " + ", ".join(plugins))
     return 0
