@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 import textwrap
+import zipfile
+from io import BytesIO
 from pathlib import Path
 
 import pytest
@@ -186,6 +188,51 @@ def test_each_plugin_is_imported_once_under_a_stable_name(tmp_path: Path, monkey
         assert module_name(plugin) == module_name(Path(str(plugin)))  # the same in every process
         runs = resolve(plugin_config(plugins=["my_plugin.py"]))
         assert runs[0].config["plugins"] == [str(plugin)]
+
+
+@pytest.mark.filterwarnings("ignore:GitWildMatchPattern:DeprecationWarning")  # inside Flower's app builder
+def test_deploy_init_packs_the_plugin_and_the_app_imports_it(tmp_path: Path) -> None:
+    """The app holds a copy of each plug-in file and its fedskew_app module imports them: with the original files
+    gone, the app's module registers the plug-in's entries and the ServerApp resolves the experiment with it."""
+    write_plugin(tmp_path / "code")
+    write_plugin(tmp_path / "more", "my_plugin.py").write_text("from fedskew import MODELS  # a second, same name\n")
+    _config(tmp_path / "exp.toml", plugins=["code/my_plugin.py"])
+    res = fedskew("deploy", "init", "app", "exp.toml", "rounds=2", "--import", "more/my_plugin.py", cwd=tmp_path)
+    assert res.code == 0, res.err
+    app = tmp_path / "app"
+    assert (app / "plugins" / "my_plugin.py").read_text() == SOURCE
+    assert (app / "plugins" / "my_plugin_2.py").read_text().startswith("from fedskew import MODELS")
+    assert "PLUGINS = ['plugins/my_plugin.py', 'plugins/my_plugin_2.py']" in (app / "fedskew_app.py").read_text()
+    pyproject = (app / "pyproject.toml").read_text()
+    assert 'serverapp = "fedskew_app:serverapp"' in pyproject and 'clientapp = "fedskew_app:clientapp"' in pyproject
+    build = pytest.importorskip("flwr.cli.build", reason="Flower is optional: pip install 'fedskew[flower]'")
+    from flwr.cli.config_utils import load_and_validate
+
+    load_and_validate(app / "pyproject.toml")  # as `flwr run` checks it: the components are found
+    with zipfile.ZipFile(BytesIO(build.build_fab_from_disk(app))) as fab:  # what `flwr run` sends
+        assert {"fedskew_app.py", "plugins/my_plugin.py", "plugins/my_plugin_2.py"} <= set(fab.namelist())
+    for folder in ("code", "more"):
+        (tmp_path / folder / "my_plugin.py").unlink()
+    probe = textwrap.dedent(f"""\
+        import sys
+        from pathlib import Path
+
+        sys.path.insert(0, "app")
+        import fedskew_app
+        from fedskew.algorithms.base import ALGORITHMS
+        from fedskew.engine.flower.app import resolve_experiment
+        from fedskew.models import MODELS
+        from fedskew.plugins import load_plugins
+
+        assert "{ALGORITHM}" in ALGORITHMS and "{MODEL}" in MODELS
+        packed = load_plugins(fedskew_app.PLUGINS, base=Path("app"))
+        cfg = resolve_experiment(Path("app/experiment.toml"), "rounds=2", "", packed)
+        print(cfg["plugins"])
+    """)
+    res = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=environment(), capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == str([str(app / "plugins" / n) for n in ("my_plugin.py", "my_plugin_2.py")])
 
 
 def test_a_failing_import_stops_fedskew_run_before_it_starts(tmp_path: Path) -> None:

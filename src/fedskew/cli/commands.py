@@ -103,7 +103,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     if config is not None and "=" in config and not Path(config).exists():  # `fedskew deploy init app rounds=5`
         config, overrides = None, [config, *overrides]
     if args.action == "init":
-        folder = write_app(Path(args.folder), config, overrides, label=args.label, force=args.force)
+        folder = write_app(
+            Path(args.folder), config, overrides, label=args.label, force=args.force, imports=args.imports
+        )
         print(f"Flower App: {folder}\n"
               f"start the SuperLink (bound to this machine; others reach it through an SSH tunnel, see "
               f"docs/deploy.md):\n  {superlink_command()}\n"
