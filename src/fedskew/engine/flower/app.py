@@ -121,8 +121,8 @@ def write_app(
 ) -> Path:
     """Write a Flower App folder running ``config`` (a file or built-in name) with ``overrides``.
 
-    The config is resolved and every value checked first, so a typo, a bad value, an ambiguous variant or
-    a plug-in that fails fails now, not on the server, and leaves nothing written. The plug-ins (the
+    The config is resolved and every value checked first, so a typo, a bad value, an ambiguous variant or a
+    broken plug-in fails now, not on the server, and leaves nothing written. The plug-ins (the
     config's ``plugins``, a ``plugins`` override, ``imports``) are packed: each file is copied into
     ``plugins/``, and ``fedskew_app.py`` imports them, and the modules named, wherever the app runs.
     """
