@@ -22,6 +22,7 @@ from fedskew.core.errors import FedskewError
 from fedskew.core.seeding import seeded_init, torch_generator
 from fedskew.engine.federation import Federation, build_federation
 from fedskew.metrics.privacy import auc, nearest_neighbours, ssim
+from fedskew.plugins import load_plugins
 from fedskew.runs import AUDIT_FILE, find_runs, run_config_path, synthetic_dir, synthetic_files
 
 
@@ -88,6 +89,7 @@ def audit_run(run_dir: Path, data_dir: str | None = None, max_images: int = 2000
     cfg_path = run_config_path(run_dir)
     cfg: dict[str, Any] = tomllib.loads(cfg_path.read_text())
     images, labels, clients, rounds = load_synthetic(run_dir)
+    load_plugins(cfg.get("plugins", ()))  # the run's dataset, partitioner or model may be a plug-in's
     fed = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), data_dir)
     g = torch_generator(int(cfg["seed"]), "audit")
     if len(images) > max_images:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ from fedskew.engine.flower.server_app import DeploySettings, deploy
 from fedskew.engine.round_loop import RoundLoop
 from tests.conftest import tiny_config
 from tests.engine.flower_federation import LocalFederation
+from tests.plugin_module import ALGORITHM, MODEL, fresh_registries, write_plugin
 
 NODES = 3
 RECEIVING_TRAIN = "Receiving: train message"  # a SuperNode's log line when a train request arrives
@@ -125,12 +127,14 @@ def test_node_partitions() -> None:
 @pytest.mark.filterwarnings("ignore:GitWildMatchPattern:DeprecationWarning")  # inside Flower's app builder
 def test_app_folder_and_shards(tmp_path: Path) -> None:
     from flwr.cli.build import build_fab_from_disk
+    from flwr.cli.config_utils import load_and_validate
 
     cfg = tiny_config()
     (tmp_path / "exp.toml").write_text(dump(cfg))
     app = write_app(tmp_path / "app", str(tmp_path / "exp.toml"), ["rounds=2"])
     assert (app / "experiment.toml").read_text() == dump(cfg)
     assert build_fab_from_disk(app)  # a valid Flower App
+    load_and_validate(app / "pyproject.toml")  # whose components `flwr run` finds
     with pytest.raises(ConfigError, match="exists"):
         write_app(tmp_path / "app", None, [])
     with pytest.raises(ConfigError, match="FedAvg-seed0, Centralised-seed0"):  # the default config has two
@@ -412,6 +416,28 @@ def test_fedaf_over_flower(federation: LocalFederation, tmp_path: Path, algorith
         assert a.keys() == b.keys()
         for k in a:
             assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-6), (a["round"], k)
+
+
+def test_a_plugin_runs_over_flower(federation: LocalFederation, tmp_path: Path) -> None:
+    """A plug-in file outside the repository (an algorithm and a model) travels in the app bundle: the ServerApp
+    and every SuperNode's ClientApp import the app's copy (the original is gone before the run starts)."""
+    plugin = write_plugin(tmp_path / "code")
+    cfg = flower_config(rounds=1, plugins=[str(plugin)])
+    cfg["model"] = {"name": MODEL, "hidden": 12}
+    cfg["algorithm"] = {**cfg["algorithm"], "name": ALGORITHM, "damping": 0.5}
+    with fresh_registries():  # deploy init imports it here to check the config
+        app = _app(tmp_path, cfg)
+    plugin.unlink()
+    run_config = tmp_path / "run-config.toml"
+    run_config.write_text(f'out = "{tmp_path / "out"}"\nnode_wait = 60.0\n')
+    run_id = str(federation.flwr("run", str(app), "fedskew-test", "--run-config", str(run_config))["run-id"])
+    run_dir = tmp_path / "out" / "tiny-seed0"
+    status = _wait(federation, run_id, run_dir / "report" / "report.html", timeout=240)
+    assert status["status"] == "finished:completed", federation.run_log(run_id)
+    records = _records(run_dir)
+    assert [r["round"] for r in records] == [1] and records[0]["clients"] == [0, 1, 2]
+    recorded = tomllib.loads((run_dir / "config.toml").read_text())["plugins"]
+    assert len(recorded) == 1 and recorded[0].endswith("/plugins/my_plugin.py") and recorded[0] != str(plugin)
 
 
 def test_fedavg_over_flower_equals_simulation_and_survives_a_killed_node(

@@ -27,6 +27,7 @@ from fedskew.engine.round_loop import RoundLoop
 from tests.algorithms.resume import assert_resumes_exactly
 from tests.conftest import tiny_config
 from tests.engine.ray_cluster import LocalRayCluster, auth_env, free_port
+from tests.plugin_module import fresh_registries, plugin_config, write_plugin
 
 needs_ray = pytest.mark.skipif(
     importlib.util.find_spec("ray") is None, reason="Ray is optional: pip install 'fedskew[ray]'"
@@ -86,6 +87,17 @@ def test_resume_on_the_cluster_equals_an_uninterrupted_run(tmp_path: Path, clust
         return tiny_config(rounds=rounds, engine="ray", ray=ray, algorithm={"name": "scaffold"})
 
     assert_resumes_exactly(tmp_path, config, rounds=3, stop=2)
+
+
+@needs_ray
+def test_a_plugin_runs_on_the_cluster(tmp_path: Path, cluster: LocalRayCluster) -> None:
+    """The Ray workers of both nodes import the run's plug-in (a file outside the repository) before they build
+    its algorithm and model: the metrics equal the inline engine's."""
+    plugin = str(write_plugin(tmp_path / "code"))
+    with fresh_registries():
+        inline = _run(plugin_config(workers=1, plugins=[plugin]), tmp_path / "inline")
+        on_ray = plugin_config(engine="ray", ray={"address": cluster.address}, plugins=[plugin])
+        assert _run(on_ray, tmp_path / "ray") == inline
 
 
 @needs_ray

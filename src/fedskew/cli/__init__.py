@@ -24,6 +24,7 @@ from fedskew.cli.commands import (
     cmd_run,
 )
 from fedskew.core.errors import FedskewError
+from fedskew.plugins import load_plugins
 from fedskew.runs import describe_os_error
 
 EPILOG = """examples:
@@ -36,7 +37,18 @@ EPILOG = """examples:
   fedskew condense --dataset fashion_mnist --method dm --ipc 10 --iterations 200   condense and score a set
   fedskew list
   fedskew deploy init my-app experiments/fmnist_fedavg.toml rounds=50   a Flower App for `flwr run`
+  fedskew run my.toml --import my_algorithm.py   a config naming an algorithm that my_algorithm.py registers
 """
+
+IMPORT_HELP = (
+    "import a module or .py file first (repeatable): the algorithms, models, datasets and partitioners it "
+    "registers are usable by name"
+)
+
+
+def _add_import(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE_OR_FILE",
+                        help=IMPORT_HELP)
 
 
 
@@ -61,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run only the variants with these labels (put overrides before --only)")
     r.add_argument("--force", action="store_true", help="overwrite runs already in --out")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_import(r)
     r.set_defaults(func=cmd_run)
 
     pa = sub.add_parser("partition", help="print per-client class counts and save a bubble plot")
@@ -68,11 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("overrides", nargs="*", help="dotted overrides, e.g. partition.alpha=0.5")
     pa.add_argument("--out", help="PNG path (default: partition-<name>.png)")
     pa.add_argument("--data-dir", help=data_help)
+    _add_import(pa)
     pa.set_defaults(func=cmd_partition)
 
     rp = sub.add_parser("report", help="plots, comparison table and report.html for run folders")
     rp.add_argument("runs", nargs="+", help="run folders or their parents")
     rp.add_argument("--out", help="output folder (default: <common parent>/report)")
+    _add_import(rp)
     rp.set_defaults(func=cmd_report)
 
     de = sub.add_parser("deploy", help="run on Flower: write a Flower App folder, or per-client shard files")
@@ -83,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--data-dir", help=data_help)
     de.add_argument("--label", default="", help="init: the variant to run when the config has several")
     de.add_argument("--force", action="store_true", help="overwrite an existing app folder")
+    _add_import(de)
     de.set_defaults(func=cmd_deploy)
 
     au = sub.add_parser(
@@ -92,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--data-dir", help=data_help)
     au.add_argument("--max-images", type=int, default=2000, help="images sampled per run (default 2000)")
     au.add_argument("--epochs", type=int, default=50, help="epochs of the attacked model (default 50)")
+    _add_import(au)
     au.set_defaults(func=cmd_audit)
 
     co = sub.add_parser("condense", help="condense a dataset (DC, DM, KIP), save the set and score it")
@@ -118,9 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--learn-labels", action="store_true", help="KIP also learns the labels (saved as soft labels)")
     co.add_argument("--threads", type=int, default=1, help="torch threads (default 1: reproducible, fair to others)")
     co.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_import(co)
     co.set_defaults(func=cmd_condense)
 
     ls = sub.add_parser("list", help="registered algorithms, models, datasets, partitioners, configs")
+    _add_import(ls)
     ls.set_defaults(func=cmd_list)
     return p
 
@@ -172,6 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if main_thread:
         sys.excepthook = _quiet_peer_resets(sys.excepthook)  # type: ignore[assignment]
     try:
+        load_plugins(args.imports)  # before anything runs: a plug-in that fails is one line
         return int(args.func(args))
     except FedskewError as e:
         return _error(str(e))

@@ -10,34 +10,14 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fedskew.core.errors import FedskewError
-from fedskew.runs import CONFIG_FILE, os_errors_name
-
-if TYPE_CHECKING:
-    from fedskew.config import RunSpec
+from fedskew.runs import CONFIG_FILE
 
 
 def _data_dir(args: argparse.Namespace) -> str | None:
     return args.data_dir or os.environ.get("FEDSKEW_DATA") or None
-
-
-def _only(runs: list[RunSpec], wanted: list[str]) -> list[RunSpec]:
-    """The runs whose label is in ``wanted``; every label in ``wanted`` must name one.
-
-    ``--only`` takes several labels, so an override written after it (``--only FedAF rounds=5``) would
-    otherwise be read as a label and silently dropped.
-    """
-    labels = list(dict.fromkeys(r.label for r in runs))
-    unknown = [w for w in wanted if w not in labels]
-    if unknown:
-        hint = ""
-        if any("=" in w for w in unknown):
-            hint = "; overrides go before --only, e.g. `fedskew run CONFIG rounds=5 --only LABEL`"
-        raise FedskewError(f"--only: no run is labelled {', '.join(map(repr, unknown))}; "
-                           f"this config's labels: {', '.join(map(repr, labels))}{hint}")
-    return [r for r in runs if r.label in wanted]
 
 
 def _print_table(paths: list[Path]) -> None:
@@ -48,8 +28,9 @@ def _print_table(paths: list[Path]) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from fedskew.config import parse_overrides, read_config, resolve
-    from fedskew.engine.experiment import check_devices, choose_parent, resume_run, run_experiment
+    from fedskew.api import plan
+    from fedskew.config import parse_overrides
+    from fedskew.engine.experiment import resume_run, run_experiment
     from fedskew.report import write_report
 
     overrides = parse_overrides(args.overrides)
@@ -69,14 +50,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         res = resume_run(Path(args.resume), overrides, data_dir=_data_dir(args), progress=progress)
         parents = [res.run_dir]
     else:
-        raw = read_config(source)
-        runs = resolve(raw, overrides, where=str(source or "default"))
-        if args.only:
-            runs = _only(runs, args.only)
-        check_devices([r.config for r in runs])
-        parent = choose_parent(args.out, runs[0].config.get("name", "experiment"), runs, args.force)
-        with os_errors_name(parent):  # an unwritable --out is refused before the run starts
-            parent.mkdir(parents=True, exist_ok=True)
+        runs, parent = plan(source, overrides, out=args.out, only=args.only, force=args.force, imports=args.imports)
         print(f"fedskew: {len(runs)} run(s) -> {parent}", file=sys.stderr)
         run_experiment(runs, parent, data_dir=_data_dir(args), progress=progress)
         parents = [parent]
@@ -92,7 +66,9 @@ def cmd_partition(args: argparse.Namespace) -> int:
     from fedskew.data.partition_plot import bubble_plot
     from fedskew.engine.federation import build_federation
 
-    spec = resolve(read_config(args.config), parse_overrides(args.overrides), where=str(args.config))[0]
+    spec = resolve(
+        read_config(args.config), parse_overrides(args.overrides), where=str(args.config), imports=args.imports
+    )[0]
     cfg = spec.config
     fed = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), _data_dir(args))
     # The federation holds each client's shard contiguously: offsets give the partition back.
@@ -129,7 +105,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     if config is not None and "=" in config and not Path(config).exists():  # `fedskew deploy init app rounds=5`
         config, overrides = None, [config, *overrides]
     if args.action == "init":
-        folder = write_app(Path(args.folder), config, overrides, label=args.label, force=args.force)
+        folder = write_app(
+            Path(args.folder), config, overrides, label=args.label, force=args.force, imports=args.imports
+        )
         print(f"Flower App: {folder}\n"
               f"start the SuperLink (bound to this machine; others reach it through an SSH tunnel, see "
               f"docs/deploy.md):\n  {superlink_command()}\n"
@@ -137,7 +115,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         return 0
     from fedskew.config import parse_overrides, read_config, resolve
 
-    cfg = resolve(read_config(config), parse_overrides(overrides), where=str(config or "default"))[0].config
+    cfg = resolve(
+        read_config(config), parse_overrides(overrides), where=str(config or "default"), imports=args.imports
+    )[0].config
     paths = write_shards(cfg, Path(args.folder), _data_dir(args))
     print(f"{len(paths)} shard files in {args.folder}: give client-<k>.pt to the site of partition k")
     return 0
@@ -171,6 +151,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     from fedskew.data import DATASETS
     from fedskew.data.partition import PARTITIONERS
     from fedskew.models import MODELS
+    from fedskew.plugins import loaded_plugins
 
     registries: dict[str, Any] = {
         "algorithms": ALGORITHMS, "models": MODELS, "datasets": DATASETS, "partitioners": PARTITIONERS,
@@ -184,4 +165,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             doc = ", ".join(f"{n}={d!r}" for n, _, d in params_doc(cls) if n not in common) if cls else ""
             print(f"  {name:<14} {doc}")
     print("configs:      " + ", ".join(builtin_configs()))
+    plugins = loaded_plugins()
+    if plugins:
+        print("plugins:      " + ", ".join(plugins))
     return 0

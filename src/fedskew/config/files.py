@@ -12,6 +12,7 @@ import tomli_w
 
 from fedskew.config.schema import SECTIONS
 from fedskew.core.errors import ConfigError
+from fedskew.plugins import check_specs, normalise
 
 TOP_LEVEL: dict[str, str] = {
     "name": "experiment name; the parent folder of its runs",
@@ -36,6 +37,8 @@ TOP_LEVEL: dict[str, str] = {
     "faults": "table: simulated failures: dropout, straggler (probabilities), max_reply_mb",
     "ray": "table: the Ray engine: address (empty: a local instance), num_cpus, num_gpus per client job",
     "variants": "list of tables of dotted overrides, one run each (with a label)",
+    "plugins": "modules and .py files (relative to the config file) to import first: they register algorithms, "
+               "models, datasets, partitioners",
 }
 
 def builtin_configs() -> list[str]:
@@ -44,7 +47,11 @@ def builtin_configs() -> list[str]:
 
 
 def read_config(source: str | Path | None) -> dict[str, Any]:
-    """Parse a config file, or a built-in config by name (None: ``default``)."""
+    """Parse a config file, or a built-in config by name (None: ``default``).
+
+    The files a file's ``plugins`` names are made absolute against the file's folder (see
+    :func:`with_plugin_base`); they are imported when the config is resolved.
+    """
     if source is None:
         source = "default"
     path = Path(source)
@@ -61,9 +68,19 @@ def read_config(source: str | Path | None) -> dict[str, Any]:
             f"({', '.join(builtin_configs())})"
         )
     try:
-        return tomllib.loads(text)
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{where}: invalid TOML: {e}") from None
+    return with_plugin_base(raw, path.resolve().parent, where)
+
+
+def with_plugin_base(raw: dict[str, Any], base: Path, where: str = "config") -> dict[str, Any]:
+    """``raw`` with the files of its ``plugins`` key as absolute paths, relative ones taken from ``base``
+    (the config file's folder); a ``plugins`` value that is not a list of strings is a ConfigError."""
+    if "plugins" not in raw:
+        return raw
+    specs = check_specs(raw["plugins"], f"{where}: plugins")
+    return {**raw, "plugins": [normalise(spec, base) for spec in specs]}
 
 
 def read_text(path: Path, what: str) -> str:

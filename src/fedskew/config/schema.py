@@ -19,6 +19,7 @@ from typing import Any, Literal
 from fedskew.core.errors import ConfigError
 from fedskew.core.params import build_params, check
 from fedskew.core.seeding import numpy_rng
+from fedskew.plugins import check_specs, load_plugins
 from fedskew.runs import check_folder_name
 
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
@@ -54,6 +55,7 @@ class RunSettings:
     amp: Literal["off", "bf16", "fp16"] = "off"
     deterministic: bool = False
     engine: Literal["local", "ray"] = "local"
+    plugins: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         check(DEVICE_PATTERN.fullmatch(self.device) is not None, "device", self.device,
@@ -164,7 +166,7 @@ class RayParams:
 
 DEFAULTS: dict[str, Any] = {
     **{f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-       for f in dataclasses.fields(RunSettings) if f.name != "label"},
+       for f in dataclasses.fields(RunSettings) if f.name not in ("label", "plugins")},
     "dataset": {"name": "digits"},
     "partition": {"name": "iid", "num_clients": 10},
     "model": {"name": "cnn"},
@@ -210,7 +212,12 @@ def _component(cfg: dict[str, Any], section: str) -> Component:
 
 
 def typed_config(cfg: dict[str, Any]) -> RunConfig:
-    """The typed form of a resolved config; a ConfigError names the first bad key and what is allowed."""
+    """The typed form of a resolved config; a ConfigError names the first bad key and what is allowed.
+
+    The config's ``plugins`` are imported first (:func:`~fedskew.plugins.load_plugins`), so that the
+    names they register are known.
+    """
+    load_plugins(check_specs(cfg.get("plugins", []), "plugins"))
     for section in SECTIONS:
         if not isinstance(cfg.get(section, {}), dict):
             raise ConfigError(f"{section} must be a table, got {cfg[section]!r}")

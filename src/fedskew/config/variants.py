@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from fedskew.config.files import TOP_LEVEL, set_dotted
 from fedskew.config.schema import DEFAULTS, GENERIC_KEYS, NAMED, SECTIONS, validate
 from fedskew.core.errors import ConfigError
+from fedskew.plugins import check_specs, load_plugins
 from fedskew.runs import folder_label, run_folder_name
 
 
@@ -36,16 +38,26 @@ class RunSpec:
         return run_folder_name(self.label, self.config["seed"])
 
 
-def resolve(raw: dict[str, Any], overrides: dict[str, Any] | None = None, where: str = "config") -> list[RunSpec]:
-    """Expand a parsed config into its runs (variants x seeds), each validated."""
+def resolve(
+    raw: dict[str, Any], overrides: dict[str, Any] | None = None, where: str = "config", imports: Sequence[str] = ()
+) -> list[RunSpec]:
+    """Expand a parsed config into its runs (variants x seeds), each validated.
+
+    The plug-ins come first: the config's ``plugins`` (or a ``plugins`` override, whose relative paths are
+    relative to the current folder), then ``imports`` (``--import``); they are imported before anything is
+    checked, and every run's config records them (normalised, see :func:`fedskew.plugins.normalise`).
+    """
     _check_top(raw, where)
-    overrides = overrides or {}
+    overrides = dict(overrides or {})
+    plugins = load_plugins([*check_specs(overrides.pop("plugins", raw.get("plugins", []))), *imports])
     base = copy.deepcopy(DEFAULTS)
     for key, value in raw.items():
         if key in SECTIONS:
             base[key] = dict(value)
-        elif key != "variants":
+        elif key not in ("variants", "plugins"):
             base[key] = value
+    if plugins:
+        base["plugins"] = plugins
     variants = raw.get("variants") or [{}]
     if not isinstance(variants, list) or not all(isinstance(v, dict) for v in variants):
         raise ConfigError(f"{where}: variants must be a list of tables")
@@ -59,12 +71,12 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any] | None = None, where:
     algo_overrides = {k for k in overrides if k.startswith("algorithm.") and k != "algorithm.name"}
     taken: set[str] = set()
     for variant in variants:
-        if "seed" in variant or "seeds" in variant:
-            key = "seed" if "seed" in variant else "seeds"
-            raise ConfigError(
-                f"{where}: variant {variant.get('label', len(runs))!r} sets {key}; the seeds apply to every "
-                "variant: set seeds = [...] at the top level"
-            )
+        for key, top in (("seed", "seeds"), ("seeds", "seeds"), ("plugins", "plugins")):
+            if key in variant:
+                raise ConfigError(
+                    f"{where}: variant {variant.get('label', len(runs))!r} sets {key}; the {top} apply to every "
+                    f"variant: set {top} = [...] at the top level"
+                )
         cfg = copy.deepcopy(base)
         explicit: dict[str, set[str]] = {sec: set() for sec in NAMED}
         for key, value in variant.items():

@@ -47,8 +47,13 @@ class Registry(Generic[T]):
             raise TypeError(f"{self.kind} {name!r} must be registered with a subclass of {self.base.__name__}")
 
         def deco(obj: T) -> T:
-            if name in self._items:
-                raise ValueError(f"{self.kind} {name!r} is registered twice")
+            if name in self._items and _where(self._items[name]) != _where(obj):
+                # The same definition again (a notebook cell run twice, a plug-in imported again after it
+                # failed) replaces the entry; another definition under a taken name is refused.
+                raise ValueError(
+                    f"{self.kind} {name!r} is registered twice (by {_where(self._items[name])} and by "
+                    f"{_where(obj)}); choose another name"
+                )
             self._items[name] = obj
             if params is not None:
                 self._params[name] = params
@@ -129,3 +134,8 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: object) -> bool:
         return name in self._items
+
+
+def _where(obj: object) -> str:
+    """``module.qualname`` of a registered function or class (what tells two definitions apart)."""
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -68,11 +69,14 @@ def run_experiment(
     *,
     data_dir: str | None = None,
     progress: bool = True,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[RunResult]:
     """Run each spec into ``parent/<label>-seed<k>``; runs sharing data and partition share the federation.
 
     Every run folder is claimed (:func:`~fedskew.runs.locked_run_folder`) before the first run starts and
     held until the last ends, so no other process runs, resumes or overwrites any of them meanwhile.
+    ``on_round`` gets each round's record (a copy of the line ``metrics.jsonl`` holds, with the run's
+    ``label`` and ``seed`` added) once the round is written.
     """
     check_devices([spec.config for spec in runs])
     folders = [parent / spec.folder_name for spec in runs]
@@ -98,9 +102,24 @@ def run_experiment(
                 for f in (METRICS_FILE, TIMING_FILE, SUMMARY_FILE, MODEL_FILE, f"{CHECKPOINTS_DIR}/{CHECKPOINT_FILE}"):
                     (run_dir / f).unlink(missing_ok=True)
                 (run_dir / CONFIG_FILE).write_text(dump(cfg))
-                sim = RoundLoop(cfg, run_dir, data_dir=data_dir, progress=progress, federation=feds[key])
+                sim = RoundLoop(cfg, run_dir, data_dir=data_dir, progress=progress, federation=feds[key],
+                                on_round=_tagged(on_round, spec))
                 results.append(sim.run())
     return results
+
+
+def _tagged(
+    on_round: Callable[[dict[str, Any]], None] | None, spec: RunSpec
+) -> Callable[[dict[str, Any]], None] | None:
+    """``on_round`` called with a copy of each record that also names the run (``label``, ``seed``)."""
+    if on_round is None:
+        return None
+    callback = on_round
+
+    def tagged(record: dict[str, Any]) -> None:
+        callback({**record, "label": spec.label, "seed": spec.config["seed"]})
+
+    return tagged
 
 
 RESUME_OVERRIDES = RESUMABLE

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import pickle
 import socket
 import warnings
 from collections import Counter
@@ -35,6 +36,7 @@ from fedskew.core.message import Message
 from fedskew.engine.federation import Federation
 from fedskew.engine.workers import ClientJob, _Runtime
 from fedskew.models.evaluation import EvalCounts
+from fedskew.plugins import load_plugins, loaded_plugins
 
 log = logging.getLogger("fedskew")
 
@@ -88,13 +90,14 @@ def _runtime(fed_ref: list[Any]) -> _Runtime:
         _CACHED = None  # drop a previous run's federation before reading this one
         torch.set_num_threads(1)
         keep_freed_memory()
-        fields, algo_name, params, compute = ray.get(fed_ref[0])
+        fields, plugins, algo_name, params, compute = ray.get(fed_ref[0])
+        load_plugins(plugins)  # before the Params are unpickled: their class may be a plug-in's
         with warnings.catch_warnings():
             # The arrays are read-only views of the object store: client code reads its data, never writes it.
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             tensors = {name: torch.from_numpy(fields[name]) for name in _TENSORS}
         fed = Federation(**{**fields, **tensors})
-        _CACHED = (key, _Runtime(fed, algo_name, params, compute))
+        _CACHED = (key, _Runtime(fed, algo_name, pickle.loads(params), compute))
     return _CACHED[1]
 
 
@@ -141,7 +144,8 @@ class RayWorkers:
     that is, the cluster's CPUs (GPUs) divided by ``num_cpus`` (``num_gpus``). If this process is
     already connected to Ray (a script that called ``ray.init`` itself), that connection is used and
     left open. Every node needs fedskew (and the dataset nowhere: the data travel through the object
-    store).
+    store), and the run's plug-ins (:func:`~fedskew.plugins.loaded_plugins`, imported by each worker
+    process before its first task): installed, or as files at the same path.
     """
 
     def __init__(
@@ -158,7 +162,7 @@ class RayWorkers:
             fields.update({name: fields[name].numpy() for name in _TENSORS})
             # A task that asks for a GPU sees the one Ray assigned it as cuda:0 (CUDA_VISIBLE_DEVICES).
             compute = dataclasses.replace(compute or Compute(), device="cuda:0" if settings.num_gpus > 0 else "cpu")
-            self._fed_ref = ray.put((fields, algo_name, params, compute))
+            self._fed_ref = ray.put((fields, loaded_plugins(), algo_name, pickle.dumps(params), compute))
             resources = {"num_cpus": settings.num_cpus, "num_gpus": settings.num_gpus}
             self._client_task = ray.remote(_client_task).options(**resources)
             self._eval_task = ray.remote(_eval_task).options(**resources)

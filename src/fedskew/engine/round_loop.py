@@ -50,6 +50,7 @@ from fedskew.engine.replies import check_reply
 from fedskew.engine.workers import ClientJob, Workers, default_workers, worker_devices
 from fedskew.metrics import Ledger, class_variance, summarize_run
 from fedskew.models.evaluation import EVAL_CHUNK, EvalCounts, chunk_bounds
+from fedskew.plugins import load_plugins
 from fedskew.runs import ARTIFACTS_DIR, CHECKPOINTS_DIR, METRICS_FILE, MODEL_FILE, SUMMARY_FILE, TIMING_FILE
 
 log = logging.getLogger("fedskew")
@@ -109,6 +110,7 @@ class RoundLoop:
         self.run_dir = Path(run_dir)
         self.progress = progress
         self.on_round = on_round
+        load_plugins(cfg.get("plugins", ()))  # the names below may be a plug-in's
         self.fed = federation or build_federation(
             cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), data_dir
         )

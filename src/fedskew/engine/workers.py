@@ -11,6 +11,7 @@ import dataclasses
 import math
 import multiprocessing as mp
 import os
+import pickle
 import threading
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -38,6 +39,7 @@ from fedskew.core.threads import num_threads
 from fedskew.engine.federation import Federation
 from fedskew.models.evaluation import EvalCounts, evaluate_chunk
 from fedskew.models.layout import use_channels_last
+from fedskew.plugins import load_plugins, loaded_plugins
 
 
 @dataclass
@@ -142,10 +144,16 @@ def _die_with_parent() -> None:
     threading.Thread(target=watch, name="fedskew-parent-watch", daemon=True).start()
 
 
-def _init_worker(fed: Federation, algo_name: str, params: Any, compute: Compute, devices: Any) -> None:
-    """Start a pool worker; ``devices`` hands each worker its device in turn (one GPU each, round robin)."""
+def _init_worker(
+    plugins: list[str], fed: Federation, algo_name: str, params: bytes, compute: Compute, devices: Any
+) -> None:
+    """Start a pool worker; ``devices`` hands each worker its device in turn (one GPU each, round robin).
+
+    The parent's plug-ins are imported first, then ``params`` unpickled: its class may be a plug-in's.
+    """
     global _RUNTIME
     _die_with_parent()
+    load_plugins(plugins)
     torch.set_num_threads(1)
     keep_freed_memory()
     if compute.deterministic:
@@ -155,7 +163,7 @@ def _init_worker(fed: Federation, algo_name: str, params: Any, compute: Compute,
         # This worker's GPU becomes its current device, so that kernels, caches and any tensor made
         # without a device index go there rather than to GPU 0.
         torch.cuda.set_device(torch.device(device))
-    _RUNTIME = _Runtime(fed, algo_name, params, dataclasses.replace(compute, device=device))
+    _RUNTIME = _Runtime(fed, algo_name, pickle.loads(params), dataclasses.replace(compute, device=device))
 
 
 def _client_task(job: ClientJob) -> tuple[bytes, dict[str, Any]]:
@@ -221,9 +229,11 @@ class Workers:
             # A ProcessPoolExecutor, not multiprocessing.Pool: if a worker dies (out of memory, or
             # a script without a main guard), the executor breaks and we report it; a Pool would
             # silently respawn workers forever.
+            # The plug-ins this process imported go first; the Params travel pickled, so that a worker
+            # unpickles them only once it has imported the plug-in that defines their class.
             self._pool = ProcessPoolExecutor(
                 workers, mp_context=ctx, initializer=_init_worker,
-                initargs=(fed, algo_name, params, compute, queue),
+                initargs=(loaded_plugins(), fed, algo_name, pickle.dumps(params), compute, queue),
             )
 
     def run_clients(self, jobs: list[ClientJob]) -> list[tuple[Message, dict[str, Any]]]:

@@ -2,7 +2,18 @@
 
 ``tables`` builds the comparison table, ``plots`` the figures, ``html`` the page; reading run
 folders is :mod:`fedskew.runs`' (``RunData``, ``find_runs`` and ``load_run`` are re-exported here).
+
+The package is also callable: ``fedskew.report(runs)`` is :func:`report`.
 """
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from fedskew.report.html import write_report
 from fedskew.report.plots import plot_curves
@@ -16,6 +27,34 @@ __all__ = [
     "format_table",
     "load_run",
     "plot_curves",
+    "report",
     "write_report",
     "write_table",
 ]
+
+
+def report(runs: Any, out: str | os.PathLike[str] | None = None) -> Path:
+    """Write the report of ``runs`` (``results.md``, ``results.csv``, plots, ``report.html``); return the HTML file.
+
+    ``runs`` is a run folder, a folder holding runs, what :func:`fedskew.run` returned (its run folders),
+    or a list of these; ``out`` defaults to ``report/`` in their common parent (see :func:`write_report`).
+    """
+    items = runs if isinstance(runs, Sequence) and not isinstance(runs, str) else [runs]
+    paths: list[Path] = []
+    for item in items:
+        dirs = getattr(item, "run_dirs", None)
+        paths.extend(dirs if dirs is not None else [Path(item)])
+    return write_report(paths, None if out is None else Path(out))
+
+
+class _CallablePackage(types.ModuleType):
+    """This package, callable: ``fedskew.report(runs, out=None)`` is :func:`report`.
+
+    ``fedskew.report`` names this package once it is imported, so the function of that name lives on it.
+    """
+
+    def __call__(self, runs: Any, out: str | os.PathLike[str] | None = None) -> Path:
+        return report(runs, out)
+
+
+sys.modules[__name__].__class__ = _CallablePackage

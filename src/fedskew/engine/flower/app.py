@@ -1,15 +1,20 @@
 """A Flower App folder for ``flwr run``, and per-client shard files for sites that keep their own data.
 
 Neither needs Flower installed, so ``fedskew deploy init`` can prepare an app on any machine. The app
-folder holds two files: ``pyproject.toml`` (Flower's app metadata, pointing at fedskew's ServerApp and
-ClientApp, with the run settings as ``[tool.flwr.app.config]``) and ``experiment.toml`` (an ordinary
-fedskew config). ``flwr run`` packs both into the app bundle it sends to the SuperLink.
+folder holds ``pyproject.toml`` (Flower's app metadata, pointing at the ServerApp and ClientApp of
+``fedskew_app.py``, with the run settings as ``[tool.flwr.app.config]``), ``experiment.toml`` (an ordinary
+fedskew config, as given), ``fedskew_app.py`` (fedskew's ServerApp and ClientApp, after the app's
+plug-ins are imported) and ``plugins/`` (a copy of each plug-in file the experiment or ``--import``
+names). ``flwr run`` packs them all into the app bundle it sends to the SuperLink, which hands it to
+every SuperNode.
 """
 
 from __future__ import annotations
 
 import shlex
+import shutil
 import tomllib
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -20,6 +25,10 @@ import torch
 from fedskew.core.errors import ConfigError
 
 EXPERIMENT = "experiment.toml"
+APP_MODULE = "fedskew_app"
+"""The app's module: Flower loads its ``serverapp`` and ``clientapp`` (see :data:`APP_CODE`)."""
+PLUGINS_DIR = "plugins"
+"""The app's folder of plug-in files."""
 
 PYPROJECT = """\
 # A Flower App that runs a fedskew experiment (written by `fedskew deploy init`).
@@ -38,12 +47,25 @@ dependencies = []
 publisher = "fedskew"
 
 [tool.flwr.app.components]
-serverapp = "fedskew.engine.flower.server_app:app"
-clientapp = "fedskew.engine.flower.client_app:app"
+serverapp = "fedskew_app:serverapp"
+clientapp = "fedskew_app:clientapp"
 
 # Run settings; override any of them with `flwr run APP --run-config 'key=value ...'`
 # (see docs/deploy.md for what each means).
 """
+
+APP_CODE = '''"""This Flower App's ServerApp and ClientApp (written by `fedskew deploy init`): fedskew's own, after
+the app's plug-ins are imported, in every process that runs them. PLUGINS are the app's plug-in files
+(relative to this folder) and the installed modules the experiment names; they replace its `plugins`."""
+
+from fedskew.engine.flower.components import client, server
+
+PLUGINS = {plugins}
+
+serverapp = server(__file__, PLUGINS)
+clientapp = client(__file__, PLUGINS)
+'''
+"""``fedskew_app.py``; ``{plugins}`` is the list of the app's plug-ins."""
 
 RUN_CONFIG_DEFAULTS: dict[str, Any] = {
     "experiment": EXPERIMENT,  # the fedskew config inside this folder
@@ -58,18 +80,30 @@ RUN_CONFIG_DEFAULTS: dict[str, Any] = {
 }
 
 
-def resolve_experiment(path: Path, overrides: str, label: str) -> dict[str, Any]:
-    """The one run a deployment makes: the config at ``path`` with ``overrides``, variant ``label``."""
+def resolve_experiment(
+    path: Path, overrides: str, label: str, plugins: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """The one run a deployment makes: the config at ``path`` with ``overrides``, variant ``label``;
+    ``plugins`` (not None) replace the config's own."""
     from fedskew.config import read_config
 
-    return one_run(read_config(path), overrides, label, path.name)
+    return one_run(read_config(path), overrides, label, path.name, plugins=plugins)
 
 
-def one_run(raw: dict[str, Any], overrides: str, label: str, where: str) -> dict[str, Any]:
-    """The resolved config of the run of ``raw`` labelled ``label``; every variant is checked."""
+def one_run(
+    raw: dict[str, Any], overrides: str, label: str, where: str, *,
+    plugins: Sequence[str] | None = None, imports: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The resolved config of the run of ``raw`` labelled ``label``; every variant is checked.
+
+    ``plugins`` (not None) replace the plug-ins of ``raw`` and ``overrides``; ``imports`` add to them.
+    """
     from fedskew.config import parse_overrides, resolve
 
-    runs = resolve(raw, parse_overrides(shlex.split(overrides)), where=where)
+    parsed = parse_overrides(shlex.split(overrides))
+    if plugins is not None:
+        parsed["plugins"] = list(plugins)
+    runs = resolve(raw, parsed, where=where, imports=imports)
     if label:
         runs = [r for r in runs if r.label == label]
     if len(runs) != 1:
@@ -81,14 +115,19 @@ def one_run(raw: dict[str, Any], overrides: str, label: str, where: str) -> dict
     return runs[0].config
 
 
-def write_app(folder: Path, config: str | None, overrides: list[str], label: str = "", force: bool = False) -> Path:
+def write_app(
+    folder: Path, config: str | None, overrides: list[str], label: str = "", force: bool = False,
+    imports: Sequence[str] = (),
+) -> Path:
     """Write a Flower App folder running ``config`` (a file or built-in name) with ``overrides``.
 
-    The config is resolved and every value checked first, so a typo, a bad value or an ambiguous variant
-    fails now, not on the server, and leaves nothing written.
+    The config is resolved and every value checked first, so a typo, a bad value, an ambiguous variant or a
+    broken plug-in fails now, not on the server, and leaves nothing written. The plug-ins (the
+    config's ``plugins``, a ``plugins`` override, ``imports``) are packed: each file is copied into
+    ``plugins/``, and ``fedskew_app.py`` imports them, and the modules named, wherever the app runs.
     """
     from fedskew.config import builtin_configs
-    from fedskew.config.files import read_text
+    from fedskew.config.files import read_text, with_plugin_base
 
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"{folder} is a file, not a folder: choose another app folder")
@@ -96,24 +135,54 @@ def write_app(folder: Path, config: str | None, overrides: list[str], label: str
     if target.exists() and not force:
         raise ConfigError(f"{target} exists; pass --force to overwrite it")
     source = Path(config) if config is not None else None
+    base = Path.cwd()
     if source is not None and source.exists():
         if source.is_dir():
             raise ConfigError(f"config {source} is a folder, not a TOML file")
-        text = read_text(source, "config")
+        text, base = read_text(source, "config"), source.resolve().parent
     elif config is None or config in builtin_configs():
         text = resources.files("fedskew.configs").joinpath(f"{config or 'default'}.toml").read_text(encoding="utf-8")
     else:
         raise ConfigError(f"config {config!r} not found: give a TOML file or a built-in config name")
-    settings = {**RUN_CONFIG_DEFAULTS, "overrides": shlex.join(overrides), "label": label}
+    # A plugins override is packed with the others, so the app's overrides leave it out.
+    kept = [o for o in overrides if o.partition("=")[0].strip() != "plugins"]
+    settings = {**RUN_CONFIG_DEFAULTS, "overrides": shlex.join(kept), "label": label}
     try:
-        raw = tomllib.loads(text)
+        raw = with_plugin_base(tomllib.loads(text), base, str(config or "default"))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config {config or 'default'}: invalid TOML: {e}") from None
-    one_run(raw, settings["overrides"], label, str(config or "default"))
+    run = one_run(raw, shlex.join(overrides), label, str(config or "default"), imports=imports)
+    plugins = run.get("plugins", [])
     folder.mkdir(parents=True, exist_ok=True)
+    packed = _pack_plugins(plugins, folder / PLUGINS_DIR)
     (folder / EXPERIMENT).write_text(text, encoding="utf-8")
+    (folder / f"{APP_MODULE}.py").write_text(APP_CODE.format(plugins=repr(packed)), encoding="utf-8")
     target.write_text(PYPROJECT + tomli_w.dumps({"tool": {"flwr": {"app": {"config": settings}}}}))
     return folder
+
+
+def _pack_plugins(plugins: Sequence[str], into: Path) -> list[str]:
+    """Copy each plug-in file into ``into`` (``name.py``, ``name_2.py`` ... for equal names); return the app's
+    plug-in list: the copies relative to the app folder, and the module names as they are."""
+    from fedskew.plugins import is_file_spec
+
+    packed: list[str] = []
+    taken: set[str] = set()
+    if into.is_dir():
+        shutil.rmtree(into)  # a --force rewrite keeps no plug-in the experiment no longer names
+    for spec in plugins:
+        if not is_file_spec(spec):
+            packed.append(spec)
+            continue
+        path = Path(spec)
+        name, k = path.name, 2
+        while name in taken:
+            name, k = f"{path.stem}_{k}.py", k + 1
+        taken.add(name)
+        into.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, into / name)
+        packed.append(f"{into.name}/{name}")
+    return packed
 
 
 SUPERLINK_HOST = "127.0.0.1"

@@ -44,6 +44,7 @@ from fedskew.engine.flower.messages import (
 )
 from fedskew.engine.round_loop import make_algorithm
 from fedskew.engine.workers import client_step_on
+from fedskew.plugins import load_plugins
 
 app = ClientApp()
 
@@ -107,6 +108,7 @@ def load_shard(
 def handle(message: Message, context: Context) -> Message:
     """Answer one engine request: the partition census, or one client task."""
     keep_freed_memory()
+    load_plugins()  # installed plug-ins (entry points); the app's own come with its fedskew_app module
     head = message.content[HEADER]
     assert isinstance(head, ConfigRecord)
     partitions = node_partitions(context.node_config)

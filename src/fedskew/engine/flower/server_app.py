@@ -58,9 +58,6 @@ log = logging.getLogger("fedskew")
 RESUMABLE = ("rounds", "workers", "checkpoint_every")
 """Config keys a resumed deployment may change (as ``fedskew run --resume``)."""
 
-app = ServerApp()
-
-
 @dataclass(frozen=True)
 class DeploySettings:
     """The run settings of a deployment (the app's ``[tool.flwr.app.config]``; see docs/deploy.md)."""
@@ -282,9 +279,12 @@ def _resume_hint(run_dir: Path) -> str:
     )
 
 
-def deploy(grid: Grid, settings: DeploySettings, app_dir: Path) -> RunResult:
-    """Run the app's experiment with its clients on the SuperNodes; the run folder is written here."""
-    cfg = resolve_experiment(app_dir / settings.experiment, settings.overrides, settings.label)
+def deploy(grid: Grid, settings: DeploySettings, app_dir: Path, plugins: Sequence[str] | None = None) -> RunResult:
+    """Run the app's experiment with its clients on the SuperNodes; the run folder is written here.
+
+    ``plugins`` (the app's, as :func:`server_app` got them) replace the experiment's own ``plugins``.
+    """
+    cfg = resolve_experiment(app_dir / settings.experiment, settings.overrides, settings.label, plugins)
     run_dir = Path(settings.out).expanduser() / run_folder_name(cfg["label"], cfg["seed"])
     checkpoints = run_dir / CHECKPOINTS_DIR
     with locked_run_folder(run_dir):  # one deployment (or fedskew run) per run folder at a time
@@ -319,8 +319,7 @@ def deploy(grid: Grid, settings: DeploySettings, app_dir: Path) -> RunResult:
     return result
 
 
-@app.main()
-def main(grid: Grid, context: Context) -> None:
+def main(grid: Grid, context: Context, plugins: Sequence[str] | None = None) -> None:
     """Flower's entry point: read the run settings and the app folder, then :func:`deploy`."""
     if not log.handlers:  # Flower forwards the ServerApp's stderr to `flwr log`
         handler = logging.StreamHandler()
@@ -330,4 +329,20 @@ def main(grid: Grid, context: Context) -> None:
     keep_freed_memory()
     settings = build_params(DeploySettings, dict(context.run_config), prefix="run config ")
     run = grid.run
-    deploy(grid, settings, get_project_dir(run.fab_id, run.fab_version, run.fab_hash))
+    deploy(grid, settings, get_project_dir(run.fab_id, run.fab_version, run.fab_hash), plugins)
+
+
+def server_app(plugins: Sequence[str] | None = None) -> ServerApp:
+    """A ServerApp that runs :func:`main`; ``plugins``, imported already, replace the experiment's own (the app's
+    ``fedskew_app.py`` makes one with the plug-ins packed in the app: :func:`.components.server`)."""
+    app = ServerApp()
+
+    @app.main()
+    def run(grid: Grid, context: Context) -> None:
+        main(grid, context, plugins)
+
+    return app
+
+
+app = server_app()
+"""fedskew's ServerApp, with the plug-ins the experiment names."""
