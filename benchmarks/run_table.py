@@ -1,0 +1,53 @@
+"""Mean +- std over seeds of finished runs, grouped by a name: the table rows of docs/results.md.
+
+    python benchmarks/run_table.py NAME=GLOB [NAME=GLOB ...]
+
+Each GLOB matches run folders (finished ones: holding ``metrics.jsonl`` and ``summary.json``), e.g.
+``"FedAF mean KL=/work/fidruns/kl_mean_s*/FedAF-seed*"``. Prints one Markdown row per name: the number of
+seeds, the accuracy (%) at rounds 1, 5, 10 and 20, the best and the last round's, each mean +- sample std.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def _stat(values: list[float]) -> str:
+    if not values:
+        return ""
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.2f} ± {std:.2f}"
+
+
+def row(name: str, pattern: str) -> str:
+    curves = []
+    for folder in sorted(glob.glob(pattern)):
+        path = Path(folder) / "metrics.jsonl"
+        if path.is_file() and (Path(folder) / "summary.json").is_file():  # finished runs only
+            records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            evaluated = [r for r in records if r.get("accuracy") is not None]
+            curves.append({int(r["round"]): 100 * float(r["accuracy"]) for r in evaluated})
+    if not curves:
+        raise SystemExit(f"no finished run folder (metrics.jsonl and summary.json) matches {pattern!r}")
+    at = [_stat([c[r] for c in curves if r in c]) for r in (1, 5, 10, 20)]
+    best = _stat([max(c.values()) for c in curves])
+    last = _stat([c[max(c)] for c in curves])
+    return f"| {name} | {len(curves)} | " + " | ".join(at) + f" | {best} | {last} |"
+
+
+def main(argv: list[str]) -> None:
+    if not argv or any("=" not in a for a in argv):
+        raise SystemExit(__doc__)
+    print("| runs | seeds | acc @1 | acc @5 | acc @10 | acc @20 | best | last |")
+    print("|---|---|---|---|---|---|---|---|")
+    for arg in argv:
+        name, pattern = arg.split("=", 1)
+        print(row(name, pattern))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
