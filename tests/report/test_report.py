@@ -164,3 +164,44 @@ def test_write_report(experiment: Path) -> None:
     assert "fedavg" in page and "feddc" in page
     assert "<th>lr</th><" in page and "<td>data.alpha</td>" in page  # differing and shared config values
     assert page.count("<th>seed</th>") == 1  # config keys shown from the summary are not repeated
+
+
+# ---- runs of different experiments under one label -------------------------------------------------------
+def _experiment_run(folder: Path, dataset: str, seed: int, acc: list[float], tau: float = 1.0) -> None:
+    _write_run(folder, "fedavg", seed, acc)
+    (folder / "config.toml").write_text(
+        f'seed = {seed}\n[dataset]\nname = "{dataset}"\ndata_dir = "/data/{seed}"\n'
+        '[partition]\nname = "dirichlet"\nalpha = 0.1\n[model]\nname = "cnn"\n'
+        f'[algorithm]\nname = "fedavg"\ntau = {tau}\n'
+    )
+
+
+def test_one_label_over_two_datasets_is_refused_and_group_by_shows_them_apart(tmp_path: Path) -> None:
+    from fedskew.report import separate_experiments
+
+    _experiment_run(tmp_path / "digits" / "s0", "digits", 0, [0.8, 0.9])
+    _experiment_run(tmp_path / "fmnist" / "s1", "fashion_mnist", 1, [0.1, 0.2])
+    _experiment_run(tmp_path / "fmnist" / "s2", "fashion_mnist", 2, [0.2, 0.3], tau=2.0)  # data_dir differs too
+    runs = [load_run(p) for p in find_runs([tmp_path])]
+    with pytest.raises(FedskewError, match=r"runs labelled 'fedavg' come from different experiments \(dataset.name: "
+                       r"'digits' vs 'fashion_mnist'; .*--group-by dataset.name$"):
+        write_report([tmp_path])
+    assert not (tmp_path / "report").exists()
+    rows = comparison_table(separate_experiments(runs, ["dataset.name"]))
+    assert {r["label"]: r["n"] for r in rows} == {"fedavg (dataset.name=digits)": 1,
+                                                  "fedavg (dataset.name=fashion_mnist)": 2}
+    by_tau = separate_experiments(runs[1:], ["algorithm.tau"])  # one method's settings, side by side
+    assert [r.label for r in by_tau] == ["fedavg (algorithm.tau=1.0)", "fedavg (algorithm.tau=2.0)"]
+    assert write_report([tmp_path], group_by=["dataset.name"]).is_file()
+
+
+def test_the_mixed_report_is_one_line_on_the_command_line(tmp_path: Path) -> None:
+    from tests.cli_process import fedskew, one_error
+
+    _experiment_run(tmp_path / "a" / "s0", "digits", 0, [0.8, 0.9])
+    _experiment_run(tmp_path / "b" / "s1", "fashion_mnist", 1, [0.1, 0.2])
+    line = one_error(fedskew("report", "a", "b", cwd=tmp_path))
+    assert "come from different experiments" in line and "--group-by dataset.name" in line
+    res = fedskew("report", "a", "b", "--group-by", "dataset.name", cwd=tmp_path)
+    assert res.code == 0, res.err
+    assert "fedavg (dataset.name=digits)" in res.out and "fedavg (dataset.name=fashion_mnist)" in res.out

@@ -87,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="plots, comparison table and report.html for run folders")
     rp.add_argument("runs", nargs="+", help="run folders or their parents")
     rp.add_argument("--out", help="output folder (default: <common parent>/report)")
+    rp.add_argument(
+        "--group-by", action="append", metavar="KEY[,KEY]",
+        help="config keys whose values tell runs apart in the labels (dataset.name, algorithm.tau, ...); "
+             "runs of different experiments (dataset, partition, model) under one label are refused",
+    )
     _add_import(rp)
     rp.set_defaults(func=cmd_report)
 

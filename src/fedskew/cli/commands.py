@@ -20,11 +20,12 @@ def _data_dir(args: argparse.Namespace) -> str | None:
     return args.data_dir or os.environ.get("FEDSKEW_DATA") or None
 
 
-def _print_table(paths: list[Path]) -> None:
+def _print_table(paths: list[Path], group_by: list[str] | None = None) -> None:
     """Print the comparison table of the runs under ``paths``."""
-    from fedskew.report import comparison_table, find_runs, format_table, load_run
+    from fedskew.report import comparison_table, find_runs, format_table, load_run, separate_experiments
 
-    print(format_table(comparison_table([load_run(p) for p in find_runs(paths)])))
+    runs = separate_experiments([load_run(p) for p in find_runs(paths)], group_by or ())
+    print(format_table(comparison_table(runs)))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -54,7 +55,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"fedskew: {len(runs)} run(s) -> {parent}", file=sys.stderr)
         run_experiment(runs, parent, data_dir=_data_dir(args), progress=progress)
         parents = [parent]
-    html = write_report(parents, parents[0] / "report")
+    try:
+        html = write_report(parents, parents[0] / "report")
+    except FedskewError as e:  # the runs are done and kept; only the report of their folder failed
+        print(f"fedskew: the runs finished, but no report was written: {e}", file=sys.stderr)
+        print(f"\nrun folder: {parents[0]}")
+        return 0
     _print_table(parents)
     print(f"\nrun folder: {parents[0]}\nreport:     {html}")
     return 0
@@ -92,8 +98,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     from fedskew.report import write_report
 
     paths = [Path(p) for p in args.runs]
-    html = write_report(paths, Path(args.out) if args.out else None)
-    _print_table(paths)
+    group_by = [key.strip() for item in args.group_by or [] for key in item.split(",") if key.strip()]
+    html = write_report(paths, Path(args.out) if args.out else None, group_by)
+    _print_table(paths, group_by)
     print(f"\nreport: {html}")
     return 0
 

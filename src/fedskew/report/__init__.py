@@ -17,7 +17,7 @@ from typing import Any
 
 from fedskew.report.html import write_report
 from fedskew.report.plots import plot_curves
-from fedskew.report.tables import comparison_table, format_table, write_table
+from fedskew.report.tables import comparison_table, format_table, separate_experiments, write_table
 from fedskew.runs import RunData, find_runs, load_run
 
 __all__ = [
@@ -28,23 +28,25 @@ __all__ = [
     "load_run",
     "plot_curves",
     "report",
+    "separate_experiments",
     "write_report",
     "write_table",
 ]
 
 
-def report(runs: Any, out: str | os.PathLike[str] | None = None) -> Path:
+def report(runs: Any, out: str | os.PathLike[str] | None = None, group_by: Sequence[str] = ()) -> Path:
     """Write the report of ``runs`` (``results.md``, ``results.csv``, plots, ``report.html``); return the HTML file.
 
     ``runs`` is a run folder, a folder holding runs, what :func:`fedskew.run` returned (its run folders),
-    or a list of these; ``out`` defaults to ``report/`` in their common parent (see :func:`write_report`).
+    or a list of these; ``out`` defaults to ``report/`` in their common parent (see :func:`write_report`);
+    ``group_by`` names config keys that tell runs apart (``["dataset.name"]``, ``["algorithm.tau"]``).
     """
     items = runs if isinstance(runs, Sequence) and not isinstance(runs, str) else [runs]
     paths: list[Path] = []
     for item in items:
         dirs = getattr(item, "run_dirs", None)
         paths.extend(dirs if dirs is not None else [Path(item)])
-    return write_report(paths, None if out is None else Path(out))
+    return write_report(paths, None if out is None else Path(out), group_by)
 
 
 class _CallablePackage(types.ModuleType):
@@ -53,8 +55,8 @@ class _CallablePackage(types.ModuleType):
     ``fedskew.report`` names this package once it is imported, so the function of that name lives on it.
     """
 
-    def __call__(self, runs: Any, out: str | os.PathLike[str] | None = None) -> Path:
-        return report(runs, out)
+    def __call__(self, runs: Any, out: str | os.PathLike[str] | None = None, group_by: Sequence[str] = ()) -> Path:
+        return report(runs, out, group_by)
 
 
 sys.modules[__name__].__class__ = _CallablePackage

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fedskew.report.plots import plot_curves, synthetic_grids
-from fedskew.report.tables import comparison_table, table_cells, write_table
+from fedskew.report.tables import comparison_table, separate_experiments, table_cells, write_table
 from fedskew.runs import AUDIT_FILE, RunData, find_runs, load_run
 
 
@@ -104,7 +104,7 @@ def _audit_section(runs: list[RunData], out: Path) -> str:
     )
 
 
-def write_report(paths: Sequence[Path], out_dir: Path | None = None) -> Path:
+def write_report(paths: Sequence[Path], out_dir: Path | None = None, group_by: Sequence[str] = ()) -> Path:
     """Build the full report for the runs found under ``paths``.
 
     Writes ``results.md``, ``results.csv``, the plots and a self-contained ``report.html`` (plots
@@ -117,6 +117,9 @@ def write_report(paths: Sequence[Path], out_dir: Path | None = None) -> Path:
     out_dir
         Where to write; by default ``report/`` in the runs' common parent folder (inside the run
         folder itself when there is only one run).
+    group_by
+        Dotted config keys whose values are added to the labels (see :func:`separate_experiments`);
+        runs of different experiments under one label are refused.
 
     Returns
     -------
@@ -124,7 +127,7 @@ def write_report(paths: Sequence[Path], out_dir: Path | None = None) -> Path:
         The HTML file.
     """
     run_paths = find_runs(paths)
-    runs = [load_run(p) for p in run_paths]
+    runs = separate_experiments([load_run(p) for p in run_paths], group_by)
     root = Path(os.path.commonpath([str(p.resolve()) for p in run_paths]))
     out = Path(out_dir) if out_dir is not None else root / "report"
     rows = comparison_table(runs)

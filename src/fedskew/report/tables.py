@@ -8,12 +8,14 @@ seeds of one setting: they are shown as mean and sample standard deviation (ddof
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from fedskew.core.errors import FedskewError
 from fedskew.runs import RunData, is_number
 
 DIRECTIONS = ("server_to_client", "client_to_server", "client_to_client")
@@ -41,6 +43,60 @@ HEADERS = {
 
 _DECIMALS = {"class_var": 5, "rounds_to_target": 1}
 _TEXT_COLUMNS = {"label", "algorithm"}
+
+
+EXPERIMENT_TABLES = ("dataset", "partition", "model")
+"""The config tables that say which experiment a run belongs to: runs under one label must agree on them."""
+
+
+def _config_value(run: RunData, key: str) -> Any:
+    """The run's config value at a dotted key (``partition.alpha``), or None."""
+    value: Any = run.config
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def _identity(run: RunData) -> dict[str, Any]:
+    """A run's experiment identity: every key of its dataset, partition and model tables but ``data_dir``."""
+    out: dict[str, Any] = {}
+    for table in EXPERIMENT_TABLES:
+        for key, value in (run.config.get(table) or {}).items():
+            if key != "data_dir":
+                out[f"{table}.{key}"] = value
+    return out
+
+
+def separate_experiments(runs: list[RunData], group_by: Sequence[str] = ()) -> list[RunData]:
+    """The runs, labelled so that runs sharing a label are seeds of one experiment.
+
+    ``group_by`` (dotted config keys, e.g. ``dataset.name`` or ``algorithm.tau``) adds each run's values
+    of those keys to its label, which shows runs of different experiments, or of one method's settings,
+    apart. Runs that still share a label must agree on every key of their dataset, partition and model
+    tables (runs without a ``config.toml`` are not checked); otherwise a :class:`FedskewError` names the
+    label and the keys that differ, rather than averaging different experiments into one row.
+    """
+    if group_by:
+        runs = [
+            dataclasses.replace(
+                run, label=f"{run.label} ({', '.join(f'{k}={_config_value(run, k)}' for k in group_by)})"
+            )
+            for run in runs
+        ]
+    for label, group in group_runs(runs).items():
+        known = [(run, _identity(run)) for run in group if run.config]
+        if not known:
+            continue
+        first_run, first = known[0]
+        for run, identity in known[1:]:
+            differ = sorted(k for k in first.keys() | identity.keys() if first.get(k) != identity.get(k))
+            if differ:
+                shown = "; ".join(f"{k}: {first.get(k)!r} vs {identity.get(k)!r}" for k in differ[:4])
+                raise FedskewError(
+                    f"runs labelled {label!r} come from different experiments ({shown}; {first_run.path} vs "
+                    f"{run.path}); report them separately, or show them apart with --group-by {differ[0]}"
+                )
+    return runs
 
 
 def group_runs(runs: Iterable[RunData]) -> dict[str, list[RunData]]:

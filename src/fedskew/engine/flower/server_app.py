@@ -315,7 +315,10 @@ def deploy(grid: Grid, settings: DeploySettings, app_dir: Path, plugins: Sequenc
             raise FedskewError(f"{e}. The run stopped; {_resume_hint(run_dir)}") from None
     from fedskew.report import write_report
 
-    write_report([run_dir.parent])  # as `fedskew run`: the report of every run in ``out``
+    try:
+        write_report([run_dir.parent])  # as `fedskew run`: the report of every run in ``out``
+    except FedskewError as e:  # the run is done and kept; only the report of its folder failed
+        log.warning("the run finished, but no report was written: %s", e)
     return result
 
 
