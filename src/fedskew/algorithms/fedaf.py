@@ -312,8 +312,7 @@ class FedAF(AggregationFree):
         """Eqs. 5 and 11 on the real data, then refine the kept S_k (Eqs. 4, 10, 17)."""
         p = self.params
         model = client.model(arrays_with_prefix(msg.arrays, MODEL))
-        classes, v = real_class_logits(model, client.x, client.y, client.fed.num_classes)
-        soft = F.softmax(v / p.tau, dim=1)
+        knowledge = self.knowledge(model, client)
         generator = client.generator("condense")
         init_set = None
         if CLIENT_IMAGES in client.state:
@@ -335,16 +334,19 @@ class FedAF(AggregationFree):
         )
         client.state[CLIENT_IMAGES] = syn.images
         client.state[CLIENT_LABELS] = syn.labels
-        return syn, {KNOWLEDGE_LABELS: classes, KNOWLEDGE_LOGITS: v, KNOWLEDGE_SOFT: soft.contiguous()}
+        return syn, knowledge
+
+    def knowledge(self, model: nn.Module, client: ClientContext) -> dict[str, torch.Tensor]:
+        """The reply arrays V_k (Eq. 5) and R_k = softmax(V_k / tau) (Eq. 11) of the client's real data."""
+        classes, v = real_class_logits(model, client.x, client.y, client.fed.num_classes)
+        soft = F.softmax(v / self.params.tau, dim=1).contiguous()
+        return {KNOWLEDGE_LABELS: classes, KNOWLEDGE_LOGITS: v, KNOWLEDGE_SOFT: soft}
 
     def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
         """``knowledge``: V_k and R_k of the real data only; ``train``: the condensed set as well, and the
         CDC gradient fraction (``cdc_grad_fraction``) when the CDC term was on."""
         if task == "knowledge":
-            model = client.model(arrays_with_prefix(msg.arrays, MODEL))
-            classes, v = real_class_logits(model, client.x, client.y, client.fed.num_classes)
-            soft = F.softmax(v / self.params.tau, dim=1).contiguous()
-            return Message(arrays={KNOWLEDGE_LABELS: classes, KNOWLEDGE_LOGITS: v, KNOWLEDGE_SOFT: soft})
+            return Message(arrays=self.knowledge(client.model(arrays_with_prefix(msg.arrays, MODEL)), client))
         self._cdc_fraction = None
         reply = super().client_step(task, msg, client)
         if self._cdc_fraction is not None:
