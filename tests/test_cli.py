@@ -112,7 +112,7 @@ def test_list_and_partition(capsys: pytest.CaptureFixture[str], tmp_path: Path, 
     # Every kind lists its options with defaults, nested tables key by key, shared keys once per kind.
     assert "server.lr=0.001" in lines["feddm"] and "net_width=128" in lines["convnet"]
     assert "alpha=None" in lines["dirichlet"] and "num_clients" not in lines["dirichlet"]
-    assert "partitioners: (all also take: num_clients, seed)" in listed
+    assert "partitioners: (all also take: client_test_fraction, num_clients, seed)" in listed
     png = tmp_path / "bubbles.png"
     assert main(["partition", str(cfg_file), "--out", str(png)]) == 0
     assert png.stat().st_size > 1000

@@ -324,7 +324,7 @@ def test_more_clients_than_samples_names_both_numbers(name: str) -> None:
 def test_unknown_parameter_names_it_and_the_allowed_ones() -> None:
     with pytest.raises(ConfigError, match=r"partition\.aplha.*allowed: alpha, min_size, max_retries"):
         partition("dirichlet", LABELS, 10, 0, aplha=0.5)
-    with pytest.raises(ConfigError, match=r"key 'partition\.alpha' for partitioner 'iid'; allowed: num_clients, seed$"):
+    with pytest.raises(ConfigError, match=r"key 'partition\.alpha' for partitioner 'iid'; allowed: num_clients, seed, client_test_fraction$"):
         partition("iid", LABELS, 10, 0, alpha=0.5)
 
 
@@ -358,7 +358,7 @@ def test_every_partitioner_declares_its_options() -> None:
     for name in PARTITIONERS.names():
         params = PARTITIONERS.params_of(name)
         assert params is not None and issubclass(params, PartitionParams), name
-        assert PARTITIONERS.keys(name)[-2:] == ["num_clients", "seed"]
+        assert PARTITIONERS.keys(name)[-3:] == ["num_clients", "seed", "client_test_fraction"]
 
 
 def test_a_whole_partition_table_validates_in_one_call() -> None:

@@ -19,6 +19,7 @@ from fedskew.algorithms import (
     fedprox,
     fedseq,
     hfldd,
+    local,
     moon,
     scaffold,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "fedprox",
     "fedseq",
     "hfldd",
+    "local",
     "moon",
     "register_algorithm",
     "scaffold",

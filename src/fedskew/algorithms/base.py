@@ -16,13 +16,19 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 import torch
 
+from fedskew.components.trainer import LocalConfig, train_local
 from fedskew.core.errors import ConfigError
 from fedskew.core.message import Message
 from fedskew.core.params import check, next_checks
 from fedskew.core.registry import Registry
 from fedskew.core.seeding import numpy_rng, seeded_init, torch_generator
 from fedskew.models import create_model
+from fedskew.models.evaluation import evaluate_model
 from fedskew.models.layout import use_channels_last
+
+EVALUATE = "evaluate"
+"""The engine's own client task: evaluate the global and the client's own model on the client's test split
+(:meth:`Algorithm.evaluate_client`); it never changes the client's state and is not on the byte ledger."""
 
 
 @dataclass(frozen=True)
@@ -154,6 +160,8 @@ class ClientContext:
     state: dict[str, Any] = field(default_factory=dict)
     model_cache: dict[ModelSpec, torch.nn.Module] = field(default_factory=dict)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    x_test: torch.Tensor | None = None  # the client's own test split: only in the engine's ``evaluate`` task
+    y_test: torch.Tensor | None = None
 
     @property
     def num_samples(self) -> int:
@@ -197,6 +205,8 @@ class Algorithm:
     """
 
     name: ClassVar[str] = ""
+    has_global_model: ClassVar[bool] = True
+    """False for methods without one (``local``): the engine then evaluates only the clients' own models."""
 
     @dataclass
     class Params:
@@ -261,6 +271,45 @@ class Algorithm:
     def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
         """Run ``task`` on a client's data and return the reply."""
         raise ConfigError(f"{self.name}: unknown client task {task!r}")
+
+    def personal_state(self, msg: Message, client: ClientContext) -> dict[str, torch.Tensor]:
+        """The client's own model, as a full state dict, given the global model in ``msg.arrays``.
+
+        Default: the global model (the method has no model of its own). FedBN puts the client's own
+        normalisation layers on it; ``local`` returns the client's model. Must not change ``client.state``.
+        """
+        return msg.arrays
+
+    def evaluate_client(self, msg: Message, client: ClientContext) -> Message:
+        """The engine's ``evaluate`` task: accuracy on the client's own test split (``client.x_test``).
+
+        ``msg.arrays`` is the global model (empty for methods without one); ``msg.config`` holds
+        ``personalized_epochs`` and the local SGD settings of the fine-tuning (``lr``, ``batch_size``,
+        ``momentum``). The reply's metrics: ``num_test``; ``global_correct`` (the global model), and
+        ``personal_correct``, the client's own model (:meth:`personal_state`) after
+        ``personalized_epochs`` epochs of local SGD on the client's training data (0: as it is). The
+        fine-tuning draws from the client's ``"personalize"`` stream of the round and changes nothing
+        the client keeps.
+        """
+        assert client.x_test is not None and client.y_test is not None
+        c = msg.config
+        n = int(client.y_test.shape[0])
+        metrics: dict[str, float] = {"num_test": float(n)}
+        if self.has_global_model:
+            model = client.model(msg.arrays)
+            metrics["global_correct"] = float(evaluate_model(model, client.x_test, client.y_test, self.fed.num_classes)
+                                              .correct.sum())
+        own = self.personal_state(msg, client)
+        model = client.model(own)  # loads a copy: fine-tuning changes neither ``own`` nor the message
+        epochs = int(c.get("personalized_epochs", 0))
+        if epochs > 0 and client.num_samples > 0:
+            local = LocalConfig(epochs, int(c.get("batch_size", 64)), float(c.get("lr", 0.01)),
+                                float(c.get("momentum", 0.0)))
+            train_local(model, client.x, client.y, local, client.generator("personalize"))
+        metrics["personal_correct"] = float(
+            evaluate_model(model, client.x_test, client.y_test, self.fed.num_classes).correct.sum()
+        )
+        return Message(metrics=metrics)
 
 
 ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")

@@ -21,7 +21,7 @@ TOP_LEVEL: dict[str, str] = {
     "seed": "root seed of a single run",
     "seeds": "one run per seed (overrides seed)",
     "workers": "worker processes for client jobs and evaluation (0 = one per core or per GPU; not with engine = ray)",
-    "eval_every": "evaluate the global model every N rounds (and after the last)",
+    "eval_every": "evaluate the global model (and the clients' own models, see eval) every N rounds and after the last",
     "checkpoint_every": "write a checkpoint every N rounds (0 = only at the end)",
     "target_accuracy": "accuracy (fraction) for rounds-to-target and bytes-to-target",
     "at_rounds": "rounds at which to report accuracy in the summary",
@@ -31,10 +31,12 @@ TOP_LEVEL: dict[str, str] = {
     "deterministic": "GPU: deterministic kernels (same metrics for any number of GPUs; slower)",
     "engine": "where client jobs run: local (this machine's workers) or ray (a Ray cluster)",
     "dataset": "table: name = dataset, data_dir, train_fraction, and the dataset's options",
-    "partition": "table: name = partitioner, num_clients, seed (optional), and its parameters",
+    "partition": "table: name = partitioner, num_clients, seed (optional), client_test_fraction, and its parameters",
     "model": "table: name = model, and its options",
     "algorithm": "table: name = algorithm, and its hyper-parameters",
     "faults": "table: simulated failures: dropout, straggler (probabilities), max_reply_mb",
+    "eval": "table: per-client evaluation (with partition.client_test_fraction): personalized_epochs, "
+            "personalized_lr, personalized_batch_size",
     "ray": "table: the Ray engine: address (empty: a local instance), num_cpus, num_gpus per client job",
     "variants": "list of tables of dotted overrides, one run each (with a label)",
     "plugins": "modules and .py files (relative to the config file) to import first: they register algorithms, "

@@ -32,8 +32,12 @@ MAX_WORKERS = 1024
 
 NAMED = ("dataset", "partition", "model", "algorithm")
 """Tables that name a registered object (``name = ...``) and hold that object's options."""
-SECTIONS = (*NAMED, "faults", "ray")
-GENERIC_KEYS = {"dataset": {"data_dir", "train_fraction"}, "partition": {"num_clients", "seed"}, "model": set()}
+SECTIONS = (*NAMED, "faults", "ray", "eval")
+GENERIC_KEYS = {
+    "dataset": {"data_dir", "train_fraction"},
+    "partition": {"num_clients", "seed", "client_test_fraction"},
+    "model": set(),
+}
 """Keys of a table that belong to the table, not to the object it names (kept when the name changes)."""
 
 
@@ -164,6 +168,37 @@ class RayParams:
         check(self.num_gpus >= 0, "num_gpus", self.num_gpus, ">= 0")
 
 
+@dataclass
+class EvalParams:
+    """The ``[eval]`` table: the per-client evaluation (needs ``partition.client_test_fraction > 0``).
+
+    Every ``eval_every`` rounds each client evaluates the global model and its own model on its own test
+    split (``metrics.jsonl``: ``client_accuracy`` and ``personal_accuracy``, per client and as mean, std,
+    worst 10% and best).
+
+    Attributes
+    ----------
+    personalized_epochs
+        Epochs of local SGD on the client's training data before its own model is evaluated (0: as
+        it is: the global model for methods without a model of their own, FedBN's with the client's
+        normalisation layers, ``local``'s own model). The fine-tuned model is thrown away.
+    personalized_lr, personalized_batch_size
+        That SGD's learning rate and batch size; None: the method's own ``lr`` and ``batch_size`` when
+        it has them, else 0.01 and 64.
+    """
+
+    personalized_epochs: int = 0
+    personalized_lr: float | None = None
+    personalized_batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        check(self.personalized_epochs >= 0, "personalized_epochs", self.personalized_epochs, "an integer >= 0")
+        check(self.personalized_lr is None or self.personalized_lr > 0, "personalized_lr", self.personalized_lr,
+              "> 0 (or absent: the method's lr)")
+        check(self.personalized_batch_size is None or self.personalized_batch_size >= 1, "personalized_batch_size",
+              self.personalized_batch_size, "an integer >= 1 (or absent: the method's batch_size)")
+
+
 DEFAULTS: dict[str, Any] = {
     **{f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
        for f in dataclasses.fields(RunSettings) if f.name not in ("label", "plugins")},
@@ -173,6 +208,7 @@ DEFAULTS: dict[str, Any] = {
     "algorithm": {"name": "fedavg"},
     "faults": {},
     "ray": {},
+    "eval": {},
 }
 """A config's values where its file says nothing."""
 
@@ -196,6 +232,7 @@ class RunConfig:
     algorithm: Component
     faults: Faults
     ray: RayParams
+    eval: EvalParams
 
 
 def _component(cfg: dict[str, Any], section: str) -> Component:
@@ -209,6 +246,17 @@ def _component(cfg: dict[str, Any], section: str) -> Component:
     name = table.pop("name", None)
     check(isinstance(name, str), f"{section}.name", name, "a string")
     return Component(name, registry.build_params(name, table, prefix=f"{section}."))
+
+
+def _check_evaluable(algorithm: str, partition: Any) -> None:
+    """A method without a global model (``local``) is measured only on the clients' own test splits."""
+    from fedskew.algorithms.base import ALGORITHMS
+
+    if not ALGORITHMS.get(algorithm).has_global_model and not partition.client_test_fraction:
+        raise ConfigError(
+            f"algorithm {algorithm!r} has no global model to evaluate: give the clients test splits of their "
+            "own with partition.client_test_fraction (a fraction in (0, 0.9], e.g. 0.2)"
+        )
 
 
 def typed_config(cfg: dict[str, Any]) -> RunConfig:
@@ -226,7 +274,9 @@ def typed_config(cfg: dict[str, Any]) -> RunConfig:
     parts = {section: _component(cfg, section) for section in NAMED}
     faults = build_params(Faults, cfg.get("faults", {}), prefix="faults.")
     ray = build_params(RayParams, cfg.get("ray", {}), prefix="ray.")
-    return RunConfig(run=run, faults=faults, ray=ray, **parts)
+    evaluation = build_params(EvalParams, cfg.get("eval", {}), prefix="eval.")
+    _check_evaluable(parts["algorithm"].name, parts["partition"].params)
+    return RunConfig(run=run, faults=faults, ray=ray, eval=evaluation, **parts)
 
 
 def validate(cfg: dict[str, Any]) -> None:

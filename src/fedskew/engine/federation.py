@@ -2,11 +2,13 @@
 
 All clients' training data sits in one tensor, ordered by client, so a client's shard is a view
 (``x[offsets[k]:offsets[k+1]]``): nothing is copied per round, and the single tensor can be put in
-shared memory once for worker processes.
+shared memory once for worker processes. With ``partition.client_test_fraction > 0`` each client's
+held-out test split sits the same way in ``x_client_test`` (offsets ``client_test_offsets``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,15 +30,40 @@ class Federation:
     x_test: torch.Tensor
     y_test: torch.Tensor
     class_names: list[str]
-    counts: np.ndarray  # (num_clients, num_classes) samples per class per client
+    counts: np.ndarray  # (num_clients, num_classes) training samples per class per client
+    x_client_test: torch.Tensor | None = None  # every client's own test split, ordered by client
+    y_client_test: torch.Tensor | None = None
+    client_test_offsets: list[int] | None = None
 
     def client_data(self, cid: int) -> tuple[torch.Tensor, torch.Tensor]:
         s, e = self.offsets[cid], self.offsets[cid + 1]
         return self.x[s:e], self.y[s:e]
 
+    @property
+    def has_client_test(self) -> bool:
+        """Whether the clients hold test splits of their own (``partition.client_test_fraction > 0``)."""
+        return self.client_test_offsets is not None
+
+    def client_test(self, cid: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Client ``cid``'s own test split (empty without ``partition.client_test_fraction``)."""
+        if self.client_test_offsets is None or self.x_client_test is None or self.y_client_test is None:
+            return self.x[:0], self.y[:0]
+        s, e = self.client_test_offsets[cid], self.client_test_offsets[cid + 1]
+        return self.x_client_test[s:e], self.y_client_test[s:e]
+
+    def client_test_sizes(self) -> list[int]:
+        """Test samples per client (zeros without a per-client split)."""
+        o = self.client_test_offsets or [0] * (self.info.num_clients + 1)
+        return [o[k + 1] - o[k] for k in range(self.info.num_clients)]
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every data tensor of the federation."""
+        extra = (self.x_client_test, self.y_client_test)
+        return (self.x, self.y, self.x_test, self.y_test, *(t for t in extra if t is not None))
+
     def share_memory(self) -> None:
         """Move the tensors to shared memory so worker processes map them instead of copying."""
-        for t in (self.x, self.y, self.x_test, self.y_test):
+        for t in self.tensors():
             t.share_memory_()
 
 
@@ -60,6 +87,9 @@ def build_federation(
         The ``[dataset]``, ``[partition]`` and ``[model]`` config tables (each with ``name``).
         ``dataset.train_fraction`` (default 1) keeps a class-stratified random fraction of the
         training split, drawn from a stream of the run seed, before partitioning.
+        ``partition.client_test_fraction`` (default 0) then holds out that fraction of each client's
+        samples as its own test split (:func:`~fedskew.data.partition.hold_out`, drawn from a stream of
+        the partition seed).
     seed
         The run's root seed. The partition uses ``partition_cfg["seed"]`` if given, else a stream
         derived from this seed, so changing the run seed also redraws the partition unless pinned.
@@ -67,7 +97,7 @@ def build_federation(
         Folder with local dataset copies (overrides ``dataset.data_dir`` when given).
     """
     from fedskew.data import load_dataset
-    from fedskew.data.partition import partition
+    from fedskew.data.partition import hold_out, partition
 
     dopts = dict(dataset)
     dname = dopts.pop("name")
@@ -81,20 +111,32 @@ def build_federation(
     num_clients = int(popts.pop("num_clients"))
     pseed = popts.pop("seed", None)
     pseed = int(pseed) if pseed is not None else derive_seed(seed, "partition") % (2**32)
+    test_fraction = float(popts.pop("client_test_fraction", 0.0))
     part = partition(pname, ds.y_train, num_clients, pseed, domains=ds.domains_train, **popts)
+    indices, held = part.indices, None
+    if test_fraction > 0:
+        indices, held = hold_out(part.indices, ds.y_train, test_fraction, derive_seed(pseed, "client_test") % (2**32))
 
-    order = np.concatenate([np.asarray(ix, dtype=np.int64) for ix in part.indices])
-    offsets = [0, *np.cumsum([len(ix) for ix in part.indices]).tolist()]
-    # Reorder the uint8 images, then convert: one float copy of the training set, not two.
-    x, y = ds.to_tensors("train", order)
+    def gather(parts: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        order = np.concatenate([np.asarray(ix, dtype=np.int64) for ix in parts])
+        # Reorder the uint8 images, then convert: one float copy of the training set, not two.
+        xs, ys = ds.to_tensors("train", order)
+        return xs, ys, [0, *np.cumsum([len(ix) for ix in parts]).tolist()]
+
+    x, y, offsets = gather(indices)
+    x_ct, y_ct, ct_offsets = gather(held) if held is not None else (None, None, None)
     x_test, y_test = ds.to_tensors("test")
     if part.noise_std is not None:
-        # Noise-based feature skew: a fixed draw per client, added once to the normalised inputs.
+        # Noise-based feature skew: a fixed draw per client, added once to the normalised inputs (its
+        # own test split gets its own draw at the same level: the client's feature skew).
         for cid, std in enumerate(part.noise_std):
             if std > 0:
                 s, e = offsets[cid], offsets[cid + 1]
                 g = torch_generator(seed, "noise", cid)
                 x[s:e] += std * torch.randn(x[s:e].shape, generator=g)
+                if x_ct is not None and ct_offsets is not None:
+                    s, e = ct_offsets[cid], ct_offsets[cid + 1]
+                    x_ct[s:e] += std * torch.randn(x_ct[s:e].shape, generator=torch_generator(seed, "noise-test", cid))
 
     mopts = dict(model)
     mname = mopts.pop("name")
@@ -116,5 +158,7 @@ def build_federation(
     )
     return Federation(
         info=info, x=x, y=y, offsets=offsets, x_test=x_test, y_test=y_test,
-        class_names=list(ds.classes), counts=part.class_counts(ds.y_train, ds.num_classes),
+        class_names=list(ds.classes),
+        counts=dataclasses.replace(part, indices=indices).class_counts(ds.y_train, ds.num_classes),
+        x_client_test=x_ct, y_client_test=y_ct, client_test_offsets=ct_offsets,
     )

@@ -41,7 +41,7 @@ from fedskew.plugins import load_plugins, loaded_plugins
 log = logging.getLogger("fedskew")
 
 MISSING_RAY = "engine 'ray' needs Ray: pip install 'fedskew[ray]'"
-_TENSORS = ("x", "y", "x_test", "y_test")
+_TENSORS = ("x", "y", "x_test", "y_test", "x_client_test", "y_client_test")  # the last two may be None
 
 
 def _import_ray() -> Any:
@@ -68,7 +68,7 @@ def check_reachable(address: str, timeout: float = 10.0) -> None:
 
 def object_store_bytes(fed: Federation) -> int:
     """Object store of a local Ray instance: twice the federation, plus 256 MB for models and replies."""
-    data = sum(getattr(fed, name).nbytes for name in _TENSORS)
+    data = sum(t.nbytes for t in fed.tensors())
     return 2 * data + 256 * 2**20
 
 
@@ -95,7 +95,7 @@ def _runtime(fed_ref: list[Any]) -> _Runtime:
         with warnings.catch_warnings():
             # The arrays are read-only views of the object store: client code reads its data, never writes it.
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            tensors = {name: torch.from_numpy(fields[name]) for name in _TENSORS}
+            tensors = {name: None if fields[name] is None else torch.from_numpy(fields[name]) for name in _TENSORS}
         fed = Federation(**{**fields, **tensors})
         _CACHED = (key, _Runtime(fed, algo_name, pickle.loads(params), compute))
     return _CACHED[1]
@@ -159,7 +159,7 @@ class RayWorkers:
         self.nodes: Counter[str] = Counter()  # tasks run per node id
         try:
             fields = {f.name: getattr(fed, f.name) for f in dataclasses.fields(fed)}
-            fields.update({name: fields[name].numpy() for name in _TENSORS})
+            fields.update({name: None if fields[name] is None else fields[name].numpy() for name in _TENSORS})
             # A task that asks for a GPU sees the one Ray assigned it as cuda:0 (CUDA_VISIBLE_DEVICES).
             compute = dataclasses.replace(compute or Compute(), device="cuda:0" if settings.num_gpus > 0 else "cpu")
             self._fed_ref = ray.put((fields, loaded_plugins(), algo_name, pickle.dumps(params), compute))

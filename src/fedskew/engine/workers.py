@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import torch
 import torch.multiprocessing as tmp
 
-from fedskew.algorithms.base import ALGORITHMS, Algorithm, ClientContext, FederationInfo, ModelSpec
+from fedskew.algorithms.base import ALGORITHMS, EVALUATE, Algorithm, ClientContext, FederationInfo, ModelSpec
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.device import (
     Compute,
@@ -71,7 +71,7 @@ class _Runtime:
         x, y = self.fed.client_data(job.cid)
         return client_step_on(
             self.algo, job.task, job.msg, job.cid, job.round, x, y, self.fed.info, job.state, self.compute,
-            self.models,
+            self.models, self.fed.client_test(job.cid) if job.task == EVALUATE else None,
         )
 
     def run_eval(self, model_state: dict[str, torch.Tensor], start: int, stop: int) -> EvalCounts:
@@ -87,12 +87,15 @@ def client_step_on(
     algo: Algorithm, task: str, msg: Message, cid: int, rnd: int, x: torch.Tensor, y: torch.Tensor,
     info: FederationInfo, state: dict[str, Any], compute: Compute,
     model_cache: dict[ModelSpec, torch.nn.Module] | None = None,
+    test: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[Message, dict[str, Any]]:
     """Run one client job on ``compute``'s device: the simulator's workers and Flower's ClientApp alike.
 
     The message's arrays, the client's data and its state go to the device; the reply and the state
     come back device-free (the reply goes on the wire, the state is checkpointed). The job runs on one
-    intra-op thread, so CPU results are bit-identical whichever process runs it.
+    intra-op thread, so CPU results are bit-identical whichever process runs it. The engine's
+    ``evaluate`` task (:data:`~fedskew.algorithms.base.EVALUATE`) runs :meth:`Algorithm.evaluate_client`
+    on the client's own test split ``test``.
     """
     device = compute.torch_device
     on_cpu = device.type == "cpu"
@@ -104,7 +107,13 @@ def client_step_on(
         model_cache=model_cache if model_cache is not None else {}, device=device,
     )
     with num_threads(1), use_compute(compute):
-        reply = algo.client_step(task, msg, ctx)
+        if task == EVALUATE:
+            if test is None:
+                raise FedskewError(f"client {cid} holds no test split of its own (partition.client_test_fraction)")
+            ctx.x_test, ctx.y_test = test[0].to(device), test[1].to(device)
+            reply = algo.evaluate_client(msg, ctx)
+        else:
+            reply = algo.client_step(task, msg, ctx)
     if on_cpu:
         return reply, ctx.state
     return Message(to_cpu(reply.arrays), reply.config, reply.metrics), to_device(ctx.state, torch.device("cpu"))
@@ -114,12 +123,13 @@ def _place(fed: Federation, device: torch.device) -> Federation:
     """The federation as this process uses it: on the device when it fits, else pinned on the CPU."""
     if device.type == "cpu":
         return fed
-    tensors = (fed.x, fed.y, fed.x_test, fed.y_test)
-    if sum(t.numel() * t.element_size() for t in tensors) <= FEDERATION_ON_DEVICE_BYTES:
-        x, y, x_test, y_test = (t.to(device) for t in tensors)
+    names = ("x", "y", "x_test", "y_test", "x_client_test", "y_client_test")
+    tensors = {name: getattr(fed, name) for name in names if getattr(fed, name) is not None}
+    if sum(t.numel() * t.element_size() for t in tensors.values()) <= FEDERATION_ON_DEVICE_BYTES:
+        placed = {name: t.to(device) for name, t in tensors.items()}
     else:
-        x, y, x_test, y_test = (t.pin_memory() if device.type == "cuda" else t for t in tensors)
-    return dataclasses.replace(fed, x=x, y=y, x_test=x_test, y_test=y_test)
+        placed = {name: t.pin_memory() if device.type == "cuda" else t for name, t in tensors.items()}
+    return dataclasses.replace(fed, **placed)
 
 
 _RUNTIME: _Runtime | None = None

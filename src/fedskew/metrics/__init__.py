@@ -1,6 +1,12 @@
 """Metrics: accuracy, per-class accuracy, class variance, round stability and the byte ledger."""
 
-from fedskew.metrics.classification import accuracy, class_variance, confusion_counts, per_class_accuracy
+from fedskew.metrics.classification import (
+    accuracy,
+    class_variance,
+    client_distribution,
+    confusion_counts,
+    per_class_accuracy,
+)
 from fedskew.metrics.ledger import Ledger
 from fedskew.metrics.stability import (
     Stability,
@@ -17,6 +23,7 @@ __all__ = [
     "accuracy",
     "accuracy_at",
     "class_variance",
+    "client_distribution",
     "confusion_counts",
     "per_class_accuracy",
     "round_stability",

@@ -7,6 +7,7 @@ fractions in [0, 1]; the report converts them to percent for display.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -99,3 +100,26 @@ def class_variance(per_class: Sequence[float | None]) -> float:
     if values.size == 0:
         raise ValueError("class variance needs at least one class with an accuracy")
     return float(np.var(values))
+
+
+WORST_FRACTION = 0.1
+"""The share of clients in the "worst 10%" figure of :func:`client_distribution`."""
+
+
+def client_distribution(accuracies: Sequence[float | None]) -> dict[str, float | None]:
+    """Summary of per-client accuracies (clients without a test split given as None are left out).
+
+    Returns ``mean``, ``std`` (population std over the clients), ``worst10`` (the mean of the lowest
+    ``ceil(10%)`` of the clients' accuracies, at least one client: the fairness figure of q-FFL and
+    Ditto) and ``best``; all None when no client has an accuracy.
+    """
+    values = np.sort(np.array([v for v in accuracies if v is not None], dtype=np.float64))
+    if values.size == 0:
+        return {"mean": None, "std": None, "worst10": None, "best": None}
+    k = max(1, math.ceil(WORST_FRACTION * values.size))
+    return {
+        "mean": float(values.mean()),
+        "std": float(values.std()),
+        "worst10": float(values[:k].mean()),
+        "best": float(values[-1]),
+    }

@@ -110,10 +110,10 @@ def summarize_run(
     Parameters
     ----------
     records
-        One dict per evaluated round with keys ``round``, ``accuracy``, ``class_variance`` (may be
-        None), ``bytes_server_to_client``, ``bytes_client_to_server`` and optionally
-        ``bytes_client_to_client`` (default 0). Sorted by round here, so callers may pass them in any
-        order.
+        One dict per round with keys ``round``, ``accuracy`` and ``class_variance`` (None in rounds
+        not evaluated), ``bytes_server_to_client``, ``bytes_client_to_server`` and optionally
+        ``bytes_client_to_client`` (default 0). The accuracy figures come from the evaluated rounds, the
+        byte totals from all. Sorted by round here, so callers may pass them in any order.
     target
         Accuracy (fraction) for ``rounds_to_target`` and ``bytes_to_target``; None skips both.
     at_rounds
@@ -123,7 +123,8 @@ def summarize_run(
     -------
     dict
         JSON-ready: ``final_accuracy``, ``best_accuracy``, ``best_round``, ``max_drop``, ``mean_drop``,
-        ``mean_rise``, ``mean_class_variance`` (None if no round has one), the three byte totals,
+        ``mean_rise`` (all None when no round has an accuracy), ``mean_class_variance`` (None if no round
+        has one), the three byte totals,
         ``rounds_to_target``, ``bytes_to_target`` (all directions, cumulative up to and including that
         round), ``accuracy_at`` (``{str(round): accuracy or None}``; string keys because JSON needs
         them) and ``rounds`` (the number of records).
@@ -131,26 +132,31 @@ def summarize_run(
     if not records:
         raise ValueError("cannot summarise a run without records")
     recs = sorted(records, key=lambda r: int(r["round"]))
-    rounds = [int(r["round"]) for r in recs]
-    acc = [float(r["accuracy"]) for r in recs]
     per_round = {k: [int(r.get(k, 0)) for r in recs] for k in DIRECTION_KEYS}
-    cumulative = np.cumsum(np.sum([per_round[k] for k in DIRECTION_KEYS], axis=0)).tolist()
-    variances = [float(r["class_variance"]) for r in recs if r.get("class_variance") is not None]
-    best = int(np.argmax(acc))
-    stab = round_stability(acc)
-    reached = None if target is None else rounds_to_target(acc, target, rounds)
-    summary: dict[str, Any] = {
-        "final_accuracy": acc[-1],
-        "best_accuracy": acc[best],
-        "best_round": rounds[best],
-        "max_drop": stab.max_drop,
-        "mean_drop": stab.mean_drop,
-        "mean_rise": stab.mean_rise,
-        "mean_class_variance": float(np.mean(variances)) if variances else None,
-    }
+    cumulative = dict(zip(
+        [int(r["round"]) for r in recs],
+        np.cumsum(np.sum([per_round[k] for k in DIRECTION_KEYS], axis=0)).tolist(), strict=True,
+    ))
+    evaluated = [r for r in recs if r.get("accuracy") is not None]
+    rounds = [int(r["round"]) for r in evaluated]
+    acc = [float(r["accuracy"]) for r in evaluated]
+    variances = [float(r["class_variance"]) for r in evaluated if r.get("class_variance") is not None]
+    summary: dict[str, Any] = dict.fromkeys(
+        ("final_accuracy", "best_accuracy", "best_round", "max_drop", "mean_drop", "mean_rise")
+    )
+    reached = None
+    if acc:  # a method without a global model (``local``) has none
+        best = int(np.argmax(acc))
+        stab = round_stability(acc)
+        reached = None if target is None else rounds_to_target(acc, target, rounds)
+        summary.update(
+            final_accuracy=acc[-1], best_accuracy=acc[best], best_round=rounds[best],
+            max_drop=stab.max_drop, mean_drop=stab.mean_drop, mean_rise=stab.mean_rise,
+        )
+    summary["mean_class_variance"] = float(np.mean(variances)) if variances else None
     summary.update({k: sum(v) for k, v in per_round.items()})
     summary["rounds_to_target"] = reached
-    summary["bytes_to_target"] = None if reached is None else int(cumulative[rounds.index(reached)])
+    summary["bytes_to_target"] = None if reached is None else int(cumulative[reached])
     summary["accuracy_at"] = {str(r): a for r, a in accuracy_at(acc, rounds, at_rounds).items()}
     summary["rounds"] = len(recs)
     return summary

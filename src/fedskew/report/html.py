@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedskew.report.plots import plot_curves, synthetic_grids
+from fedskew.report.plots import plot_clients, plot_curves, synthetic_grids
 from fedskew.report.tables import comparison_table, separate_experiments, table_cells, write_table
 from fedskew.runs import AUDIT_FILE, RunData, find_runs, load_run
 
@@ -132,7 +132,7 @@ def write_report(paths: Sequence[Path], out_dir: Path | None = None, group_by: S
     out = Path(out_dir) if out_dir is not None else root / "report"
     rows = comparison_table(runs)
     write_table(rows, out)
-    images = plot_curves(runs, out) + synthetic_grids(runs, out)
+    images = plot_curves(runs, out) + plot_clients(runs, out) + synthetic_grids(runs, out)
     headers, cells = table_cells(rows)
     figures = "".join(
         f'<figure><img alt="{html.escape(img.stem)}" src="data:image/png;base64,'

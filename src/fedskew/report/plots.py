@@ -158,6 +158,70 @@ def plot_curves(runs: list[RunData], out_dir: Path) -> list[Path]:
     return written
 
 
+CLIENT_VECTORS = (("client_accuracy", "global model"), ("personal_accuracy", "each client's own model"))
+"""The per-client accuracy vectors of ``metrics.jsonl`` (partition.client_test_fraction) and what each measures."""
+
+
+def _last_vector(run: RunData, key: str) -> list[float]:
+    """The per-client accuracies (percent) of ``key`` in the run's last round that has them."""
+    for r in reversed(run.records):
+        if isinstance(r.get(key), list):
+            return [float(a) * 100 for a in r[key] if is_number(a)]
+    return []
+
+
+def plot_clients(runs: list[RunData], out_dir: Path) -> list[Path]:
+    """Plots of the per-client evaluation, for runs that have one (none otherwise).
+
+    ``client_accuracy.png``: the distribution of the clients' accuracies on their own test splits in the
+    last evaluated round, one box per label (the clients of all its seeds pooled; the box spans the middle
+    half, whiskers 1.5 IQR, the diamond is the mean), for the global model and for each client's own model.
+    ``client_curves.png``: mean and worst-10% client accuracy of the clients' own models per round.
+    """
+    groups = group_runs(runs)
+    panels = [
+        (key, what, {label: [a for run in group for a in _last_vector(run, key)] for label, group in groups.items()})
+        for key, what in CLIENT_VECTORS
+    ]
+    panels = [(key, what, data) for key, what, data in panels if any(data.values())]
+    if not panels:
+        return []
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig = Figure(figsize=(max(5.0, 1.1 * len(groups) * len(panels) + 2), 4.5), layout="constrained")
+    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    for ax, (_, what, data) in zip(axes, panels, strict=True):
+        labels = [label for label, values in data.items() if values]
+        ax.boxplot([data[label] for label in labels], showmeans=True, widths=0.6,
+                   meanprops={"marker": "D", "markerfacecolor": "white", "markeredgecolor": "black"})
+        ax.set_xticks(range(1, len(labels) + 1), labels, rotation=20, ha="right")
+        ax.set(title=what, ylim=(-2, 102))
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].set_ylabel("accuracy on the client's own test split (%)")
+    fig.suptitle("per-client accuracy, last evaluated round (clients of all seeds)", fontsize="medium")
+    written = [_save(fig, out_dir / "client_accuracy.png")]
+
+    colors = colormaps["tab10"]
+    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    for i, (label, group) in enumerate(groups.items()):
+        for stat, style in (("mean", "-"), ("worst10", "--")):
+            x, stack = _aligned(group, lambda run, k=f"personal_accuracy_{stat}": {
+                r["round"]: float(r[k]) * 100 for r in run.records if is_number(r.get(k))
+            })
+            if x.size:
+                mean, _ = _mean_and_std(stack)
+                which = "mean" if stat == "mean" else "worst 10%"
+                ax.plot(x, mean, style, color=colors(i % 10), label=f"{label}, {which}")
+    ax.set(xlabel="round", ylabel="client accuracy, own model (%)",
+           title="per-client accuracy of the clients' own models (mean over seeds)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    written.append(_save(fig, out_dir / "client_curves.png"))
+    return written
+
+
 def _per_class_stack(group: list[RunData]) -> tuple[np.ndarray, np.ndarray]:
     """Rounds and the (rounds, classes) per-class accuracy averaged over seeds, NaN where absent."""
     per_run = [_per_class(run) for run in group]

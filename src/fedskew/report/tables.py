@@ -37,11 +37,17 @@ HEADERS = {
     "mb_server_to_client": "MB down",
     "mb_client_to_server": "MB up",
     "mb_client_to_client": "MB c2c",
+    "client_mean": "clients % (global)",
+    "client_worst10": "worst-10% clients % (global)",
+    "personal_mean": "clients % (own)",
+    "personal_worst10": "worst-10% clients % (own)",
     "rounds_to_target": "rounds to target",
     "mb_to_target": "MB to target",
 }
 
 _DECIMALS = {"class_var": 5, "rounds_to_target": 1}
+PER_CLIENT = ("client_mean", "client_worst10", "personal_mean", "personal_worst10")
+"""Per-client columns: mean and worst-10% client accuracy of the global and of the clients' own models."""
 _TEXT_COLUMNS = {"label", "algorithm"}
 
 
@@ -135,7 +141,10 @@ def comparison_table(runs: list[RunData]) -> list[dict[str, Any]]:
     list of dict
         Keys: ``label``, ``algorithm``, ``n`` (runs aggregated), ``rounds``; ``final_acc``,
         ``best_acc`` and ``acc@<round>`` (for rounds in the summaries' ``accuracy_at``) in percent;
-        ``max_drop``, ``mean_drop``, ``mean_rise`` in percentage points; ``class_var`` (mean per-round
+        ``max_drop``, ``mean_drop``, ``mean_rise`` in percentage points; with a per-client evaluation,
+        ``client_mean``, ``client_worst10``, ``personal_mean``, ``personal_worst10`` (the last evaluated
+        round's mean and worst-10% client accuracy of the global and the clients' own models, percent);
+        ``class_var`` (mean per-round
         class variance of fractional accuracies) and ``class_std_pp``; each of these with a
         ``<key>_std``, the sample std over seeds (None for a single run); ``mb_<direction>`` traffic
         totals; and, when the summaries have them, ``rounds_to_target`` and ``mb_to_target`` (None unless every seed
@@ -157,14 +166,16 @@ def comparison_table(runs: list[RunData]) -> list[dict[str, Any]]:
             "n": len(group),
             "rounds": n_rounds[0] if len(n_rounds) == 1 else f"{n_rounds[0]}-{n_rounds[-1]}",
         }
-        accs = {"final_acc": [s["final_accuracy"] for s in summaries]}
-        accs["best_acc"] = [s["best_accuracy"] for s in summaries]
+        accs = {"final_acc": [s.get("final_accuracy") for s in summaries]}
+        accs["best_acc"] = [s.get("best_accuracy") for s in summaries]
         for r in at_rounds:
             accs[f"acc@{r}"] = [(s.get("accuracy_at") or {}).get(str(r)) for s in summaries]
         for key, values in accs.items():
             row[key], row[f"{key}_std"] = _mean_std(values, 100, 2)
         for key in ("max_drop", "mean_drop", "mean_rise"):
-            row[key], row[f"{key}_std"] = _mean_std((s[key] for s in summaries), 100, 2)
+            row[key], row[f"{key}_std"] = _mean_std((s.get(key) for s in summaries), 100, 2)
+        for key in PER_CLIENT:  # the per-client evaluation's last round (partition.client_test_fraction)
+            row[key], row[f"{key}_std"] = _mean_std((s.get(f"{key}_final") for s in summaries), 100, 2)
         row["class_var"], row["class_var_std"] = _mean_std((s["mean_class_variance"] for s in summaries), 1, 5)
         row["class_std_pp"], row["class_std_pp_std"] = _mean_std((_class_std_pp(run) for run in group), 1, 2)
         for d in DIRECTIONS:

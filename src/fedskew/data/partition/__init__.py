@@ -32,6 +32,7 @@ from fedskew.data.partition.base import (
     Partition,
     PartitionFn,
     PartitionParams,
+    hold_out,
     partition,
     summarize,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "PartitionFn",
     "PartitionParams",
     "feature",
+    "hold_out",
     "label",
     "mixed",
     "partition",

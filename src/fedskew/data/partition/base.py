@@ -13,7 +13,7 @@ from fedskew.core.errors import ConfigError, DataError
 from fedskew.core.params import check
 from fedskew.core.registry import Registry
 
-__all__ = ["PARTITIONERS", "Partition", "PartitionFn", "PartitionParams", "partition", "summarize"]
+__all__ = ["PARTITIONERS", "Partition", "PartitionFn", "PartitionParams", "hold_out", "partition", "summarize"]
 
 
 @dataclass
@@ -70,6 +70,10 @@ class Partition:
         return counts
 
 
+MAX_TEST_FRACTION = 0.9
+"""The largest per-client test fraction (a client keeps at least a tenth of its samples to train on)."""
+
+
 @dataclass(kw_only=True)
 class PartitionParams:
     """Keys every ``[partition]`` table holds besides ``name``; each partitioner's Params adds its own.
@@ -81,14 +85,21 @@ class PartitionParams:
     seed : int or None
         Seed of the partition's random draws; ``None`` in a config derives it from the run seed
         (:func:`partition` itself needs one).
+    client_test_fraction : float
+        Fraction of each client's samples held out as that client's own test split (stratified by
+        class within the client, seeded; see :func:`hold_out`). 0 (default): no per-client split, every
+        sample trains. The partitioners ignore it; the engine splits their result.
     """
 
     num_clients: int
     seed: int | None = None
+    client_test_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         check(self.num_clients >= 1, "num_clients", self.num_clients, "an integer >= 1")
         check(self.seed is None or self.seed >= 0, "seed", self.seed, "a non-negative integer")
+        check(0 <= self.client_test_fraction <= MAX_TEST_FRACTION, "client_test_fraction",
+              self.client_test_fraction, f"a fraction in [0, {MAX_TEST_FRACTION}]")
 
 
 PartitionFn = Callable[[np.ndarray, np.random.Generator, Any, np.ndarray | None], Partition]
@@ -152,6 +163,42 @@ def run(
     """
     _check_fits(params.num_clients, labels)
     return PARTITIONERS.get(name)(labels, rng, params, domains)
+
+
+def hold_out(
+    indices: Sequence[np.ndarray], labels: np.ndarray, fraction: float, seed: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Split each client's samples into its training and its own test indices.
+
+    A client of ``n`` samples holds out ``round(fraction * n)`` of them (at least one when it has two or
+    more samples and ``fraction > 0``, so that every client that can be tested is), spread over its
+    classes in proportion to their counts (largest remainders; ties to the smaller class id). Which
+    samples of a class are held out is drawn from ``seed``, client by client. Returns
+    ``(train, test)``: one sorted ``int64`` array per client each; together they are the client's samples.
+    """
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed)
+    train, test = [], []
+    for ix in indices:
+        ix = np.asarray(ix, dtype=np.int64)
+        n = len(ix)
+        k = round(fraction * n)
+        if fraction > 0 and n >= 2:
+            k = min(max(k, 1), n - 1)
+        classes, counts = np.unique(labels[ix], return_counts=True)
+        share = counts * (k / max(n, 1))
+        take = np.floor(share).astype(np.int64)
+        rest = np.argsort(-(share - take), kind="stable")[: k - int(take.sum())]
+        take[rest] += 1
+        held: list[np.ndarray] = []
+        for c, t in zip(classes, take, strict=True):
+            if t:
+                members = ix[labels[ix] == c]
+                held.append(rng.permutation(members)[:t])
+        chosen = np.sort(np.concatenate(held)) if held else np.zeros(0, np.int64)
+        test.append(chosen.astype(np.int64, copy=False))
+        train.append(np.setdiff1d(ix, chosen, assume_unique=True).astype(np.int64, copy=False))
+    return train, test
 
 
 def _plain(value: Any) -> Any:

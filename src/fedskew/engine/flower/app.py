@@ -212,7 +212,7 @@ def shard_path(folder: str | Path, cid: int) -> Path:
 
 
 def write_shards(cfg: dict[str, Any], out: Path, data_dir: str | None) -> list[Path]:
-    """One file per client with its training data, exactly as the simulator would give it.
+    """One file per client with its training data (and its own test split), exactly as the simulator would give it.
 
     For deployments where each site must hold only its own data: give site ``k`` the file
     ``client-<k>.pt`` and start its SuperNode with ``--node-config 'partition-id=k data-path="DIR"'``.
@@ -225,5 +225,9 @@ def write_shards(cfg: dict[str, Any], out: Path, data_dir: str | None) -> list[P
     for cid in range(fed.info.num_clients):
         x, y = fed.client_data(cid)
         paths.append(shard_path(out, cid))
-        torch.save({"x": x.clone(), "y": y.clone()}, paths[-1])
+        shard = {"x": x.clone(), "y": y.clone()}
+        if fed.has_client_test:  # the client's own test split (partition.client_test_fraction)
+            xt, yt = fed.client_test(cid)
+            shard.update(x_test=xt.clone(), y_test=yt.clone())
+        torch.save(shard, paths[-1])
     return paths

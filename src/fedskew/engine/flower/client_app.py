@@ -27,7 +27,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedskew.algorithms.base import FederationInfo
+from fedskew.algorithms.base import EVALUATE, FederationInfo
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.device import Compute, resolve_device
 from fedskew.core.errors import FedskewError
@@ -81,10 +81,12 @@ def node_dataset(table: dict[str, Any]) -> dict[str, Any]:
     return table
 
 
-def load_shard(
-    cid: int, run: dict[str, Any], info: FederationInfo, node_config: dict[str, Any]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Client ``cid``'s training data, from the node's shard files or rebuilt from the run's config."""
+Shard = tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]
+"""A client's training images and labels, and its own test split (None without one)."""
+
+
+def load_shard(cid: int, run: dict[str, Any], info: FederationInfo, node_config: dict[str, Any]) -> Shard:
+    """Client ``cid``'s data, from the node's shard files or rebuilt from the run's config."""
     if node_config.get("data-path"):
         path = shard_path(str(node_config["data-path"]), cid)
         if not path.exists():
@@ -93,7 +95,7 @@ def load_shard(
         x, y = shard["x"], shard["y"]
         if tuple(x.shape[1:]) != info.image_shape:
             raise FedskewError(f"{path} holds images of shape {tuple(x.shape[1:])}, the run expects {info.image_shape}")
-        return x, y
+        return x, y, (shard["x_test"], shard["y_test"]) if "x_test" in shard else None
     data_dir = str(node_config.get("data-dir", "")) or None
     fed = build_federation(node_dataset(run["dataset"]), run["partition"], run["model"], int(run["seed"]), data_dir)
     if fed.info != info:
@@ -102,7 +104,9 @@ def load_shard(
             f"{fed.info} != {info}"
         )
     x, y = fed.client_data(cid)
-    return x.clone(), y.clone()  # keep this shard only; the rest of the federation is freed
+    xt, yt = fed.client_test(cid)
+    # keep this shard only; the rest of the federation is freed
+    return x.clone(), y.clone(), (xt.clone(), yt.clone()) if fed.has_client_test else None
 
 
 def handle(message: Message, context: Context) -> Message:
@@ -121,15 +125,17 @@ def handle(message: Message, context: Context) -> Message:
         raise FedskewError(f"asked to run client {cid}, but this node serves partitions {partitions}")
     run = json.loads(str(head["run"]))
     info = info_from_json(str(head["info"]))
-    x, y = load_shard(cid, run, info, context.node_config)
+    x, y, test = load_shard(cid, run, info, context.node_config)
     algorithm = make_algorithm(run["algorithm"], info)
     # The node's own config says where it computes (``device``, default auto); the run says the precision.
     device = resolve_device(str(context.node_config.get("device", "auto")))
     compute = Compute(str(device), str(run.get("amp", "off")), bool(run.get("deterministic", False)))
     reply, state = client_step_on(
-        algorithm, task, from_records(message.content), cid, rnd, x, y, info, get_state(context.state, cid), compute
+        algorithm, task, from_records(message.content), cid, rnd, x, y, info, get_state(context.state, cid), compute,
+        test=test,
     )
-    put_state(context.state, cid, state)
+    if task != EVALUATE:  # evaluating changes nothing the client keeps
+        put_state(context.state, cid, state)
     return Message(to_records(reply), reply_to=message)
 
 
