@@ -67,6 +67,7 @@ def run(
     force: bool = False,
     progress: bool = True,
     on_round: Callable[[dict[str, Any]], None] | None = None,
+    resume: bool = False,
     **overrides: Any,
 ) -> Results:
     """Run an experiment, every variant x seed of it, as ``fedskew run`` does; return where the runs are.
@@ -91,6 +92,9 @@ def run(
     on_round
         Called after every round with that round's record (a copy of the ``metrics.jsonl`` line, plus the
         run's ``label`` and ``seed``): for logging somewhere else.
+    resume
+        Continue an interrupted experiment in ``out``: finished runs are kept, interrupted ones continue
+        from their last checkpoint, missing ones start (a run folder made with another config is refused).
     **overrides
         Dotted overrides, as on the command line: ``rounds=5``, ``**{"partition.alpha": 0.5}``, or the same
         with ``__`` for the dot, ``partition__alpha=0.5``.
@@ -112,9 +116,10 @@ def run(
     partitioners the script itself defines reach them that way; in a notebook, put them in a file and pass
     ``plugins=["my_file.py"]`` (an override of the config key), or set ``workers=1``.
     """
-    runs, parent = plan(config, dotted(overrides), out=out, only=only, force=force)
+    runs, parent = plan(config, dotted(overrides), out=out, only=only, force=force, resume=resume)
     results = run_experiment(
-        runs, parent, data_dir=None if data_dir is None else str(data_dir), progress=progress, on_round=on_round
+        runs, parent, data_dir=None if data_dir is None else str(data_dir), progress=progress, on_round=on_round,
+        resume=resume,
     )
     return Results(parent, results)
 
@@ -127,6 +132,7 @@ def plan(
     only: Sequence[str] | None = None,
     force: bool = False,
     imports: Sequence[str] = (),
+    resume: bool = False,
 ) -> tuple[list[RunSpec], Path]:
     """The runs of ``config`` with ``overrides`` (and plug-ins ``imports``) and the folder they go to.
 
@@ -153,7 +159,7 @@ def plan(
         runs = select_labels(runs, list(only))
     check_devices([r.config for r in runs])
     name = runs[0].config.get("name", "experiment")
-    parent = choose_parent(None if out is None else os.fspath(out), name, runs, force)
+    parent = choose_parent(None if out is None else os.fspath(out), name, runs, force, resume)
     with os_errors_name(parent):  # an unwritable out is refused before the run starts
         parent.mkdir(parents=True, exist_ok=True)
     return runs, parent

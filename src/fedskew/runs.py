@@ -200,7 +200,10 @@ def run_config_path(run_dir: Path) -> Path:
     inside = sorted(p.parent.name for p in run_dir.glob(f"*/{CONFIG_FILE}"))
     if inside:
         shown = ", ".join(inside[:5]) + (f" (and {len(inside) - 5} more)" if len(inside) > 5 else "")
-        raise FedskewError(f"{run_dir} is an experiment folder, not a run folder; pass one of its runs: {shown}")
+        raise FedskewError(
+            f"{run_dir} is an experiment folder, not a run folder; pass one of its runs ({shown}), or resume "
+            f"them all with: fedskew run CONFIG --out {run_dir} --resume"
+        )
     raise FedskewError(f"{run_dir} is not a run folder: no {CONFIG_FILE}")
 
 

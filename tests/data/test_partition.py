@@ -324,7 +324,8 @@ def test_more_clients_than_samples_names_both_numbers(name: str) -> None:
 def test_unknown_parameter_names_it_and_the_allowed_ones() -> None:
     with pytest.raises(ConfigError, match=r"partition\.aplha.*allowed: alpha, min_size, max_retries"):
         partition("dirichlet", LABELS, 10, 0, aplha=0.5)
-    with pytest.raises(ConfigError, match=r"key 'partition\.alpha' for partitioner 'iid'; allowed: num_clients, seed, client_test_fraction$"):
+    allowed = "num_clients, seed, client_test_fraction"
+    with pytest.raises(ConfigError, match=rf"key 'partition\.alpha' for partitioner 'iid'; allowed: {allowed}$"):
         partition("iid", LABELS, 10, 0, alpha=0.5)
 
 

@@ -31,6 +31,7 @@ EPILOG = """examples:
   fedskew run                                   the default experiment (digits, FedAvg vs centralised)
   fedskew run experiments/fmnist_fedavg.toml rounds=5 partition.alpha=0.5
   fedskew run --resume runs/default/FedAvg-seed0 rounds=50
+  fedskew run experiments/fmnist_fedavg.toml --out runs/f --resume   finish an interrupted experiment
   fedskew partition experiments/fmnist_fedavg.toml
   fedskew report runs/default
   fedskew audit runs/feddc_cifar10                 privacy of the condensed images FedDC clients sent
@@ -68,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rounds=5 partition.alpha=0.5")
     r.add_argument("--out", help="experiment folder (default: runs/<name>, numbered if taken)")
     r.add_argument("--data-dir", help=data_help)
-    r.add_argument("--resume", metavar="RUN_DIR", help="continue a run folder from its last checkpoint")
+    r.add_argument("--resume", metavar="RUN_DIR", nargs="?", const="",
+                   help="continue a run folder from its last checkpoint; without RUN_DIR (CONFIG --out DIR --resume): "
+                        "continue the experiment in DIR (finished runs kept, interrupted ones resumed)")
     r.add_argument("--only", nargs="+", metavar="LABEL",
                    help="run only the variants with these labels (put overrides before --only)")
     r.add_argument("--force", action="store_true", help="overwrite runs already in --out")

@@ -40,7 +40,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     if source is not None and "=" in source and not Path(source).exists():
         overrides = parse_overrides([source, *args.overrides])  # `fedskew run rounds=5`, `--resume DIR rounds=20`
         source = None
-    if args.resume:
+    if args.resume == "":  # `fedskew run CONFIG --out DIR --resume`: the whole experiment
+        runs, parent = plan(source, overrides, out=args.out, only=args.only, force=args.force, imports=args.imports,
+                            resume=True)
+        from fedskew.engine.experiment import run_state
+
+        states = [run_state(parent / r.folder_name, r.config) for r in runs]
+        print(f"fedskew: {parent}: {states.count('done')} run(s) finished, {states.count('partial')} to continue, "
+              f"{states.count('new')} to start", file=sys.stderr)
+        run_experiment(runs, parent, data_dir=_data_dir(args), progress=progress, resume=True)
+        parents = [parent]
+    elif args.resume:
         if source is not None:
             from fedskew.engine.checkpoint import RESUMABLE
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
+
+from tqdm.auto import tqdm
 
 from fedskew.config import RunSpec, dump, validate
 from fedskew.config.files import read_toml
@@ -30,12 +32,21 @@ from fedskew.runs import (
 )
 
 
-def choose_parent(out: str | Path | None, name: str, runs: list[RunSpec], force: bool) -> Path:
+def choose_parent(
+    out: str | Path | None, name: str, runs: list[RunSpec], force: bool, resume: bool = False
+) -> Path:
     """The experiment folder: ``--out`` as given, else ``runs/<name>`` (``runs/<name>-2`` ... if taken).
 
-    An explicit ``--out`` that already holds one of these runs is refused unless ``force``: a finished
-    run is never overwritten by accident. An empty ``--out`` or one naming a file is refused.
+    An explicit ``--out`` that already holds one of these runs is refused unless ``force`` (start them
+    afresh) or ``resume`` (continue them): a finished run is never overwritten by accident. An empty
+    ``--out`` or one naming a file is refused; ``resume`` needs an explicit ``--out``.
     """
+    if resume:
+        if out is None:
+            raise ConfigError("resuming an experiment needs its folder: fedskew run CONFIG --out DIR --resume")
+        if force:
+            raise ConfigError("--resume continues the runs in --out and --force starts them afresh: give one")
+        return check_out_folder(out)
     if out is None:
         base = Path("runs") / name
         parent, k = base, 2
@@ -70,13 +81,17 @@ def run_experiment(
     data_dir: str | None = None,
     progress: bool = True,
     on_round: Callable[[dict[str, Any]], None] | None = None,
+    resume: bool = False,
 ) -> list[RunResult]:
     """Run each spec into ``parent/<label>-seed<k>``; runs sharing data and partition share the federation.
 
     Every run folder is claimed (:func:`~fedskew.runs.locked_run_folder`) before the first run starts and
     held until the last ends, so no other process runs, resumes or overwrites any of them meanwhile.
     ``on_round`` gets each round's record (a copy of the line ``metrics.jsonl`` holds, with the run's
-    ``label`` and ``seed`` added) once the round is written.
+    ``label`` and ``seed`` added) once the round is written. With ``resume``, finished runs are kept as
+    they are, interrupted ones continue from their last checkpoint, and the others start
+    (:func:`run_state`, which also refuses a run folder made with another config). With more than one
+    run, an overall progress bar counts the runs beside each run's own bar.
     """
     check_devices([spec.config for spec in runs])
     folders = [parent / spec.folder_name for spec in runs]
@@ -86,11 +101,19 @@ def run_experiment(
         parent.mkdir(parents=True, exist_ok=True)
     feds: dict[str, Federation] = {}
     results = []
+    states = [run_state(run_dir, spec.config) if resume else "new" for spec, run_dir in zip(runs, folders, strict=True)]
     with ExitStack() as held:
         for run_dir in folders:
             held.enter_context(locked_run_folder(run_dir))
-        for spec, run_dir in zip(runs, folders, strict=True):
+        bar = held.enter_context(tqdm(
+            total=len(runs), desc=parent.name or "experiment", unit="run", disable=not progress or len(runs) < 2,
+        ))
+        for spec, run_dir, state in zip(runs, folders, states, strict=True):
             cfg = spec.config
+            if state == "done":
+                results.append(_finished(run_dir))
+                bar.update(1)
+                continue
             key = json.dumps([cfg["dataset"], cfg["partition"], cfg["model"], cfg["seed"], data_dir], sort_keys=True)
             if key not in feds:
                 feds.clear()  # keep one federation in memory at a time
@@ -98,14 +121,64 @@ def run_experiment(
                     cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), data_dir
                 )
             with os_errors_name(run_dir, run=True):
-                # A run started afresh (--force) leaves nothing of the old one to mix with or resume from.
-                for f in (METRICS_FILE, TIMING_FILE, SUMMARY_FILE, MODEL_FILE, f"{CHECKPOINTS_DIR}/{CHECKPOINT_FILE}"):
-                    (run_dir / f).unlink(missing_ok=True)
+                if state == "new":
+                    # A run started afresh (--force) leaves nothing of the old one to mix with or resume from.
+                    for f in (METRICS_FILE, TIMING_FILE, SUMMARY_FILE, MODEL_FILE,
+                              f"{CHECKPOINTS_DIR}/{CHECKPOINT_FILE}"):
+                        (run_dir / f).unlink(missing_ok=True)
                 (run_dir / CONFIG_FILE).write_text(dump(cfg))
                 sim = RoundLoop(cfg, run_dir, data_dir=data_dir, progress=progress, federation=feds[key],
                                 on_round=_tagged(on_round, spec))
-                results.append(sim.run())
+                results.append(sim.run(resume=state == "partial"))
+            bar.update(1)
     return results
+
+
+def _flat(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in cfg.items():
+        if isinstance(v, Mapping):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def run_state(run_dir: Path, cfg: dict[str, Any]) -> str:
+    """What ``--resume`` does with the run folder ``run_dir`` of a run configured as ``cfg``.
+
+    ``"done"``: finished with this config (its summary is there); ``"partial"``: it continues from its
+    checkpoint (interrupted, or finished with fewer ``rounds``); ``"new"``: it starts (no folder, or
+    stopped before its first checkpoint). A folder whose config differs in anything a resume may not
+    change (:data:`RESUMABLE`) is refused in one line naming the key, before any run starts.
+    """
+    config = run_dir / CONFIG_FILE
+    if not (run_dir / METRICS_FILE).exists() or not config.exists():
+        return "new"
+    stored = read_toml(config, "run config")
+    then, now = _flat(stored), _flat(cfg)
+    differ = sorted(k for k in then.keys() | now.keys() if then.get(k) != now.get(k) and k not in RESUMABLE)
+    if differ:
+        k = differ[0]
+        raise ConfigError(
+            f"{run_dir} was run with {k} = {then.get(k)!r}, this config has {now.get(k)!r}: --resume continues "
+            "runs of the same config (it may change only " + ", ".join(RESUMABLE) + "); use another --out"
+        )
+    ck_path = run_dir / CHECKPOINTS_DIR / CHECKPOINT_FILE
+    summary = run_dir / SUMMARY_FILE
+    if summary.exists() and then.get("rounds") == now.get("rounds"):
+        return "done"
+    if not ck_path.exists():
+        return "new"
+    check_resume(load_checkpoint(run_dir / CHECKPOINTS_DIR), ck_path, stored, int(cfg["rounds"]))
+    return "partial"
+
+
+def _finished(run_dir: Path) -> RunResult:
+    """A finished run as a result, read from its folder."""
+    summary = json.loads((run_dir / SUMMARY_FILE).read_text())
+    records = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines() if line.strip()]
+    return RunResult(run_dir, summary, records)
 
 
 def _tagged(
