@@ -81,3 +81,18 @@ def test_a_label_with_a_slash_gives_one_folder_and_collisions_are_refused(tmp_pa
     raw["variants"] = [{"label": "a/b"}, {"label": "a_b"}]
     with pytest.raises(ConfigError, match="folder name"):
         resolve(raw)
+
+
+def test_a_label_template_names_each_variant_by_its_settings() -> None:
+    from fedskew.config import resolve
+
+    raw = {"rounds": 1, "variants": [{"label": "A"}, {"label": "B", "algorithm.name": "fedprox", "algorithm.mu": 0.1}]}
+    runs = resolve(raw, {"label": "{label}: lr={algorithm.lr}, {partition.name}"})
+    assert [r.label for r in runs] == ["A: lr=0.01, iid", "B: lr=0.01, iid"]  # lr: the method's default
+    assert [r.config["label"] for r in runs] == [r.label for r in runs]
+    one = resolve({"rounds": 1, "algorithm": {"name": "fedprox"}}, {"label": "mu {algorithm.mu}"})
+    assert one[0].label == "mu 0.01" and one[0].folder_name == "mu 0.01-seed0"
+    with pytest.raises(ConfigError, match=r"\{algorithm\.nope\} is not a key of the run's config"):
+        resolve(raw, {"label": "{algorithm.nope}"})
+    with pytest.raises(ConfigError, match="share the label"):
+        resolve(raw, {"label": "same"})

@@ -40,6 +40,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if source is not None and "=" in source and not Path(source).exists():
         overrides = parse_overrides([source, *args.overrides])  # `fedskew run rounds=5`, `--resume DIR rounds=20`
         source = None
+    if args.label is not None:
+        overrides["label"] = args.label
     if args.resume == "":  # `fedskew run CONFIG --out DIR --resume`: the whole experiment
         runs, parent = plan(source, overrides, out=args.out, only=args.only, force=args.force, imports=args.imports,
                             resume=True)

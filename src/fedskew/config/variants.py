@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from fedskew.config.files import TOP_LEVEL, set_dotted
-from fedskew.config.schema import DEFAULTS, GENERIC_KEYS, NAMED, SECTIONS, validate
+from fedskew.config.schema import DEFAULTS, GENERIC_KEYS, NAMED, SECTIONS, typed_config, validate
 from fedskew.core.errors import ConfigError
 from fedskew.plugins import check_specs, load_plugins
 from fedskew.runs import folder_label, run_folder_name
@@ -104,7 +105,9 @@ def resolve(
                 cfg[sec] = {k: v for k, v in cfg[sec].items() if k in keep}
         if cfg["algorithm"].get("name") != base["algorithm"].get("name"):
             _keep_shared_params(cfg, explicit["algorithm"])
-        label = str(overrides.get("label") or variant.get("label") or cfg.get("label") or cfg["algorithm"]["name"])
+        label = str(variant.get("label") or cfg.get("label") or cfg["algorithm"]["name"])
+        if overrides.get("label"):
+            label = expand_label(str(overrides["label"]), label, cfg)
         folder = folder_label(label)
         if folder in folders:  # equal labels have equal folder names
             raise ConfigError(
@@ -122,6 +125,38 @@ def resolve(
         key = sorted(algo_overrides - taken)[0]
         raise ConfigError(f"unknown key {key!r}: no variant's algorithm has this parameter")
     return runs
+
+
+_FIELD = re.compile(r"\{([^{}]*)\}")
+_MISSING = object()
+
+
+def expand_label(template: str, label: str, cfg: dict[str, Any]) -> str:
+    """A ``label`` override for one variant: ``{label}`` is the variant's own label, ``{key.path}`` the
+    run's value of a dotted config key, e.g. ``"{label}, tau={algorithm.tau}"`` (``--label`` on the command line).
+    A template without fields is the label of every run."""
+
+    def field(m: re.Match[str]) -> str:
+        key = m.group(1)
+        if key == "label":
+            return label
+        value: Any = cfg
+        for i, part in enumerate(parts := key.split(".")):
+            if isinstance(value, dict) and part in value:
+                value = value[part]
+            elif i == 1 and parts[0] in NAMED and isinstance(value, dict):  # an option left at its default
+                typed = typed_config({k: v for k, v in cfg.items() if k != "seeds"})
+                value = getattr(getattr(typed, parts[0]).params, part, _MISSING)
+            else:
+                value = _MISSING
+            if value is _MISSING:
+                raise ConfigError(f"label {template!r}: {{{key}}} is not a key of the run's config; "
+                                  "use {label} or a dotted key such as {algorithm.lr}")
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            value = dataclasses.asdict(value)
+        return str(value)
+
+    return _FIELD.sub(field, template)
 
 
 def _seeds(raw: dict[str, Any], overrides: dict[str, Any], default: Any) -> list[int]:
