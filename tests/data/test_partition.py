@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from fedskew.core.errors import ConfigError, DataError
 from fedskew.core.registry import Registry
 from fedskew.data.partition import PARTITIONERS, Partition, PartitionParams, partition, summarize
-from fedskew.data.partition_plot import bubble_plot
+from fedskew.data.partition_plot import bubble_plot, heatmap_plot, partition_plot
 
 LABELS = np.repeat(np.arange(10), 100)  # 1,000 samples, 10 balanced classes
 
@@ -460,3 +460,17 @@ def test_bubble_plot_writes_png(tmp_path: Path, num_clients: int) -> None:
 def test_bubble_plot_rejects_bad_input(tmp_path: Path, counts: np.ndarray, names: list[str] | None, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         bubble_plot(counts, tmp_path / "x.png", class_names=names)
+
+
+def test_partition_plot_draws_a_heat_map_from_100_clients(tmp_path: Path) -> None:
+    counts = partition("dirichlet", LABELS, 150, 0, alpha=0.1, min_size=0).class_counts(LABELS, 10)
+    auto = partition_plot(counts, tmp_path / "auto.png", "Dir(0.1)")
+    heat = heatmap_plot(counts, tmp_path / "heat.png", "Dir(0.1)")
+    bubbles = partition_plot(counts, tmp_path / "bubbles.png", "Dir(0.1)", style="bubble")
+    assert auto.read_bytes() == heat.read_bytes() != bubbles.read_bytes()
+    small = counts[:10]
+    assert partition_plot(small, tmp_path / "s.png").read_bytes() == bubble_plot(small, tmp_path / "b.png").read_bytes()
+    with pytest.raises(ValueError, match="style 'pie'; allowed: auto, bubble, heatmap"):
+        partition_plot(counts, tmp_path / "x.png", style="pie")
+    with pytest.raises(ValueError, match="1 class names for 10 classes"):
+        heatmap_plot(counts, tmp_path / "x.png", class_names=["a"])

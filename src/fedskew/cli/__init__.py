@@ -81,10 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_import(r)
     r.set_defaults(func=cmd_run)
 
-    pa = sub.add_parser("partition", help="print per-client class counts and save a bubble plot")
+    pa = sub.add_parser("partition", help="print per-client class counts and save a bubble plot or heat map")
     pa.add_argument("config", help="TOML config file or built-in config name")
     pa.add_argument("overrides", nargs="*", help="dotted overrides, e.g. partition.alpha=0.5")
     pa.add_argument("--out", help="PNG path (default: partition-<name>.png)")
+    pa.add_argument("--style", choices=["auto", "bubble", "heatmap"], default="auto",
+                    help="bubbles per client and class, or a heat map (auto: a heat map from 100 clients on)")
     pa.add_argument("--data-dir", help=data_help)
     _add_import(pa)
     pa.set_defaults(func=cmd_partition)

@@ -81,7 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_partition(args: argparse.Namespace) -> int:
     from fedskew.config import parse_overrides, read_config, resolve
     from fedskew.data.partition import summarize
-    from fedskew.data.partition_plot import bubble_plot
+    from fedskew.data.partition_plot import partition_plot
     from fedskew.engine.federation import build_federation
 
     spec = resolve(
@@ -101,8 +101,8 @@ def cmd_partition(args: argparse.Namespace) -> int:
     title = f"{cfg['dataset']['name']}: {cfg['partition']['name']} " + ", ".join(
         f"{k}={v}" for k, v in cfg["partition"].items() if k != "name"
     )
-    bubble_plot(fed.counts, out, title=title, class_names=fed.class_names)
-    print(f"\nbubble plot: {out}")
+    partition_plot(fed.counts, out, title=title, class_names=fed.class_names, style=args.style)
+    print(f"\npartition plot: {out}")
     return 0
 
 

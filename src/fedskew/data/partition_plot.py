@@ -23,6 +23,65 @@ _MIN_BUBBLE_PT = 6.0  # smallest diameter (points) of the largest bubble, to sta
 _MAX_BUBBLE_PT = 40.0
 
 
+HEATMAP_CLIENTS = 100
+"""From this many clients on, ``style="auto"`` draws a heat map: bubbles of neighbouring clients overlap."""
+
+
+def partition_plot(
+    counts: np.ndarray, path: Path, title: str = "", class_names: list[str] | None = None, style: str = "auto"
+) -> Path:
+    """The partition as a bubble chart (``style="bubble"``) or a client x class heat map (``"heatmap"``);
+    ``"auto"``: a heat map from :data:`HEATMAP_CLIENTS` clients on, bubbles below."""
+    if style not in ("auto", "bubble", "heatmap"):
+        raise ValueError(f"style {style!r}; allowed: auto, bubble, heatmap")
+    if style == "heatmap" or (style == "auto" and np.asarray(counts).shape[0] >= HEATMAP_CLIENTS):
+        return heatmap_plot(counts, path, title, class_names)
+    return bubble_plot(counts, path, title, class_names)
+
+
+def heatmap_plot(counts: np.ndarray, path: Path, title: str = "", class_names: list[str] | None = None) -> Path:
+    """Draw ``counts`` as a class x client heat map (colour: samples, on a log scale; white: none).
+
+    Readable at hundreds of clients, where bubbles overlap. Same arguments as :func:`bubble_plot`.
+    """
+    from matplotlib import colormaps
+    from matplotlib.colors import LogNorm
+
+    counts = _checked(counts, class_names)
+    num_clients, num_classes = counts.shape
+    width = min(max(6.0, 2.0 + 0.05 * num_clients), 20.0)
+    height = min(max(3.0, 1.5 + 0.35 * num_classes), 14.0)
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    shown = np.ma.masked_equal(counts.T.astype(float), 0)
+    image = ax.imshow(shown, aspect="auto", origin="lower", interpolation="nearest",
+                      cmap=colormaps["viridis"].with_extremes(bad="white"), norm=LogNorm(vmin=1, vmax=counts.max()))
+    fig.colorbar(image, ax=ax, label="samples (log scale; white: none)")
+    y_ticks = np.arange(0, num_classes, math.ceil(num_classes / _MAX_Y_TICKS))
+    ax.set_yticks(y_ticks)
+    if class_names is not None:
+        ax.set_yticklabels([class_names[i] for i in y_ticks])
+    ax.set_xticks(np.arange(0, num_clients, math.ceil(num_clients / _MAX_X_TICKS)))
+    ax.tick_params(axis="x", labelrotation=90 if num_clients > _MAX_X_TICKS // 2 else 0)
+    ax.set(xlabel="client", ylabel="class")
+    if title:
+        ax.set_title(title)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=100)
+    return path
+
+
+def _checked(counts: np.ndarray, class_names: list[str] | None) -> np.ndarray:
+    counts = np.asarray(counts)
+    if counts.ndim != 2 or counts.size == 0 or counts.min() < 0 or counts.sum() == 0:
+        raise ValueError("counts must be a non-empty 2-D array of non-negative counts with a positive sum")
+    if class_names is not None and len(class_names) != counts.shape[1]:
+        raise ValueError(f"{len(class_names)} class names for {counts.shape[1]} classes")
+    return counts
+
+
 def bubble_plot(counts: np.ndarray, path: Path, title: str = "", class_names: list[str] | None = None) -> Path:
     """Draw ``counts`` as a client x class bubble chart and save it as a PNG.
 
@@ -51,12 +110,8 @@ def bubble_plot(counts: np.ndarray, path: Path, title: str = "", class_names: li
     legend maps bubble sizes back to sample counts. Only the Agg canvas is used (no pyplot),
     so plotting works headless and leaves no open figure behind.
     """
-    counts = np.asarray(counts)
-    if counts.ndim != 2 or counts.size == 0 or counts.min() < 0 or counts.sum() == 0:
-        raise ValueError("counts must be a non-empty 2-D array of non-negative counts with a positive sum")
+    counts = _checked(counts, class_names)
     num_clients, num_classes = counts.shape
-    if class_names is not None and len(class_names) != num_classes:
-        raise ValueError(f"{len(class_names)} class names for {num_classes} classes")
 
     width = min(max(6.0, 2.0 + 0.12 * num_clients), 20.0)
     height = min(max(3.0, 1.5 + 0.4 * num_classes), 14.0)
