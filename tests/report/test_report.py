@@ -205,3 +205,55 @@ def test_the_mixed_report_is_one_line_on_the_command_line(tmp_path: Path) -> Non
     res = fedskew("report", "a", "b", "--group-by", "dataset.name", cwd=tmp_path)
     assert res.code == 0, res.err
     assert "fedavg (dataset.name=digits)" in res.out and "fedavg (dataset.name=fashion_mnist)" in res.out
+
+
+# ---- what the page says about its figures and columns -----------------------------------------------------
+def test_the_best_value_of_each_column_is_bold_and_figures_have_captions(experiment: Path) -> None:
+    from fedskew.report.html import best_cells, caption
+
+    rows = comparison_table([load_run(p) for p in find_runs([experiment])])
+    keys = ["label", "final_acc", "max_drop", "class_var", "mb_server_to_client"]
+    best = best_cells(rows, keys)
+    final = [row["final_acc"] for row in rows]
+    assert (final.index(max(final)), 1) in best and (final.index(min(final)), 1) not in best
+    drops = [row["max_drop"] for row in rows]  # negative points: the best is the one closest to 0
+    assert (drops.index(max(drops)), 2) in best
+    variances = [row["class_var"] for row in rows]
+    assert (variances.index(min(variances)), 3) in best
+    assert not any(j in (0, 4) for _, j in best)  # labels and traffic have no "best"
+    assert best_cells(rows[:1], keys) == set()
+    assert caption("per_class_FedAvg").startswith("Per-class test accuracy") and caption("per_class_FedAvg").endswith(
+        "(FedAvg)"
+    )
+    page = write_report([experiment]).read_text()
+    assert "<td><b>" in page and "Test accuracy of the global model per evaluated round" in page
+    assert 'href="../fedavg_s0/config.toml"' in page and 'href="../feddc_s1/metrics.jsonl"' in page
+
+
+def test_plot_titles_name_the_experiment_and_centralised_is_a_reference_line(tmp_path: Path) -> None:
+    from fedskew.report.plots import experiment_title, plot_curves
+
+    _experiment_run(tmp_path / "a", "fashion_mnist", 0, [0.3, 0.4])
+    _experiment_run(tmp_path / "b", "fashion_mnist", 1, [0.5, 0.6])
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    (tmp_path / "b" / "summary.json").write_text(json.dumps({**summary, "algorithm": "centralized", "label": "C"}))
+    runs = [load_run(p) for p in find_runs([tmp_path])]
+    assert experiment_title(runs) == "fashion_mnist, dirichlet (alpha=0.1)"
+    _experiment_run(tmp_path / "c", "digits", 0, [0.3, 0.4])
+    assert experiment_title([load_run(p) for p in find_runs([tmp_path])]).startswith("several datasets")
+
+    import matplotlib.axes
+
+    lines: list[float] = []
+    original = matplotlib.axes.Axes.axhline
+
+    def spy(self: matplotlib.axes.Axes, y: float = 0, *args: object, **kwargs: object) -> object:
+        lines.append(y)
+        return original(self, y, *args, **kwargs)
+
+    matplotlib.axes.Axes.axhline = spy  # type: ignore[method-assign]
+    try:
+        plot_curves(runs, tmp_path / "plots")
+    finally:
+        matplotlib.axes.Axes.axhline = original  # type: ignore[method-assign]
+    assert lines == [pytest.approx(60.0)]  # the centralised run's best, drawn once as a horizontal line

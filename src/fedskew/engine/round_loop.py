@@ -485,7 +485,7 @@ class RoundLoop:
             algorithm=cfg["algorithm"]["name"], label=cfg.get("label", cfg["algorithm"]["name"]),
             seed=int(cfg["seed"]), rounds=len(records), dataset=cfg["dataset"]["name"],
             model=cfg["model"]["name"], partition=cfg["partition"]["name"],
-            num_clients=self.fed.info.num_clients,
+            num_clients=self.fed.info.num_clients, class_names=list(self.fed.class_names),
             bytes_per_round_mb=(
                 sum(summary[k] for k in ("bytes_server_to_client", "bytes_client_to_server", "bytes_client_to_client"))
                 / max(len(records), 1) / 1e6

@@ -13,10 +13,12 @@ import html
 import json
 import os
 from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
-from fedskew.report.plots import plot_clients, plot_curves, synthetic_grids
+from fedskew.report.plots import experiment_title, plot_clients, plot_curves, synthetic_grids
 from fedskew.report.tables import comparison_table, separate_experiments, table_cells, write_table
 from fedskew.runs import AUDIT_FILE, RunData, find_runs, load_run
 
@@ -33,19 +35,87 @@ def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return flat
 
 
-def _html_table(headers: Sequence[str], cells: Iterable[Sequence[object]]) -> str:
+def _html_table(headers: Sequence[str], cells: Iterable[Sequence[object]],
+                bold: AbstractSet[tuple[int, int]] = frozenset(), raw: AbstractSet[int] = frozenset()) -> str:
+    """A table; cells at (row, column) in ``bold`` are bold, columns in ``raw`` hold HTML already."""
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in cells)
+
+    def cell(i: int, j: int, c: object) -> str:
+        text = str(c) if j in raw else html.escape(str(c))
+        return f"<td><b>{text}</b></td>" if (i, j) in bold else f"<td>{text}</td>"
+
+    body = "".join(
+        "<tr>" + "".join(cell(i, j, c) for j, c in enumerate(row)) + "</tr>" for i, row in enumerate(cells)
+    )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _runs_section(runs: list[RunData], root: Path) -> str:
+HIGHER_IS_BETTER = {"final_acc", "best_acc", "client_mean", "client_worst10", "personal_mean", "personal_worst10"}
+"""Table columns where the largest value is best (``acc@<round>`` too); see :data:`LOWER_IS_BETTER`."""
+LOWER_IS_BETTER = {"class_var", "class_std_pp", "rounds_to_target", "mb_to_target"}
+"""Where the smallest is best. Drops are negative points, so the best is the largest (closest to 0)."""
+
+
+def best_cells(rows: list[dict[str, Any]], keys: Sequence[str]) -> set[tuple[int, int]]:
+    """(row, column) of the best value of each column that has a direction (ties: all of them), with
+    two or more rows to compare."""
+    best: set[tuple[int, int]] = set()
+    if len(rows) < 2:
+        return best
+    for j, key in enumerate(keys):
+        higher = key in HIGHER_IS_BETTER or key.startswith("acc@") or key in ("max_drop", "mean_drop")
+        if not higher and key not in LOWER_IS_BETTER:
+            continue
+        values = [(i, float(row[key])) for i, row in enumerate(rows) if isinstance(row.get(key), int | float)]
+        if len(values) < 2:
+            continue
+        target = (max if higher else min)(v for _, v in values)
+        best.update((i, j) for i, v in values if v == target)
+    return best
+
+
+CAPTIONS = {
+    "accuracy": "Test accuracy of the global model per evaluated round (mean over seeds; shaded ± 1 sample std).",
+    "class_variance": "Variance of the per-class test accuracies per round (fractions squared): how unevenly "
+                      "the global model serves the classes; FedDC's class variance.",
+    "bytes": "Test accuracy against the cumulative traffic, all directions (MB): the fair axis when methods "
+             "send different amounts a round. Centralised training, which sends its data once, is a dashed line.",
+    "client_accuracy": "Each client's accuracy on its own test split in the last evaluated round, one box per "
+                       "method (clients of all seeds pooled; the box spans the middle half, the diamond is the "
+                       "mean): for the global model and for each client's own model.",
+    "client_curves": "Mean (solid) and worst-10% (dashed) client accuracy of the clients' own models per round.",
+    "per_class": "Per-class test accuracy per round (mean over seeds): which classes a method forgets and "
+                 "relearns from round to round.",
+    "synthetic": "The condensed images the clients sent in the last round, one row per class.",
+}
+
+
+def caption(name: str) -> str:
+    """What a report figure shows, from its file name."""
+    for stem, text in CAPTIONS.items():
+        if name == stem or name.startswith(f"{stem}_"):
+            label = name[len(stem) + 1:]
+            return f"{text} ({label.replace('_', ' ')})" if label else text
+    return name
+
+
+def _links(run_dir: Path, out: Path) -> str:
+    """Links, relative to the report, to a run's config, metrics and summary."""
+    names = ("config.toml", "metrics.jsonl", "summary.json")
+    rel = Path(os.path.relpath(run_dir.resolve(), out.resolve()))
+    return " ".join(
+        f'<a href="{html.escape(quote((rel / n).as_posix()))}">{n.split(".")[0]}</a>' for n in names
+        if (run_dir / n).exists()
+    )
+
+
+def _runs_section(runs: list[RunData], root: Path, out: Path) -> str:
     """The header: one line per run plus its config values that differ between runs.
 
     Settings shared by every run go into a collapsed block: listing them per run would bury the
     few values (method, alpha, seed ...) that the comparison is actually about.
     """
-    fixed = ["label", "algorithm", "seed", "rounds", "folder"]
+    fixed = ["label", "algorithm", "seed", "rounds", "folder", "files"]
     flat = [_flatten(run.config) for run in runs]
     keys = list(dict.fromkeys(k for f in flat for k in f))
     differing = [k for k in keys if len({f.get(k) for f in flat}) > 1]
@@ -59,12 +129,15 @@ def _runs_section(runs: list[RunData], root: Path) -> str:
             run.summary.get("seed", "-"),
             run.summary["rounds"],
             os.path.relpath(run.path.resolve(), root),
-            *(f.get(k, "-") for k in differing),
+            _links(run.path, out),
+            *(html.escape(f.get(k, "-")) for k in differing),
         ]
         for run, f in zip(runs, flat, strict=True)
     ]
+    for row in cells:
+        row[:5] = [html.escape(str(c)) for c in row[:5]]
     parts = [f"<h2>Runs</h2><p>{len(runs)} run(s) under <code>{html.escape(str(root))}</code>.</p>"]
-    parts.append(_html_table(headers, cells))
+    parts.append(_html_table(headers, cells, raw=set(range(len(headers)))))
     if shared:
         rows = [[k, flat[0][k]] for k in shared]
         parts.append(
@@ -83,6 +156,7 @@ th:first-child, td:first-child { text-align: left; }
 th { background: #f2f2f2; }
 img { max-width: 100%; }
 figure { margin: 1.5em 0; }
+figcaption { font-size: 0.9em; color: #444; }
 """
 
 
@@ -134,21 +208,26 @@ def write_report(paths: Sequence[Path], out_dir: Path | None = None, group_by: S
     write_table(rows, out)
     images = plot_curves(runs, out) + plot_clients(runs, out) + synthetic_grids(runs, out)
     headers, cells = table_cells(rows)
+    keys = [k for k in dict.fromkeys(k for row in rows for k in row) if not k.endswith("_std")]
+    keys = [k for k in keys if any(row.get(k) is not None for row in rows)]  # the columns table_cells kept
     figures = "".join(
         f'<figure><img alt="{html.escape(img.stem)}" src="data:image/png;base64,'
-        f'{base64.b64encode(img.read_bytes()).decode("ascii")}"><figcaption>{html.escape(img.name)}'
-        "</figcaption></figure>"
+        f'{base64.b64encode(img.read_bytes()).decode("ascii")}"><figcaption>{html.escape(caption(img.stem))} '
+        f"<code>{html.escape(img.name)}</code></figcaption></figure>"
         for img in images
     )
+    title = experiment_title(runs)
     page = (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>fedskew report</title>'
         f"<style>{_STYLE}</style></head><body><h1>fedskew report</h1>"
-        + _runs_section(runs, root)
+        + (f"<p>{html.escape(title)}</p>" if title else "")
+        + _runs_section(runs, root, out)
         + "<h2>Results</h2><p>Accuracy in %; drops and rises are changes between consecutive rounds in "
         "percentage points (FedDC's round variance); class var is the per-round variance of the "
         "per-class accuracies (fractions) averaged over rounds, class std its square root in points. "
-        "Runs sharing a label are seeds: mean ± sample std over n runs.</p>"
-        + _html_table(headers, cells)
+        "Runs sharing a label are seeds: mean ± sample std over n runs. The best value of each column "
+        "that has one is in bold.</p>"
+        + _html_table(headers, cells, best_cells(rows, keys))
         + "<h2>Curves</h2>"
         + figures
         + _audit_section(runs, out)

@@ -86,14 +86,48 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
+BAND = "shaded: mean ± 1 sample std over seeds"
+
+
+def experiment_title(runs: list[RunData]) -> str:
+    """What the runs were run on, for plot titles: the dataset and the partition with its parameters
+    (those all runs share; "several datasets" etc. where they differ)."""
+    def common(table: str) -> dict[str, Any] | None:
+        tables = [{k: v for k, v in (run.config.get(table) or {}).items() if k != "data_dir"} for run in runs]
+        return tables[0] if tables and all(t == tables[0] for t in tables) else None
+
+    dataset, part = common("dataset"), common("partition")
+    if not runs or not runs[0].config:
+        return ""
+    data = str(dataset.get("name")) if dataset else "several datasets"
+    if dataset and dataset.get("train_fraction", 1.0) != 1.0:
+        data += f" ({100 * float(dataset['train_fraction']):g}% of the training set)"
+    if part is None:
+        return f"{data}, several partitions"
+    params = ", ".join(f"{k}={v}" for k, v in part.items() if k not in ("name", "seed", "num_clients"))
+    clients = f", {part['num_clients']} clients" if part.get("num_clients") is not None else ""
+    return f"{data}, {part.get('name')}" + (f" ({params})" if params else "") + clients
+
+
+def _finish(ax: Axes, title: str, n_max: int) -> None:
+    """Grid, legend (saying what the band is when some label has several seeds) and title."""
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small", title=BAND if n_max > 1 else None, title_fontsize="x-small")
+    if title:
+        ax.set_title(title, fontsize="medium")
+
+
 def plot_curves(runs: list[RunData], out_dir: Path) -> list[Path]:
     """Write the comparison plots into ``out_dir``.
 
     Writes ``accuracy.png`` (test accuracy per round), ``class_variance.png`` (per-round class
     variance), ``bytes.png`` (accuracy against cumulative traffic in all directions, the fair axis
-    when methods send different amounts per round) and, for each label with per-class accuracies,
-    ``per_class_<label>.png`` (a classes x rounds heatmap that shows which classes a method forgets
-    from round to round). Seeds are drawn as their mean with a +-1 std band.
+    when methods send different amounts per round; centralised training, which sends its data once,
+    is a horizontal line at its best accuracy) and, for each label with per-class accuracies,
+    ``per_class_<label>.png`` (a classes x rounds heatmap, classes by name, that shows which classes a
+    method forgets from round to round). Seeds are drawn as their mean with a +-1 std band, which the
+    legend says. Titles name the dataset and the partition.
 
     Figures are built with the object-oriented Agg API (no pyplot), so no global backend or figure
     registry is touched and nothing is left open.
@@ -102,6 +136,8 @@ def plot_curves(runs: list[RunData], out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     groups = group_runs(runs)
     colors = colormaps["tab10"]
+    title = experiment_title(runs)
+    n_max = max((len(g) for g in groups.values()), default=1)
     curves = [
         ("accuracy.png", "round", "test accuracy (%)", _accuracy),
         ("class_variance.png", "round", "class variance (fractions squared)", _class_variance),
@@ -112,23 +148,29 @@ def plot_curves(runs: list[RunData], out_dir: Path) -> list[Path]:
         ax = fig.add_subplot()
         for i, (label, group) in enumerate(groups.items()):
             x, stack = _aligned(group, values)
-            _line_with_band(ax, x, stack, colors(i % 10), label)
+            if x.size:
+                _line_with_band(ax, x, stack, colors(i % 10), label)
         ax.set(xlabel=xlabel, ylabel=ylabel)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
+        _finish(ax, title, n_max)
         written.append(_save(fig, out_dir / name))
 
     fig = Figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.add_subplot()
     for i, (label, group) in enumerate(groups.items()):
-        x_mb, mb = _aligned(group, _cumulative_mb)
         x_acc, acc = _aligned(group, _accuracy)
+        if not x_acc.size:
+            continue
+        if all(run.summary.get("algorithm") == "centralized" for run in group):
+            best = acc.max(axis=1).mean()  # data sent once, not per round: a reference, not a curve
+            ax.axhline(best, color=colors(i % 10), linestyle="--", linewidth=1,
+                       label=f"{label}: best {best:.1f}% (data sent once)")
+            continue
+        x_mb, mb = _aligned(group, _cumulative_mb)
         # traffic up to and including each evaluated round
         _line_with_band(ax, mb[:, np.isin(x_mb, x_acc)].mean(axis=0), acc, colors(i % 10), label)
     ax.set(xlabel="cumulative traffic, all directions (MB)", ylabel="test accuracy (%)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    _finish(ax, title, n_max)
     written.append(_save(fig, out_dir / "bytes.png"))
 
     cmap = colormaps["viridis"].with_extremes(bad="lightgrey")
@@ -151,9 +193,14 @@ def plot_curves(runs: list[RunData], out_dir: Path) -> list[Path]:
             extent=(rounds[0] - 0.5, rounds[-1] + 0.5, -0.5, stack.shape[1] - 0.5),
         )
         fig.colorbar(image, ax=ax, label="accuracy (%)")
-        ax.set(xlabel="round", ylabel="class", title=f"per-class accuracy: {label}")
+        ax.set(xlabel="round", ylabel="class", title=f"per-class accuracy: {label}" + (f" ({title})" if title else ""))
+        ax.title.set_fontsize("medium")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        names = group[0].summary.get("class_names")
+        if isinstance(names, list) and len(names) == stack.shape[1]:
+            ax.set_yticks(range(len(names)), [str(n) for n in names], fontsize="small" if len(names) <= 20 else 5)
+        else:
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         written.append(_save(fig, out_dir / f"per_class_{slug}.png"))
     return written
 
