@@ -113,3 +113,26 @@ def test_evaluation_is_seeded(toy: tuple[torch.Tensor, torch.Tensor], factory: C
     runs = [evaluate_synthetic(SyntheticSet(x, y), x, y, factory, cfg, torch.Generator().manual_seed(3))
             for _ in range(2)]
     assert runs[0] == runs[1]
+
+
+def test_a_settings_file_and_overrides_equal_the_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The flags are aliases of the keys: a TOML file plus overrides gives the flags' set, pixel for pixel."""
+    flags, _ = _run(tmp_path, "dm")
+    settings = tmp_path / "dm.toml"
+    settings.write_text('dataset = "digits"\nmethod = "dm"\nipc = 2\niterations = 5\nreal_batch = 16\n'
+                        '[model]\nnet_width = 8\n[eval]\nepochs = 3\n')
+    out = tmp_path / "from_file"
+    # iterations: the override beats the file; a flag beats both
+    given = [str(settings), "iterations=7", "--iterations", "2"]
+    assert main(["condense", *given, "--out", str(out), "--no-progress"]) == 0
+    _, stored, meta = load_set(out / "synthetic.safetensors")
+    _, expected, expected_meta = load_set(flags / "synthetic.safetensors")
+    assert torch.equal(stored.images, expected.images) and meta == expected_meta
+    result = json.loads((out / "result.json").read_text())
+    assert result["iterations"] == 2 and result["model_options"] == {"net_width": 8} and result["eval"]["epochs"] == 3
+    for bad, words in ((["ipcs=3"], "unknown condense setting 'ipcs'"), (["ipc=two"], "ipc = 'two' must be a int"),
+                       ([str(settings), str(settings)], "one settings file")):
+        capsys.readouterr()
+        assert main(["condense", *bad, "--out", str(tmp_path / "bad"), "--no-progress"]) != 0
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0]

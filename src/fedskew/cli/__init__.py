@@ -36,6 +36,7 @@ EPILOG = """examples:
   fedskew report runs/default
   fedskew audit runs/feddc_cifar10                 privacy of the condensed images FedDC clients sent
   fedskew condense --dataset fashion_mnist --method dm --ipc 10 --iterations 200   condense and score a set
+  fedskew condense my_set.toml ipc=10 model.net_width=32   the same from a settings file and overrides
   fedskew list
   fedskew deploy init my-app experiments/fmnist_fedavg.toml rounds=50   a Flower App for `flwr run`
   fedskew run my.toml --import my_algorithm.py   a config naming an algorithm that my_algorithm.py registers
@@ -123,29 +124,37 @@ def build_parser() -> argparse.ArgumentParser:
     _add_import(au)
     au.set_defaults(func=cmd_audit)
 
-    co = sub.add_parser("condense", help="condense a dataset (DC, DM, KIP), save the set and score it")
-    co.add_argument("--dataset", default="digits", help="registered dataset name (default digits)")
+    co = sub.add_parser(
+        "condense", help="condense a dataset (DC, DM, KIP), save the set and score it",
+        description="Settings come from an optional TOML file, then KEY=VALUE overrides (dotted, as for `fedskew "
+                    "run`: method=kip ipc=10 model.net_width=32 eval.epochs=100), then the flags below, which are "
+                    "aliases of those keys. Defaults in brackets.",
+    )
+    co.add_argument("items", nargs="*", metavar="CONFIG_OR_KEY=VALUE",
+                    help="a TOML file of settings (first) and/or dotted overrides")
+    co.add_argument("--dataset", help="registered dataset name [digits]")
     co.add_argument("--data-dir", help=data_help)
-    co.add_argument("--method", default="dm", help="dc, dm, kip or random (a random real subset; default dm)")
-    co.add_argument("--ipc", type=int, default=1, help="images per class (default 1)")
+    co.add_argument("--method", help="dc, dm, kip or random (a random real subset) [dm]")
+    co.add_argument("--ipc", type=int, help="images per class [1]")
     co.add_argument("--iterations", type=int,
-                    help="condensation iterations (default: published, DC 1000, DM 20000, KIP 1000)")
-    co.add_argument("--seed", type=int, default=0, help="seed of condensation and evaluation (default 0)")
-    co.add_argument("--out", help="output folder (default runs/condense/<dataset>-<method>-ipc<N>-seed<S>)")
-    co.add_argument("--eval-epochs", type=int, default=300, help="epochs of the evaluation training (default 300)")
-    co.add_argument("--eval-dsa", action="store_true", help="DSA augmentation in the evaluation training, "
-                    "as DSA and DM evaluate (default off, as DC evaluates)")
-    co.add_argument("--model", default="convnet", help="network to condense with and evaluate (default convnet)")
-    co.add_argument("--net-width", type=int, help="ConvNet width (default 128)")
-    co.add_argument("--image-lr", type=float, help="image learning rate (default DC 0.1, DM 1.0, KIP 0.01)")
-    co.add_argument("--real-batch", type=int, help="real images per class per step (KIP: target batch; default 256)")
+                    help="condensation iterations [published: DC 1000, DM 20000, KIP 1000]")
+    co.add_argument("--seed", type=int, help="seed of condensation and evaluation [0]")
+    co.add_argument("--out", help="output folder [runs/condense/<dataset>-<method>-ipc<N>-seed<S>]")
+    co.add_argument("--eval-epochs", type=int, help="epochs of the evaluation training (key eval.epochs) [300]")
+    co.add_argument("--eval-dsa", action="store_true", default=None, help="DSA augmentation in the evaluation "
+                    "training, as DSA and DM evaluate (key eval.dsa) [off, as DC evaluates]")
+    co.add_argument("--model", help="network to condense with and evaluate (key model.name) [convnet]")
+    co.add_argument("--net-width", type=int, help="ConvNet width (key model.net_width) [128]")
+    co.add_argument("--image-lr", type=float, help="image learning rate [DC 0.1, DM 1.0, KIP 0.01]")
+    co.add_argument("--real-batch", type=int, help="real images per class per step (KIP: target batch) [256]")
     co.add_argument("--dsa", action=argparse.BooleanOptionalAction, default=None,
-                    help="augment while matching (default: on for DM, off for DC)")
-    co.add_argument("--outer-loop", type=int, help="DC matching steps per network (default DC's: 1 at ipc 1, 10 at 10)")
-    co.add_argument("--inner-loop", type=int, help="DC network steps between them (default DC's: 1 at ipc 1, 50 at 10)")
-    co.add_argument("--kernel", default="ntk", help="KIP kernel: ntk or rf_convnet (default ntk)")
-    co.add_argument("--learn-labels", action="store_true", help="KIP also learns the labels (saved as soft labels)")
-    co.add_argument("--threads", type=int, default=1, help="torch threads (default 1: reproducible, fair to others)")
+                    help="augment while matching [on for DM, off for DC]")
+    co.add_argument("--outer-loop", type=int, help="DC matching steps per network [DC's: 1 at ipc 1, 10 at 10]")
+    co.add_argument("--inner-loop", type=int, help="DC network steps between them [DC's: 1 at ipc 1, 50 at 10]")
+    co.add_argument("--kernel", help="KIP kernel: ntk or rf_convnet [ntk]")
+    co.add_argument("--learn-labels", action="store_true", default=None,
+                    help="KIP also learns the labels (saved as soft labels)")
+    co.add_argument("--threads", type=int, help="torch threads [1: reproducible, fair to others]")
     co.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_import(co)
     co.set_defaults(func=cmd_condense)

@@ -214,6 +214,66 @@ def load_set(path: Path) -> tuple[SyntheticSet, UInt8Set, dict[str, Any]]:
         raise DataError(f"cannot read condensed set {path}: {e}") from None
 
 
+DEFAULTS: dict[str, Any] = {
+    "dataset": "digits", "method": "dm", "ipc": 1, "iterations": None, "seed": 0, "out": None, "eval_epochs": 300,
+    "eval_dsa": False, "model": "convnet", "net_width": None, "image_lr": None, "real_batch": None, "dsa": None,
+    "outer_loop": None, "inner_loop": None, "kernel": "ntk", "learn_labels": False, "threads": 1,
+}
+"""The settings of ``fedskew condense`` and their defaults (``None``: the method's published value)."""
+
+TYPES: dict[str, type] = {
+    "dataset": str, "method": str, "ipc": int, "iterations": int, "seed": int, "out": str, "eval_epochs": int,
+    "eval_dsa": bool, "model": str, "net_width": int, "image_lr": float, "real_batch": int, "dsa": bool,
+    "outer_loop": int, "inner_loop": int, "kernel": str, "learn_labels": bool, "threads": int,
+}
+
+ALIASES = {"dataset.name": "dataset", "model.name": "model", "model.net_width": "net_width",
+           "eval.epochs": "eval_epochs", "eval.dsa": "eval_dsa"}
+"""Dotted keys of a settings file or override, and the setting each names (the others are named as is)."""
+
+
+def _flat(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def resolve_settings(args: argparse.Namespace) -> argparse.Namespace:
+    """The command's settings: :data:`DEFAULTS`, then a TOML file (the first of ``args.items`` without an
+    ``=``), then the ``KEY=VALUE`` items, then the flags given (aliases of the keys). A key that is not a
+    setting, a value of the wrong type, or a second file is refused in one line."""
+    from fedskew.config import parse_overrides
+    from fedskew.config.files import read_toml
+
+    values = dict(DEFAULTS)
+    files = [item for item in args.items if "=" not in item]
+    if len(files) > 1:
+        raise ConfigError(f"fedskew condense takes one settings file, got {', '.join(files)}")
+    layers = [_flat(read_toml(Path(files[0]), "condense settings"))] if files else []
+    layers.append(parse_overrides([item for item in args.items if "=" in item]))
+    for layer in layers:
+        for key, value in layer.items():
+            name = ALIASES.get(key, key)
+            if name not in DEFAULTS:
+                allowed = ", ".join([*DEFAULTS, *ALIASES])
+                raise ConfigError(f"unknown condense setting {key!r}; allowed: {allowed}")
+            wanted = TYPES[name]
+            ok = isinstance(value, wanted) and not (wanted is not bool and isinstance(value, bool))
+            if wanted is float and isinstance(value, int) and not isinstance(value, bool):
+                value, ok = float(value), True
+            if not ok:
+                raise ConfigError(f"condense setting {key} = {value!r} must be a {wanted.__name__}")
+            values[name] = value
+    for name in DEFAULTS:  # the flags given last
+        if getattr(args, name, None) is not None:
+            values[name] = getattr(args, name)
+    return argparse.Namespace(**{**vars(args), **values})
+
+
 def _settings(args: argparse.Namespace) -> MethodSettings:
     """Method settings from the command line, with their values checked."""
     if args.method not in METHODS:
@@ -245,6 +305,7 @@ def cmd_condense(args: argparse.Namespace, data_dir: str | None) -> int:
     from fedskew.models import create_model
     from fedskew.report.grids import save_image_grid
 
+    args = resolve_settings(args)
     settings = _settings(args)
     eval_cfg = EvalConfig(epochs=args.eval_epochs, dsa=dsa_config(args.dataset) if args.eval_dsa else None)
     if args.threads < 1:
