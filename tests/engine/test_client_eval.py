@@ -182,8 +182,8 @@ def test_an_impossible_evaluation_reply_is_rejected(tmp_path: Path) -> None:
     loop = RoundLoop(_cfg(), tmp_path, progress=False)
     n = loop.fed.client_test_sizes()[0]
     good = {"num_test": float(n), "global_correct": 1.0, "personal_correct": 0.0}
-    assert loop._check_evaluation(Message(metrics=good), n) is None
+    assert loop.client_eval.check(Message(metrics=good), n) is None
     for bad in ({**good, "num_test": float(n + 5)}, {**good, "global_correct": float(n + 1)},
                 {**good, "personal_correct": 0.5}, {"num_test": float(n), "global_correct": 1.0}):
-        reason = loop._check_evaluation(Message(metrics=bad), n)
+        reason = loop.client_eval.check(Message(metrics=bad), n)
         assert reason is not None and "\n" not in reason

@@ -27,8 +27,7 @@ from typing import Any, Protocol
 import torch
 from tqdm.auto import tqdm
 
-from fedskew.algorithms.base import ALGORITHMS, EVALUATE, Algorithm, Replies, ServerContext
-from fedskew.components.trainer import SGDParams
+from fedskew.algorithms.base import ALGORITHMS, Algorithm, Replies, ServerContext
 from fedskew.config.schema import EvalParams, Faults, RayParams
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.device import (
@@ -44,12 +43,13 @@ from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import build_params
 from fedskew.engine.checkpoint import load_checkpoint, save_checkpoint
+from fedskew.engine.client_eval import ClientEvaluation, client_summary
 from fedskew.engine.faults import corrupt_reply, model_replacement
 from fedskew.engine.federation import Federation, build_federation
 from fedskew.engine.ray_workers import RayWorkers
 from fedskew.engine.replies import check_reply
 from fedskew.engine.workers import ClientJob, Workers, default_workers, worker_devices
-from fedskew.metrics import Ledger, class_variance, client_distribution, summarize_run
+from fedskew.metrics import Ledger, class_variance, summarize_run
 from fedskew.models.evaluation import EVAL_CHUNK, EvalCounts, chunk_bounds
 from fedskew.plugins import load_plugins
 from fedskew.runs import ARTIFACTS_DIR, CHECKPOINTS_DIR, METRICS_FILE, MODEL_FILE, SUMMARY_FILE, TIMING_FILE
@@ -117,7 +117,10 @@ class RoundLoop:
         )
         self.algorithm = make_algorithm(cfg["algorithm"], self.fed.info)
         self.faults = build_params(Faults, cfg.get("faults", {}), prefix="faults.")
-        self.eval_params = build_params(EvalParams, cfg.get("eval", {}), prefix="eval.")
+        self.client_eval = ClientEvaluation(
+            self.fed, self.algorithm, build_params(EvalParams, cfg.get("eval", {}), prefix="eval."),
+            int(self.faults.max_reply_mb * 1e6),
+        )
         self._attackers = self.faults.attackers(self.fed.info.seed, self.fed.info.num_clients)
         self.ledger = Ledger()
         self.client_states: dict[int, dict[str, Any]] = {}
@@ -273,67 +276,19 @@ class RoundLoop:
         return total
 
     def evaluate_clients(self) -> dict[str, Any]:
-        """Every client's accuracy on its own test split: the global model's and its own model's.
-
-        Runs the engine's ``evaluate`` task on every client that has a test split (in the workers, or on
-        the Flower nodes); nothing is charged to the byte ledger and no client state changes. A client
-        that does not answer, or whose answer fails the checks, gets None (and a ``rejected`` entry).
-        Returns the record's per-client keys (see :func:`_client_keys`).
-        """
+        """Every client's accuracy on its own test split (:class:`~fedskew.engine.client_eval.ClientEvaluation`)."""
         assert self._workers is not None
-        n = self.fed.info.num_clients
-        sizes = self.fed.client_test_sizes()
         arrays = state_to_arrays(self.server.model.state_dict()) if self.algorithm.has_global_model else {}
         if self.device.type != "cpu":
             arrays = to_cpu(arrays)
-        msg = Message(arrays=arrays, config=self._personalize_config())
-        jobs = [ClientJob(EVALUATE, cid, self.round, msg, self.client_states.get(cid, {}))
-                for cid in range(n) if sizes[cid] > 0]
-        results = (self.clients or self._workers).run_clients(jobs)
-        found: dict[str, list[float | None]] = {"global": [None] * n, "personal": [None] * n}
-        max_bytes = int(self.faults.max_reply_mb * 1e6)
-        for job, outcome in zip(jobs, results, strict=True):
-            if isinstance(outcome, NoReply):
-                self._round_failed.append([job.cid, f"evaluate: {outcome.reason}"])
-                continue
-            reply = outcome[0]
-            reason = check_reply(reply, {}, self.fed.info.num_classes, max_bytes) or self._check_evaluation(
-                reply, sizes[job.cid]
-            )
-            if reason is not None:
-                log.warning("round %d: rejected the evaluation of client %d: %s", self.round, job.cid, reason)
-                self._round_rejected.append([job.cid, f"evaluate: {reason}"])
-                continue
-            for kind in found:
-                if f"{kind}_correct" in reply.metrics:
-                    found[kind][job.cid] = float(reply.metrics[f"{kind}_correct"]) / sizes[job.cid]
-        out: dict[str, Any] = {}
-        if self.algorithm.has_global_model:
-            out.update(_client_keys("client_accuracy", found["global"]))
-        out.update(_client_keys("personal_accuracy", found["personal"]))
-        return out
-
-    def _personalize_config(self) -> dict[str, Any]:
-        """The fine-tuning settings of the ``evaluate`` task: ``[eval]``, else the method's local SGD."""
-        ev, p = self.eval_params, self.algorithm.params
-        sgd = p if isinstance(p, SGDParams) else SGDParams()
-        return {
-            "personalized_epochs": ev.personalized_epochs,
-            "lr": ev.personalized_lr if ev.personalized_lr is not None else sgd.lr,
-            "batch_size": ev.personalized_batch_size if ev.personalized_batch_size is not None else sgd.batch_size,
-            "momentum": sgd.momentum,
-        }
-
-    def _check_evaluation(self, reply: Message, n_test: int) -> str | None:
-        """Why an ``evaluate`` reply's counts are impossible for a client with ``n_test`` test samples, or None."""
-        if reply.metrics.get("num_test") != n_test:
-            return f"num_test = {reply.metrics.get('num_test')!r}, but the client holds {n_test} test samples"
-        wanted = ["personal_correct", *(["global_correct"] if self.algorithm.has_global_model else [])]
-        for name in wanted:
-            value = reply.metrics.get(name)
-            if value is None or not float(value).is_integer() or not 0 <= value <= n_test:
-                return f"{name} = {value!r} is not a count in [0, {n_test}]"
-        return None
+        keys, failed, rejected = self.client_eval.run(
+            self.clients or self._workers, arrays, self.round, self.client_states
+        )
+        for cid, reason in rejected:
+            log.warning("round %d: rejected the evaluation of client %d: %s", self.round, cid, reason)
+        self._round_failed.extend(failed)
+        self._round_rejected.extend(rejected)
+        return keys
 
     # ---- checkpoints -------------------------------------------------------------------------------
     def _checkpoint(self, records: list[dict[str, Any]]) -> None:
@@ -447,7 +402,7 @@ class RoundLoop:
         else:
             rec.update(accuracy=None, loss=None, per_class_accuracy=None, class_variance=None)
         if self.fed.has_client_test:
-            rec.update(self.evaluate_clients() if evaluate else self._no_client_keys())
+            rec.update(self.evaluate_clients() if evaluate else self.client_eval.skipped())
         t_eval = time.perf_counter() - t0
         rec.update(self.ledger.round_totals(self.round))
         if self.round == 1:  # setup traffic (round 0) is charged to the first round
@@ -462,14 +417,6 @@ class RoundLoop:
             rec[k] = v
         return rec, t_eval
 
-    def _no_client_keys(self) -> dict[str, Any]:
-        """The per-client keys of a round that is not evaluated (all None)."""
-        none: list[float | None] = [None] * self.fed.info.num_clients
-        keys = _client_keys("personal_accuracy", none)
-        if self.algorithm.has_global_model:
-            keys = {**_client_keys("client_accuracy", none), **keys}
-        return {k: None for k in keys}
-
     def _rewrite_metrics(self, records: list[dict[str, Any]]) -> None:
         """metrics.jsonl holds exactly the records so far (a resumed run drops rounds after the checkpoint)."""
         with open(self.run_dir / METRICS_FILE, "w") as f:
@@ -480,7 +427,7 @@ class RoundLoop:
         cfg = self.cfg
         summary = summarize_run(records, target=cfg.get("target_accuracy"), at_rounds=cfg.get("at_rounds", []))
         if self.fed.has_client_test:
-            summary.update(_client_summary(records))
+            summary.update(client_summary(records))
         summary.update(
             algorithm=cfg["algorithm"]["name"], label=cfg.get("label", cfg["algorithm"]["name"]),
             seed=int(cfg["seed"]), rounds=len(records), dataset=cfg["dataset"]["name"],
@@ -493,20 +440,3 @@ class RoundLoop:
         )
         return summary
 
-
-def _client_keys(prefix: str, accuracies: list[float | None]) -> dict[str, Any]:
-    """A round's per-client record keys: ``<prefix>`` (one value per client, None without a test split)
-    and ``<prefix>_mean``, ``_std``, ``_worst10``, ``_best`` (:func:`~fedskew.metrics.client_distribution`)."""
-    return {prefix: accuracies, **{f"{prefix}_{k}": v for k, v in client_distribution(accuracies).items()}}
-
-
-def _client_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """``summary.json``'s per-client figures: the final and the best of the mean and of the worst 10%."""
-    out: dict[str, Any] = {}
-    for prefix, short in (("client_accuracy", "client"), ("personal_accuracy", "personal")):
-        for stat in ("mean", "worst10"):
-            values = [r[f"{prefix}_{stat}"] for r in records if r.get(f"{prefix}_{stat}") is not None]
-            if any(f"{prefix}_{stat}" in r for r in records):
-                out[f"{short}_{stat}_final"] = values[-1] if values else None
-                out[f"{short}_{stat}_best"] = max(values) if values else None
-    return out

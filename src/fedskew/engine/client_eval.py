@@ -1,0 +1,129 @@
+"""The per-client evaluation of a run: every client's accuracy on its own test split.
+
+With ``partition.client_test_fraction > 0`` each client holds a test split of its own (see
+:func:`~fedskew.data.partition.hold_out`). Every ``eval_every`` rounds the engine sends each such client
+the ``evaluate`` task (:data:`~fedskew.algorithms.base.EVALUATE`), which runs
+:meth:`~fedskew.algorithms.base.Algorithm.evaluate_client` where the client's data is (the simulator's
+workers or a Flower node): the global model and the client's own model (after ``eval.personalized_epochs``
+of fine-tuning) are scored on the split. Nothing goes on the byte ledger and no client state changes.
+The counts that come back are checked like any reply; one that cannot be true is dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from fedskew.algorithms.base import EVALUATE, Algorithm
+from fedskew.components.trainer import SGDParams
+from fedskew.config.schema import EvalParams
+from fedskew.core.message import Message
+from fedskew.engine.federation import Federation
+from fedskew.engine.replies import check_reply
+from fedskew.engine.workers import ClientJob
+from fedskew.metrics import client_distribution
+
+VECTORS = (("client_accuracy", "global", "client"), ("personal_accuracy", "personal", "personal"))
+"""(record key, reply metric prefix, summary prefix) of the two per-client accuracies."""
+
+
+class Runner(Protocol):
+    """Where the jobs run: the simulator's workers or a Flower deployment (NoReply for a silent client)."""
+
+    def run_clients(self, jobs: list[ClientJob]) -> Sequence[Any]: ...
+
+
+class ClientEvaluation:
+    """The ``evaluate`` task of one run: its message, its checks, and the record keys it makes."""
+
+    def __init__(self, fed: Federation, algorithm: Algorithm, params: EvalParams, max_bytes: int) -> None:
+        self.fed = fed
+        self.algorithm = algorithm
+        self.params = params
+        self.max_bytes = max_bytes
+        self.sizes = fed.client_test_sizes()
+
+    def run(
+        self, runner: Runner, arrays: dict[str, Any], rnd: int, states: dict[int, dict[str, Any]]
+    ) -> tuple[dict[str, Any], list[list[Any]], list[list[Any]]]:
+        """Evaluate every client with a test split on the global model ``arrays`` (empty for a method without one).
+
+        Returns the record's keys (:func:`client_keys`), the clients that did not answer and those whose
+        answer was rejected (``[cid, reason]`` each, for the round's ``failed`` and ``rejected``); their
+        accuracies are None.
+        """
+        n = self.fed.info.num_clients
+        msg = Message(arrays=arrays, config=self.config())
+        jobs = [ClientJob(EVALUATE, cid, rnd, msg, states.get(cid, {})) for cid in range(n) if self.sizes[cid] > 0]
+        found: dict[str, list[float | None]] = {"global": [None] * n, "personal": [None] * n}
+        failed: list[list[Any]] = []
+        rejected: list[list[Any]] = []
+        for job, outcome in zip(jobs, runner.run_clients(jobs), strict=True):
+            if not isinstance(outcome, tuple):  # NoReply: the client's node did not answer
+                failed.append([job.cid, f"evaluate: {getattr(outcome, 'reason', outcome)}"])
+                continue
+            reply = outcome[0]
+            reason = check_reply(reply, {}, self.fed.info.num_classes, self.max_bytes) or self.check(
+                reply, self.sizes[job.cid]
+            )
+            if reason is not None:
+                rejected.append([job.cid, f"evaluate: {reason}"])
+                continue
+            for kind in found:
+                if f"{kind}_correct" in reply.metrics:
+                    found[kind][job.cid] = float(reply.metrics[f"{kind}_correct"]) / self.sizes[job.cid]
+        keys: dict[str, Any] = {}
+        for key, kind, _ in VECTORS:
+            if kind == "personal" or self.algorithm.has_global_model:
+                keys.update(client_keys(key, found[kind]))
+        return keys, failed, rejected
+
+    def skipped(self) -> dict[str, Any]:
+        """The record's per-client keys in a round that is not evaluated (all None)."""
+        none: list[float | None] = [None] * self.fed.info.num_clients
+        keys: dict[str, Any] = {}
+        for key, kind, _ in VECTORS:
+            if kind == "personal" or self.algorithm.has_global_model:
+                keys.update(client_keys(key, none))
+        return dict.fromkeys(keys)
+
+    def config(self) -> dict[str, Any]:
+        """The fine-tuning settings the task carries: ``[eval]``, else the method's local SGD."""
+        ev, p = self.params, self.algorithm.params
+        sgd = p if isinstance(p, SGDParams) else SGDParams()
+        return {
+            "personalized_epochs": ev.personalized_epochs,
+            "lr": ev.personalized_lr if ev.personalized_lr is not None else sgd.lr,
+            "batch_size": ev.personalized_batch_size if ev.personalized_batch_size is not None else sgd.batch_size,
+            "momentum": sgd.momentum,
+        }
+
+    def check(self, reply: Message, n_test: int) -> str | None:
+        """Why an ``evaluate`` reply's counts are impossible for a client with ``n_test`` test samples, or None."""
+        if reply.metrics.get("num_test") != n_test:
+            return f"num_test = {reply.metrics.get('num_test')!r}, but the client holds {n_test} test samples"
+        wanted = ["personal_correct", *(["global_correct"] if self.algorithm.has_global_model else [])]
+        for name in wanted:
+            value = reply.metrics.get(name)
+            if value is None or not float(value).is_integer() or not 0 <= value <= n_test:
+                return f"{name} = {value!r} is not a count in [0, {n_test}]"
+        return None
+
+
+def client_keys(prefix: str, accuracies: list[float | None]) -> dict[str, Any]:
+    """A round's per-client record keys: ``<prefix>`` (one value per client, None without a test split)
+    and ``<prefix>_mean``, ``_std``, ``_worst10``, ``_best`` (:func:`~fedskew.metrics.client_distribution`)."""
+    return {prefix: accuracies, **{f"{prefix}_{k}": v for k, v in client_distribution(accuracies).items()}}
+
+
+def client_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """``summary.json``'s per-client figures: the final and the best of the mean and of the worst 10%."""
+    out: dict[str, Any] = {}
+    for key, _, short in VECTORS:
+        for stat in ("mean", "worst10"):
+            if not any(f"{key}_{stat}" in r for r in records):
+                continue
+            values = [r[f"{key}_{stat}"] for r in records if r.get(f"{key}_{stat}") is not None]
+            out[f"{short}_{stat}_final"] = values[-1] if values else None
+            out[f"{short}_{stat}_best"] = max(values) if values else None
+    return out
