@@ -140,7 +140,6 @@ class FedAF(AggregationFree):
             check(self.init_noise >= 0, "init_noise", self.init_noise, ">= 0")
 
     params: Params
-    _cdc_fraction: float | None = None  # this job's measured gradient fraction (condense -> client_step)
 
     # ---- server ------------------------------------------------------------------------------
     def global_knowledge(self, server: ServerContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -308,8 +307,11 @@ class FedAF(AggregationFree):
                 images[rows] = images[rows] + p.init_noise * draw.to(images.device)
         return SyntheticSet(images, start.labels, start.soft_labels)
 
-    def condense(self, msg: Message, client: ClientContext) -> tuple[SyntheticSet, dict[str, torch.Tensor]]:
-        """Eqs. 5 and 11 on the real data, then refine the kept S_k (Eqs. 4, 10, 17)."""
+    def condense(
+        self, msg: Message, client: ClientContext
+    ) -> tuple[SyntheticSet, dict[str, torch.Tensor], dict[str, float]]:
+        """Eqs. 5 and 11 on the real data, then refine the kept S_k (Eqs. 4, 10, 17); the reply's metrics
+        hold the CDC gradient fraction (``cdc_grad_fraction``) when the CDC term was on."""
         p = self.params
         model = client.model(arrays_with_prefix(msg.arrays, MODEL))
         knowledge = self.knowledge(model, client)
@@ -318,6 +320,7 @@ class FedAF(AggregationFree):
         if CLIENT_IMAGES in client.state:
             init_set = SyntheticSet(client.state[CLIENT_IMAGES], client.state[CLIENT_LABELS])
         extra = None
+        metrics: dict[str, float] = {}
         cdc = p.use_cdc and GLOBAL_LABELS in msg.arrays
         if init_set is None and (cdc or p.init_noise > 0):
             init_set = self.start_set(client, generator)  # the draws distribution_matching would make
@@ -326,7 +329,7 @@ class FedAF(AggregationFree):
             dm_norm, swd_norm = self.cdc_gradients(model, client, init_set, msg.arrays[GLOBAL_LABELS],
                                                    msg.arrays[GLOBAL_LOGITS])
             weight = self.cdc_weight(dm_norm, swd_norm)
-            self._cdc_fraction = weight * swd_norm / dm_norm if dm_norm > 0 else 0.0
+            metrics["cdc_grad_fraction"] = weight * swd_norm / dm_norm if dm_norm > 0 else 0.0
             extra = self.cdc_loss(msg.arrays[GLOBAL_LABELS], msg.arrays[GLOBAL_LOGITS], client.generator("swd"), weight)
         syn = distribution_matching(
             client.x, client.y, interpolated_model_sampler(model, client.fed.model.build, p.gamma),
@@ -334,7 +337,7 @@ class FedAF(AggregationFree):
         )
         client.state[CLIENT_IMAGES] = syn.images
         client.state[CLIENT_LABELS] = syn.labels
-        return syn, knowledge
+        return syn, knowledge, metrics
 
     def knowledge(self, model: nn.Module, client: ClientContext) -> dict[str, torch.Tensor]:
         """The reply arrays V_k (Eq. 5) and R_k = softmax(V_k / tau) (Eq. 11) of the client's real data."""
@@ -347,8 +350,4 @@ class FedAF(AggregationFree):
         CDC gradient fraction (``cdc_grad_fraction``) when the CDC term was on."""
         if task == "knowledge":
             return Message(arrays=self.knowledge(client.model(arrays_with_prefix(msg.arrays, MODEL)), client))
-        self._cdc_fraction = None
-        reply = super().client_step(task, msg, client)
-        if self._cdc_fraction is not None:
-            reply.metrics["cdc_grad_fraction"] = self._cdc_fraction
-        return reply
+        return super().client_step(task, msg, client)

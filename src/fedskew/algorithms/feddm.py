@@ -52,7 +52,9 @@ class FedDM(AggregationFree):
 
     params: Params
 
-    def condense(self, msg: Message, client: ClientContext) -> tuple[SyntheticSet, dict[str, torch.Tensor]]:
+    def condense(
+        self, msg: Message, client: ClientContext
+    ) -> tuple[SyntheticSet, dict[str, torch.Tensor], dict[str, float]]:
         """A fresh set, matched with networks drawn from the rho-ball around the received model."""
         p = self.params
         model = client.model(arrays_with_prefix(msg.arrays, MODEL))
@@ -60,4 +62,4 @@ class FedDM(AggregationFree):
         syn = distribution_matching(
             client.x, client.y, sampler, self.dm_config(p.init, p.clip_norm), client.generator("condense")
         )
-        return syn, {}
+        return syn, {}, {}

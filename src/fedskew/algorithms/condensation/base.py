@@ -150,18 +150,21 @@ class AggregationFree(Algorithm):
             real_batch=p.real_batch, init=init, clip_norm=clip_norm, amp=current_compute().amp,
         )
 
-    def condense(self, msg: Message, client: ClientContext) -> tuple[SyntheticSet, dict[str, torch.Tensor]]:
-        """The client's condensed set and any further reply arrays."""
+    def condense(
+        self, msg: Message, client: ClientContext
+    ) -> tuple[SyntheticSet, dict[str, torch.Tensor], dict[str, float]]:
+        """The client's condensed set, any further reply arrays, and any further reply metrics."""
         raise NotImplementedError
 
     def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
         if task != "train":
             return super().client_step(task, msg, client)
         arrays: dict[str, Any] = {}
+        extra: dict[str, float] = {}
         syn = None
         if client.num_samples > 0:
-            syn, arrays = self.condense(msg, client)
+            syn, arrays, extra = self.condense(msg, client)
         upload, scalars = synthetic_upload(syn, client, self.params.wire_dtype)
         arrays.update(upload)
         metrics = {"num_samples": float(client.num_samples), "synthetic_images": float(arrays[SYN_LABELS].shape[0])}
-        return Message(arrays=arrays, metrics={**metrics, **scalars})
+        return Message(arrays=arrays, metrics={**metrics, **scalars, **extra})
