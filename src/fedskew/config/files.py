@@ -36,6 +36,7 @@ TOP_LEVEL: dict[str, str] = {
     "algorithm": "table: name = algorithm, and its hyper-parameters",
     "faults": "table: simulated failures: dropout, straggler (probabilities), max_reply_mb",
     "ray": "table: the Ray engine: address (empty: a local instance), num_cpus, num_gpus per client job",
+    "logging": "table: extra logs of a run: tensorboard = true writes TensorBoard event files (fedskew[tensorboard])",
     "variants": "list of tables of dotted overrides, one run each (with a label)",
     "plugins": "modules and .py files (relative to the config file) to import first: they register algorithms, "
                "models, datasets, partitioners",

@@ -4,14 +4,16 @@ A resolved config is a plain dict (it is what ``config.toml`` holds and what tra
 processes and Flower nodes); :func:`typed_config` turns it into a :class:`RunConfig`, a dataclass tree
 whose every leaf is built and checked by :func:`~fedskew.core.params.build_params`: the top-level run
 settings (:class:`RunSettings`), the dataset, partitioner, model and algorithm, each a
-:class:`Component` holding the typed ``Params`` its registry declares for that name, and the
-simulated faults (:class:`Faults`). :func:`validate` is that check without the result: every run of
+:class:`Component` holding the typed ``Params`` its registry declares for that name, the
+simulated faults (:class:`Faults`), the Ray engine (:class:`RayParams`) and the run's extra logs
+(:class:`LoggingParams`). :func:`validate` is that check without the result: every run of
 an experiment passes it before anything is loaded or trained.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -32,7 +34,7 @@ MAX_WORKERS = 1024
 
 NAMED = ("dataset", "partition", "model", "algorithm")
 """Tables that name a registered object (``name = ...``) and hold that object's options."""
-SECTIONS = (*NAMED, "faults", "ray")
+SECTIONS = (*NAMED, "faults", "ray", "logging")
 GENERIC_KEYS = {"dataset": {"data_dir", "train_fraction"}, "partition": {"num_clients", "seed"}, "model": set()}
 """Keys of a table that belong to the table, not to the object it names (kept when the name changes)."""
 
@@ -164,6 +166,29 @@ class RayParams:
         check(self.num_gpus >= 0, "num_gpus", self.num_gpus, ">= 0")
 
 
+MISSING_TENSORBOARD = "tensorboard = true needs TensorBoard, which is not installed: pip install 'fedskew[tensorboard]'"
+"""Why a run with ``logging.tensorboard = true`` is refused where TensorBoard is missing (after ``logging.``)."""
+
+
+@dataclass
+class LoggingParams:
+    """The ``[logging]`` table: logs a run writes besides its own files (which never change with it).
+
+    Attributes
+    ----------
+    tensorboard
+        Write TensorBoard event files under ``<run folder>/tensorboard/``: every per-round scalar of
+        ``metrics.jsonl``, the per-class accuracies and the images of the run's artifacts (needs the
+        ``fedskew[tensorboard]`` extra; refused at once without it).
+    """
+
+    tensorboard: bool = False
+
+    def __post_init__(self) -> None:
+        if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError(MISSING_TENSORBOARD)
+
+
 DEFAULTS: dict[str, Any] = {
     **{f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
        for f in dataclasses.fields(RunSettings) if f.name not in ("label", "plugins")},
@@ -173,6 +198,7 @@ DEFAULTS: dict[str, Any] = {
     "algorithm": {"name": "fedavg"},
     "faults": {},
     "ray": {},
+    "logging": {},
 }
 """A config's values where its file says nothing."""
 
@@ -196,6 +222,7 @@ class RunConfig:
     algorithm: Component
     faults: Faults
     ray: RayParams
+    logging: LoggingParams
 
 
 def _component(cfg: dict[str, Any], section: str) -> Component:
@@ -226,7 +253,8 @@ def typed_config(cfg: dict[str, Any]) -> RunConfig:
     parts = {section: _component(cfg, section) for section in NAMED}
     faults = build_params(Faults, cfg.get("faults", {}), prefix="faults.")
     ray = build_params(RayParams, cfg.get("ray", {}), prefix="ray.")
-    return RunConfig(run=run, faults=faults, ray=ray, **parts)
+    logs = build_params(LoggingParams, cfg.get("logging", {}), prefix="logging.")
+    return RunConfig(run=run, faults=faults, ray=ray, logging=logs, **parts)
 
 
 def validate(cfg: dict[str, Any]) -> None:
