@@ -46,6 +46,7 @@ from fedskew.config.schema import (
     SECTIONS,
     Component,
     Faults,
+    LoggingParams,
     RayParams,
     RunConfig,
     RunSettings,
@@ -56,8 +57,8 @@ from fedskew.config.variants import RunSpec, resolve
 from fedskew.runs import folder_label, run_folder_name
 
 __all__ = [
-    "DEFAULTS", "NAMED", "SECTIONS", "TOP_LEVEL", "Component", "Faults", "RayParams", "RunConfig", "RunSettings",
-    "RunSpec",
+    "DEFAULTS", "NAMED", "SECTIONS", "TOP_LEVEL", "Component", "Faults", "LoggingParams", "RayParams", "RunConfig",
+    "RunSettings", "RunSpec",
     "builtin_configs", "dump", "folder_label", "parse_overrides", "parse_value", "read_config", "resolve",
     "run_folder_name", "set_dotted", "typed_config", "validate",
 ]

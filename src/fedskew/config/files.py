@@ -38,6 +38,7 @@ TOP_LEVEL: dict[str, str] = {
     "eval": "table: per-client evaluation (with partition.client_test_fraction): personalized_epochs, "
             "personalized_lr, personalized_batch_size",
     "ray": "table: the Ray engine: address (empty: a local instance), num_cpus, num_gpus per client job",
+    "logging": "table: extra logs of a run: tensorboard = true writes TensorBoard event files (fedskew[tensorboard])",
     "variants": "list of tables of dotted overrides, one run each (with a label)",
     "plugins": "modules and .py files (relative to the config file) to import first: they register algorithms, "
                "models, datasets, partitioners",

@@ -4,14 +4,16 @@ A resolved config is a plain dict (it is what ``config.toml`` holds and what tra
 processes and Flower nodes); :func:`typed_config` turns it into a :class:`RunConfig`, a dataclass tree
 whose every leaf is built and checked by :func:`~fedskew.core.params.build_params`: the top-level run
 settings (:class:`RunSettings`), the dataset, partitioner, model and algorithm, each a
-:class:`Component` holding the typed ``Params`` its registry declares for that name, and the
-simulated faults (:class:`Faults`). :func:`validate` is that check without the result: every run of
+:class:`Component` holding the typed ``Params`` its registry declares for that name, the
+simulated faults (:class:`Faults`), the Ray engine (:class:`RayParams`) and the run's extra logs
+(:class:`LoggingParams`). :func:`validate` is that check without the result: every run of
 an experiment passes it before anything is loaded or trained.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -32,7 +34,7 @@ MAX_WORKERS = 1024
 
 NAMED = ("dataset", "partition", "model", "algorithm")
 """Tables that name a registered object (``name = ...``) and hold that object's options."""
-SECTIONS = (*NAMED, "faults", "ray", "eval")
+SECTIONS = (*NAMED, "faults", "ray", "eval", "logging")
 GENERIC_KEYS = {
     "dataset": {"data_dir", "train_fraction"},
     "partition": {"num_clients", "seed", "client_test_fraction"},
@@ -199,6 +201,29 @@ class EvalParams:
               self.personalized_batch_size, "an integer >= 1 (or absent: the method's batch_size)")
 
 
+MISSING_TENSORBOARD = "tensorboard = true needs TensorBoard, which is not installed: pip install 'fedskew[tensorboard]'"
+"""Why a run with ``logging.tensorboard = true`` is refused where TensorBoard is missing (after ``logging.``)."""
+
+
+@dataclass
+class LoggingParams:
+    """The ``[logging]`` table: logs a run writes besides its own files (which never change with it).
+
+    Attributes
+    ----------
+    tensorboard
+        Write TensorBoard event files under ``<run folder>/tensorboard/``: every per-round scalar of
+        ``metrics.jsonl``, the per-class accuracies and the images of the run's artifacts (needs the
+        ``fedskew[tensorboard]`` extra; refused at once without it).
+    """
+
+    tensorboard: bool = False
+
+    def __post_init__(self) -> None:
+        if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError(MISSING_TENSORBOARD)
+
+
 DEFAULTS: dict[str, Any] = {
     **{f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
        for f in dataclasses.fields(RunSettings) if f.name not in ("label", "plugins")},
@@ -209,6 +234,7 @@ DEFAULTS: dict[str, Any] = {
     "faults": {},
     "ray": {},
     "eval": {},
+    "logging": {},
 }
 """A config's values where its file says nothing."""
 
@@ -233,6 +259,7 @@ class RunConfig:
     faults: Faults
     ray: RayParams
     eval: EvalParams
+    logging: LoggingParams
 
 
 def _component(cfg: dict[str, Any], section: str) -> Component:
@@ -276,7 +303,8 @@ def typed_config(cfg: dict[str, Any]) -> RunConfig:
     ray = build_params(RayParams, cfg.get("ray", {}), prefix="ray.")
     evaluation = build_params(EvalParams, cfg.get("eval", {}), prefix="eval.")
     _check_evaluable(parts["algorithm"].name, parts["partition"].params)
-    return RunConfig(run=run, faults=faults, ray=ray, eval=evaluation, **parts)
+    logs = build_params(LoggingParams, cfg.get("logging", {}), prefix="logging.")
+    return RunConfig(run=run, faults=faults, ray=ray, eval=evaluation, logging=logs, **parts)
 
 
 def validate(cfg: dict[str, Any]) -> None:

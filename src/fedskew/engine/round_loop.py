@@ -48,6 +48,7 @@ from fedskew.engine.faults import corrupt_reply, model_replacement
 from fedskew.engine.federation import Federation, build_federation
 from fedskew.engine.ray_workers import RayWorkers
 from fedskew.engine.replies import check_reply
+from fedskew.engine.tensorboard import TensorBoardLog
 from fedskew.engine.workers import ClientJob, Workers, default_workers, worker_devices
 from fedskew.metrics import Ledger, class_variance, summarize_run
 from fedskew.models.evaluation import EVAL_CHUNK, EvalCounts, chunk_bounds
@@ -132,6 +133,7 @@ class RoundLoop:
         self._workers: Workers | RayWorkers | None = None
         self._wire_cache: dict[int, tuple[Message, Message]] = {}
         self._sample_claims: dict[int, float] = {}
+        self._tensorboard = TensorBoardLog(None)  # off until run() opens the run's
         self.compute = Compute(
             str(resolve_device(str(cfg.get("device", "auto")))), str(cfg.get("amp", "off")),
             bool(cfg.get("deterministic", False)),
@@ -262,6 +264,7 @@ class RoundLoop:
         tmp = final.with_suffix(".tmp")
         save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp))
         os.replace(tmp, final)
+        self._tensorboard.artifact(name, self.round, tensors)
 
     # ---- evaluation --------------------------------------------------------------------------------
     def evaluate_global(self) -> EvalCounts:
@@ -326,6 +329,7 @@ class RoundLoop:
         workers = int(cfg.get("workers", 1)) or default_workers(spec)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         records: list[dict[str, Any]] = []
+        self._tensorboard = TensorBoardLog.for_run(cfg, self.run_dir, self.fed.class_names, resume)
         if cfg.get("engine", "local") == "ray":  # Ray runs as many jobs at once as its resources allow
             ray = build_params(RayParams, cfg.get("ray", {}), prefix="ray.")
             self._workers = RayWorkers(
@@ -362,6 +366,7 @@ class RoundLoop:
                     total = time.perf_counter() - t0
                     timing.write(json.dumps({"round": self.round, "seconds": total, "eval_seconds": t_eval}) + "\n")
                     timing.flush()
+                    self._tensorboard.record(rec)
                     every = int(cfg.get("checkpoint_every", 10))
                     if every > 0 and (self.round % every == 0 or self.round == rounds):
                         self._checkpoint(records)
@@ -373,6 +378,7 @@ class RoundLoop:
         finally:
             self._workers.close()
             self._workers = None
+            self._tensorboard.close()
         summary = self._summary(records)
         (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
         torch.save(to_cpu(self.server.model.state_dict()), self.run_dir / MODEL_FILE)

@@ -1,0 +1,148 @@
+"""TensorBoard event files of a run (``[logging] tensorboard = true``, the ``fedskew[tensorboard]`` extra).
+
+The round loop hands every round's record and every saved artifact to a :class:`TensorBoardLog`; with
+TensorBoard off it does nothing. The logs go to ``<run folder>/tensorboard/`` and are written beside the
+run's own files, which never change with them (``metrics.jsonl`` is the same with TensorBoard on or off):
+
+- each numeric value of a round's record (``accuracy``, ``loss``, ``class_variance``, the bytes,
+  ``samples``, an algorithm's own figures) as a scalar of the same name, at step = round;
+- the per-class accuracies as ``per_class/<class name>`` (a class the test set lacks has none);
+- the ``images`` of an artifact (the synthetic sets of the condensation methods) as an image grid
+  ``images/<artifact name>``, one row per class.
+
+A resumed run appends: its first event purges (``purge_step``) whatever the crashed run logged for
+the rounds being done again, so TensorBoard shows every round once. A run started afresh first
+removes the event files of an earlier run in its folder.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedskew.config.schema import LoggingParams
+from fedskew.core.params import build_params
+
+TENSORBOARD_DIR = "tensorboard"
+"""The folder of the event files inside a run folder."""
+EVENT_FILES = "events.out.tfevents.*"
+"""What TensorBoard's event files are called."""
+GRID_LIMIT = 400
+"""The most images one grid shows (a row per class, so each class gets ``GRID_LIMIT // classes``)."""
+GRID_MIN_SIDE = 32
+"""Smaller images are magnified (nearest neighbour) to about this many pixels a side, so 8x8 digits are legible."""
+
+
+def image_grid(images: torch.Tensor, labels: torch.Tensor | None = None, limit: int = GRID_LIMIT,
+               pad: int = 1) -> np.ndarray:
+    """Tile uint8 ``(N, C, H, W)`` images into one ``(H', W', C)`` uint8 array on a white ground.
+
+    With ``labels`` each class (in increasing order) gets a row of at most ``limit // classes`` of its
+    images; without, up to ``limit`` images fill a square. Images smaller than :data:`GRID_MIN_SIDE`
+    are magnified by a whole factor.
+    """
+    if labels is not None:
+        classes = labels.unique()[:limit]
+        per_row = max(1, limit // len(classes))
+        rows = [images[labels == k][:per_row] for k in classes]
+    else:
+        kept = images[:limit]
+        rows = list(kept.split(max(1, math.ceil(math.sqrt(len(kept))))))
+    _, c, h, w = images.shape
+    zoom = max(1, GRID_MIN_SIDE // max(h, w))
+    h, w = h * zoom, w * zoom
+    cols = max(len(r) for r in rows)
+    grid = np.full((pad + len(rows) * (h + pad), pad + cols * (w + pad), c), 255, dtype=np.uint8)
+    for i, row in enumerate(rows):
+        pics = row.repeat_interleave(zoom, dim=2).repeat_interleave(zoom, dim=3).permute(0, 2, 3, 1).numpy()
+        for j, pic in enumerate(pics):
+            top, left = pad + i * (h + pad), pad + j * (w + pad)
+            grid[top : top + h, left : left + w] = pic
+    return grid
+
+
+class TensorBoardLog:
+    """The TensorBoard log of one run: off (``folder`` None), or event files in ``folder``.
+
+    Parameters
+    ----------
+    folder
+        Where the event files go; None: TensorBoard is off and every method does nothing.
+    class_names
+        The federation's class names, for the per-class tags (``per_class/<name>``).
+    resume
+        The run continues from a checkpoint: its first event purges the steps from there on that an
+        earlier writer logged. Otherwise the event files already in ``folder`` are removed.
+    """
+
+    def __init__(self, folder: Path | None, class_names: Sequence[str] = (), *, resume: bool = False) -> None:
+        self.folder = folder
+        self.class_names = [str(c) for c in class_names]
+        self._resume = resume
+        self._writer: Any = None  # a SummaryWriter, made at the first event (its purge step is that event's)
+
+    @classmethod
+    def for_run(cls, cfg: dict[str, Any], run_dir: Path, class_names: Sequence[str], resume: bool) -> TensorBoardLog:
+        """The log a run's config asks for (``[logging] tensorboard``).
+
+        A run started afresh leaves no event files of an earlier run in its folder, whether or not it
+        logs itself; a ConfigError where ``logging`` is bad or TensorBoard is missing.
+        """
+        params = build_params(LoggingParams, cfg.get("logging", {}), prefix="logging.")
+        folder = Path(run_dir) / TENSORBOARD_DIR
+        if not resume:
+            for old in folder.glob(EVENT_FILES):
+                old.unlink()
+        return cls(folder if params.tensorboard else None, class_names, resume=resume)
+
+    def _at(self, step: int) -> Any:
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(str(self.folder), purge_step=step if self._resume else None)
+        return self._writer
+
+    def record(self, rec: dict[str, Any]) -> None:
+        """Log one round's record (as ``metrics.jsonl`` holds it) at step ``rec["round"]``."""
+        if self.folder is None:
+            return
+        step = int(rec["round"])
+        writer = self._at(step)
+        for key, value in rec.items():
+            if key != "round" and isinstance(value, int | float) and not isinstance(value, bool):
+                writer.add_scalar(key, value, step)
+        per_class = rec.get("per_class_accuracy")
+        if per_class is not None:
+            names = self.class_names if len(self.class_names) == len(per_class) else map(str, range(len(per_class)))
+            for name, acc in zip(names, per_class, strict=True):
+                if acc is not None:  # None: the test set holds no image of the class
+                    writer.add_scalar(f"per_class/{name}", acc, step)
+        writer.flush()
+
+    def artifact(self, name: str, step: int, tensors: dict[str, torch.Tensor]) -> None:
+        """Log an artifact's ``images`` (uint8 ``(N, 1 or 3, H, W)``) as the grid ``images/<name>``; other
+        artifacts, and empty ones, are not logged."""
+        images = tensors.get("images")
+        if self.folder is None or images is None or images.dtype != torch.uint8:
+            return
+        if images.dim() != 4 or images.shape[1] not in (1, 3) or images.shape[0] == 0:
+            return
+        labels = tensors.get("labels")
+        if labels is not None and tuple(labels.shape) != (images.shape[0],):
+            labels = None
+        grid = image_grid(images.detach().cpu(), None if labels is None else labels.detach().cpu())
+        writer = self._at(step)
+        writer.add_image(f"images/{name}", grid, step, dataformats="HWC")
+        writer.flush()
+
+    def close(self) -> None:
+        """Flush and close the event file (the log may be written to again: a new file is opened)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+            self._resume = False
