@@ -13,6 +13,6 @@ fi
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q "torch==2.13.0"
 stamp=.venv/.fedskew-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  .venv/bin/python -m pip install -q -e ".[dev,flower,tensorboard]"
+  .venv/bin/python -m pip install -q -e ".[dev,flower,tensorboard,huggingface]"
   touch "$stamp"
 fi

@@ -142,7 +142,7 @@ def write_domain_tree(root: Path, counts: dict[str, int] | None = None) -> None:
 
 def test_registered_names() -> None:
     expected = {"digits", "synthetic", "mnist", "fashion_mnist", "cifar10", "cifar10_jpeg", "cifar100"}
-    expected |= {"image_folder", "domain_folder", "tiny_imagenet", "domainnet"}
+    expected |= {"image_folder", "domain_folder", "tiny_imagenet", "domainnet", "huggingface"}
     assert set(DATASETS.names()) == expected
 
 

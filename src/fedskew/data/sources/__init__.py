@@ -15,11 +15,11 @@ arrays are cached on disk (see :mod:`fedskew.data.cache`), so only the first loa
 :func:`load_dataset`; :mod:`.checks` the option checks; :mod:`.archive` reads folders and archives.
 Then one module per family: :mod:`.small` (digits, synthetic), :mod:`.idx` (mnist, fashion_mnist),
 :mod:`.cifar` (cifar10, cifar100), :mod:`.images` (image decoding, image_folder, cifar10_jpeg),
-:mod:`.domains` (domain_folder, domainnet) and :mod:`.tiny_imagenet`; importing this package
-registers them all.
+:mod:`.domains` (domain_folder, domainnet), :mod:`.tiny_imagenet` and :mod:`.huggingface` (Hugging Face
+``datasets``, an optional extra imported only when used); importing this package registers them all.
 """
 
-from fedskew.data.sources import cifar, domains, idx, images, small, tiny_imagenet
+from fedskew.data.sources import cifar, domains, huggingface, idx, images, small, tiny_imagenet
 from fedskew.data.sources.base import DATASETS, DatasetParams, load_dataset, resolve_data_dir
 from fedskew.data.sources.cifar import CIFAR10_CLASSES
 from fedskew.data.sources.container import ArrayDataset, channel_stats
@@ -35,6 +35,7 @@ __all__ = [
     "channel_stats",
     "cifar",
     "domains",
+    "huggingface",
     "idx",
     "images",
     "load_dataset",
