@@ -255,12 +255,8 @@ FAST: dict[str, dict[str, Any]] = {
 }
 
 
-@pytest.mark.parametrize("algorithm", ["fedbn", "local"])
-def test_per_client_evaluation_over_flower_equals_simulation(probe: str, tmp_path: Path, algorithm: str) -> None:
-    """The ``evaluate`` task on the nodes (one reading shard files with the clients' test splits): the
-    simulator's per-client metrics, and the nodes keep the clients' own models (``local``) between rounds."""
-    cfg = tiny_config(rounds=3, eval_every=2, algorithm={"name": algorithm, "clients_per_round": 4},
-                      partition={"client_test_fraction": 0.25}, eval={"personalized_epochs": 1})
+def _deploy_on_two_nodes(cfg: dict[str, Any], tmp_path: Path) -> tuple[Path, FakeGrid]:
+    """Six clients on two nodes, one reading shard files: the run folder, checked to equal the simulator's."""
     write_shards(cfg, tmp_path / "shards", None)
     grid = FakeGrid([
         {"partition-id": "0,2,4", "data-path": str(tmp_path / "shards")},
@@ -269,6 +265,16 @@ def test_per_client_evaluation_over_flower_equals_simulation(probe: str, tmp_pat
     run_dir = _deploy(grid, tmp_path, cfg)
     sim = _simulate(cfg, tmp_path / "sim")
     assert (run_dir / "metrics.jsonl").read_bytes() == (sim / "metrics.jsonl").read_bytes()
+    return run_dir, grid
+
+
+@pytest.mark.parametrize("algorithm", ["fedbn", "local"])
+def test_per_client_evaluation_over_flower_equals_simulation(probe: str, tmp_path: Path, algorithm: str) -> None:
+    """The ``evaluate`` task on the nodes (one reading shard files with the clients' test splits): the
+    simulator's per-client metrics, and the nodes keep the clients' own models (``local``) between rounds."""
+    cfg = tiny_config(rounds=3, eval_every=2, algorithm={"name": algorithm, "clients_per_round": 4},
+                      partition={"client_test_fraction": 0.25}, eval={"personalized_epochs": 1})
+    run_dir, _ = _deploy_on_two_nodes(cfg, tmp_path)
     assert all(a is not None for a in _records(run_dir)[-1]["personal_accuracy"])
 
 
@@ -276,14 +282,7 @@ def test_per_client_evaluation_over_flower_equals_simulation(probe: str, tmp_pat
 def test_deploy_equals_simulation(probe: str, tmp_path: Path, algorithm: str) -> None:
     """Six clients on two nodes (one reading shard files): the simulator's metrics, state kept on the nodes."""
     cfg = tiny_config(rounds=2, algorithm={"name": algorithm, "clients_per_round": 4, **FAST.get(algorithm, {})})
-    write_shards(cfg, tmp_path / "shards", None)
-    grid = FakeGrid([
-        {"partition-id": "0,2,4", "data-path": str(tmp_path / "shards")},
-        {"partition-id": "1,3,5"},
-    ])
-    run_dir = _deploy(grid, tmp_path, cfg)
-    sim = _simulate(cfg, tmp_path / "sim")
-    assert (run_dir / "metrics.jsonl").read_bytes() == (sim / "metrics.jsonl").read_bytes()
+    run_dir, grid = _deploy_on_two_nodes(cfg, tmp_path)
     assert (run_dir / "report" / "report.html").exists()
     if algorithm == probe:
         chosen = [c for r in _records(run_dir) for c in r["clients"]]

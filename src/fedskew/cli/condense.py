@@ -232,28 +232,19 @@ ALIASES = {"dataset.name": "dataset", "model.name": "model", "model.net_width": 
 """Dotted keys of a settings file or override, and the setting each names (the others are named as is)."""
 
 
-def _flat(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in table.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v
-    return out
-
 
 def resolve_settings(args: argparse.Namespace) -> argparse.Namespace:
     """The command's settings: :data:`DEFAULTS`, then a TOML file (the first of ``args.items`` without an
     ``=``), then the ``KEY=VALUE`` items, then the flags given (aliases of the keys). A key that is not a
     setting, a value of the wrong type, or a second file is refused in one line."""
     from fedskew.config import parse_overrides
-    from fedskew.config.files import read_toml
+    from fedskew.config.files import flat_keys, read_toml
 
     values = dict(DEFAULTS)
     files = [item for item in args.items if "=" not in item]
     if len(files) > 1:
         raise ConfigError(f"fedskew condense takes one settings file, got {', '.join(files)}")
-    layers = [_flat(read_toml(Path(files[0]), "condense settings"))] if files else []
+    layers = [flat_keys(read_toml(Path(files[0]), "condense settings"))] if files else []
     layers.append(parse_overrides([item for item in args.items if "=" in item]))
     for layer in layers:
         for key, value in layer.items():

@@ -117,6 +117,17 @@ def parse_value(text: str) -> Any:
         return text
 
 
+def flat_keys(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as dotted keys: ``{"partition": {"alpha": 0.1}}`` -> ``{"partition.alpha": 0.1}``."""
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            out.update(flat_keys(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     """``["a.b=1", "rounds=5"]`` -> ``{"a.b": 1, "rounds": 5}``; a malformed item is a ConfigError."""
     out: dict[str, Any] = {}

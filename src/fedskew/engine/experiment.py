@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -11,7 +11,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from fedskew.config import RunSpec, dump, validate
-from fedskew.config.files import read_toml
+from fedskew.config.files import flat_keys, read_toml
 from fedskew.core.device import check_amp, resolve_device
 from fedskew.core.errors import ConfigError
 from fedskew.engine.checkpoint import RESUMABLE, check_resume, load_checkpoint
@@ -134,15 +134,6 @@ def run_experiment(
     return results
 
 
-def _flat(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in cfg.items():
-        if isinstance(v, Mapping):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v
-    return out
-
 
 def run_state(run_dir: Path, cfg: dict[str, Any]) -> str:
     """What ``--resume`` does with the run folder ``run_dir`` of a run configured as ``cfg``.
@@ -156,7 +147,7 @@ def run_state(run_dir: Path, cfg: dict[str, Any]) -> str:
     if not (run_dir / METRICS_FILE).exists() or not config.exists():
         return "new"
     stored = read_toml(config, "run config")
-    then, now = _flat(stored), _flat(cfg)
+    then, now = flat_keys(stored), flat_keys(cfg)
     differ = sorted(k for k in then.keys() | now.keys() if then.get(k) != now.get(k) and k not in RESUMABLE)
     if differ:
         k = differ[0]
