@@ -1,4 +1,5 @@
-"""HFLDD: clusters on real Fashion-MNIST, headers' class coverage, the ledger, resume, the public set."""
+"""HFLDD: clusters on real Fashion-MNIST, headers' class coverage, the ledger, resume, the public set, the
+relayed images (their artifact and audit, where KIP starts, how close they stay to real images)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ from sklearn.metrics import adjusted_rand_score
 
 import fedskew.algorithms.hfldd as hfldd_module
 from fedskew.algorithms.hfldd import auto_public_dataset, public_set
+from fedskew.audit import audit_run, load_synthetic
+from fedskew.condense import KIPConfig, SyntheticSet, UInt8Set, kip
+from fedskew.config import dump
+from fedskew.config.schema import validate
+from fedskew.core.errors import ConfigError, DataError
+from fedskew.core.seeding import torch_generator
 from fedskew.engine.round_loop import RoundLoop
+from fedskew.runs import synthetic_files
 from tests.algorithms.resume import assert_resumes_exactly
 from tests.condense.device_draws import record_amps
 from tests.conftest import tiny_config
@@ -145,3 +153,104 @@ def test_members_distil_in_the_runs_mixed_precision(tmp_path: Path, monkeypatch:
     records = RoundLoop(cfg, tmp_path / "bf16", progress=False).run().records
     assert amps and set(amps) == {"bf16"}
     assert 0.0 <= records[-1]["accuracy"] <= 1.0
+
+
+def _relay_run(tmp_path: Path, **algo: Any) -> RoundLoop:
+    """A finished one-round run of :func:`_tiny_c1` with its config.toml, as `fedskew run` leaves it."""
+    cfg = _tiny_c1(1, **algo)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "config.toml").write_text(dump(cfg))
+    sim = RoundLoop(cfg, tmp_path, progress=False)
+    sim.run()
+    return sim
+
+
+def _rows(images: torch.Tensor) -> list[bytes]:
+    return sorted(bytes(row.flatten().tolist()) for row in images)
+
+
+def test_relayed_images_are_saved_as_they_travelled_and_fedskew_audit_reads_them(tmp_path: Path) -> None:
+    sim = _relay_run(tmp_path)
+    assert [f.name for f in synthetic_files(tmp_path)] == ["round_0000.safetensors"]  # the setup's relay
+    images, labels, clients, rounds = load_synthetic(tmp_path)
+    state = sim.server.state
+    held = [sim.client_states[h] for h in state["headers"] if "distilled_images" in sim.client_states[h]]
+    # Exactly the 8-bit rows the headers received, each row naming the member that sent it, in member order.
+    assert images.dtype == torch.uint8 and rounds == 1
+    assert _rows(images) == _rows(torch.cat([s["distilled_images"] for s in held]))
+    assert sorted(labels.tolist()) == sorted(torch.cat([s["distilled_labels"] for s in held]).tolist())
+    members = sorted(c for cluster, h in zip(state["heterogeneous"], state["headers"], strict=True)
+                     for c in cluster if c != h)
+    assert clients.tolist() == [c for c in members for _ in range(3)]  # kip_ipc 3 of one class each
+    for c in members:
+        assert set(labels[clients == c].tolist()) == set(np.flatnonzero(sim.fed.counts[c]).tolist())
+    res = audit_run(tmp_path, epochs=2)
+    assert res.algorithm == "hfldd" and res.synthetic_images == len(members) * 3 and res.rounds == 1
+    # Started from real images and moved little: far closer to the members' images than held-out images are.
+    assert res.nn_ratio < 0.5 and res.syn_nn_ssim_mean > res.heldout_nn_ssim_mean
+    assert 0.0 <= res.mia_auc <= 1.0
+
+
+def test_default_kip_init_draws_what_kip_draws_by_itself(tmp_path: Path) -> None:
+    """kip_init = "real" relays exactly the images of KIP started by itself (the code before kip_init)."""
+    sim = _relay_run(tmp_path)
+    images, _, clients, _ = load_synthetic(tmp_path)
+    fed = sim.fed.info
+    for c in sorted(set(clients.tolist())):
+        x, y = sim.fed.client_data(c)
+        cfg = KIPConfig(iterations=10, ipc=3, lr=0.01, reg=1e-6, target_batch=256, kernel="ntk")
+        alone = kip(x, y, fed.num_classes, cfg, torch_generator(fed.seed, "client", c, 0, "kip"))
+        assert torch.equal(alone.to_uint8(fed.mean, fed.std).images, images[clients == c])
+
+
+@pytest.mark.parametrize("init", ["real", "noise", "class_mean"])
+def test_kip_init_sets_where_kip_starts_and_kip_init_cosine_says_how_close_it_stays(
+    tmp_path: Path, init: str
+) -> None:
+    """With no KIP step the relayed images are the start, quantised: a real image (cosine 1 to it), noise
+    (low cosine to every real image of the class), or the class mean plus noise (images of a class differ)."""
+    sim = _relay_run(tmp_path, kip_init=init, kip_iterations=0)
+    images, labels, clients, _ = load_synthetic(tmp_path)
+    fed = sim.fed.info
+    sent = SyntheticSet.from_uint8(UInt8Set(images, labels), fed.mean, fed.std).images
+    cosine = _records(tmp_path)[0]["kip_init_cosine"]
+    for c in sorted(set(clients.tolist())):
+        x, _ = sim.fed.client_data(c)
+        own = sent[clients == c]
+        nearest = (torch.nn.functional.normalize(own.flatten(1), dim=1)
+                   @ torch.nn.functional.normalize(x.flatten(1), dim=1).T).max(dim=1).values
+        if init == "real":
+            assert (nearest > 0.999).all()  # each is one of the member's images, up to 8-bit rounding
+        elif init == "noise":
+            assert (nearest < 0.6).all() and own.std() > 0.8  # standard normal pixels, clamped to 8 bits
+        else:
+            mean = x.mean(dim=0)
+            assert ((own - mean).abs().mean(dim=(1, 2, 3)) < 0.2).all()  # the class mean plus noise (std 0.1)
+            assert len(set(_rows(images[clients == c]))) == len(own)  # no two images of the class alike
+    expected = {"real": (0.999, 1.0), "noise": (0.0, 0.6), "class_mean": (0.6, 0.999)}[init]
+    assert expected[0] < cosine <= expected[1]
+
+
+def test_kip_init_cosine_is_recorded_in_the_relay_round_and_falls_as_kip_moves_the_images(tmp_path: Path) -> None:
+    moved = RoundLoop(_tiny_c1(2, kip_lr=1.0), tmp_path / "lr1", progress=False).run().records
+    default = _records(_relay_run(tmp_path / "default").run_dir)
+    assert "kip_init_cosine" not in moved[1]
+    # Ten steps at KIP's lr 0.01 leave the images where they started; at lr 1 they leave it.
+    assert moved[0]["kip_init_cosine"] < 0.5 < 0.99 < default[0]["kip_init_cosine"] <= 1.0
+
+
+def test_bad_kip_init_values_are_one_line_errors() -> None:
+    with pytest.raises(ConfigError, match=r"^algorithm\.kip_init must be one of 'real', 'noise', 'class_mean', "
+                                          r"got 'mean'$"):
+        validate(_tiny_c1(1, kip_init="mean"))
+    with pytest.raises(ConfigError, match=r"^algorithm\.kip_init_noise must be >= 0, got -1\.0$"):
+        validate(_tiny_c1(1, kip_init_noise=-1.0))
+
+
+def test_kip_refuses_a_start_set_that_does_not_fit_the_data() -> None:
+    x, y = torch.randn(6, 1, 4, 4), torch.tensor([0, 0, 1, 1, 2, 2])
+    cfg = KIPConfig(iterations=1, ipc=1)
+    with pytest.raises(DataError, match=r"^the start set must hold images of shape \(1, 4, 4\) with labels in"):
+        kip(x, y, 3, cfg, torch.Generator(), start=SyntheticSet(torch.zeros(2, 1, 5, 5), torch.tensor([0, 1])))
+    with pytest.raises(DataError, match=r"labels \[0, 3\]$"):
+        kip(x, y, 3, cfg, torch.Generator(), start=SyntheticSet(torch.zeros(2, 1, 4, 4), torch.tensor([0, 3])))

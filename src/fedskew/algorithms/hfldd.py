@@ -16,7 +16,9 @@ each group together holds every class, and lets one client per group train on th
    Eq. 1; :func:`fedskew.condense.kip`) and sends it to its header as 8-bit images and labels. The
    engine relays it through the server: the members' uploads are counted once, as client-to-client
    bytes, and the forwarding to headers is not counted again. Headers keep the data in their client
-   state for the whole run.
+   state for the whole run. The relayed images are saved as they travelled (8-bit) in the ``synthetic``
+   artifact (``artifacts/synthetic/round_0000.safetensors``: the relay is part of the setup, round 0),
+   so ``fedskew audit`` measures what they reveal of the members' images.
 4. Training (Sec. IV-B4, Eq. 5): FedAvg between the server and all H headers every round, each header
    training on its own data plus the distilled data it received (batch 32, lr 0.01, SGD), weighted by
    that combined size.
@@ -38,6 +40,17 @@ images each member distils (``kip_images`` 100, split evenly over the classes it
 per class; see below) and KIP's iterations and learning rate (``kip_iterations``
 100, ``kip_lr`` 0.01 = KIP's default); KIP regresses hard labels (no label learning) with the FC NTK.
 ``clients_per_round`` is unused: every header trains every round.
+
+Where KIP starts (``kip_init``): ``"real"`` (KIP's and our default) starts from distinct random real
+images of the member's classes; 100 Adam steps at lr 0.01 move them little, so the relayed images are
+nearly the member's own. ``"noise"`` starts from standard normal pixels in the normalised space, and
+``"class_mean"`` from the mean of all the member's real images of the class plus Gaussian noise of
+standard deviation ``kip_init_noise`` (0.1, normalised units, so that the images of one class differ).
+Round 1 records ``kip_init_cosine``: how close the relayed images stayed to real ones. Each member
+computes, for each image it sent (decoded from the 8 bits that travelled, in the normalised space the
+model trains in), the cosine similarity to the real image it started from (``"real"``) or, for the
+other inits, the largest cosine to its real images of the same class (the nearest one); it sends the
+median over its images, and the server records the median over the members.
 
 Why 100 images per member: the paper's count ("we set each client to distill [N] images", Sec. V-A4) was
 lost in extraction, but it is a count per client, and Table III (CIFAR-10, C = 10) bounds it. FedAvg's
@@ -61,7 +74,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedskew.algorithms.base import ClientContext, ServerContext, register_algorithm
+from fedskew.algorithms.base import ClientContext, Replies, ServerContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.clustering import (
     Divergence,
@@ -72,18 +85,24 @@ from fedskew.components.clustering import (
 )
 from fedskew.components.trainer import LocalConfig, train_local
 from fedskew.condense.kip import KIPConfig, kip
-from fedskew.condense.synthetic import SyntheticSet, UInt8Set
-from fedskew.core.device import current_compute
+from fedskew.condense.synthetic import SyntheticSet, UInt8Set, init_synthetic, start_set
+from fedskew.core.device import current_compute, randn
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import check
 from fedskew.models.layout import as_model_format, is_channels_last
+from fedskew.runs import SYNTHETIC_ARTIFACT
 
 PREDICT_CHUNK = 500
 
 
 PUBLIC = "public"
 """Request array of the pretrain task: D_p, the public images the clients predict soft labels on."""
+
+KipInit = Literal["real", "noise", "class_mean"]
+"""Where a member's KIP starts (the ``kip_init`` option, see the module docstring)."""
+INIT_COSINE = "kip_init_cosine"
+"""Reply scalar of the distill task and round-1 metric: how close the relayed images stayed to real ones."""
 
 
 def auto_public_dataset(image_shape: tuple[int, int, int]) -> str:
@@ -169,6 +188,8 @@ class HFLDD(FedAvg):
         kip_reg: float = 1e-6  # KIP ridge, relative to tr(K_ss)/n (KIP's default)
         kip_target_batch: int = 256  # real samples per KIP step
         kip_kernel: Literal["ntk", "rf_convnet"] = "ntk"  # KIP kernel (see condense.kip)
+        kip_init: KipInit = "real"  # KIP's start: "real" images (KIP), "noise", "class_mean" (module docstring)
+        kip_init_noise: float = 0.1  # std of the noise on "class_mean" starts (normalised units)
 
         def __post_init__(self) -> None:
             super().__post_init__()
@@ -181,6 +202,7 @@ class HFLDD(FedAvg):
             check(self.pretrain_lr > 0, "pretrain_lr", self.pretrain_lr, "> 0")
             check(self.kip_lr > 0, "kip_lr", self.kip_lr, "> 0")
             check(self.kip_reg >= 0, "kip_reg", self.kip_reg, ">= 0")
+            check(self.kip_init_noise >= 0, "kip_init_noise", self.kip_init_noise, ">= 0")
 
     params: Params
 
@@ -215,13 +237,22 @@ class HFLDD(FedAvg):
         return float(shard_size + extra)
 
     def _distill_and_relay(self, server: ServerContext, clusters: list[list[int]], headers: list[int]) -> list[int]:
-        """Members distil and send to their header (counted once, client-to-client); returns images per header."""
+        """Members distil and send to their header (counted once, client-to-client); returns images per header.
+
+        Also saves the relayed sets (:meth:`_save_relayed`) and keeps the members' median
+        ``kip_init_cosine`` in ``server.state`` (None when no member relayed anything).
+        """
         members = [(c, h) for cluster, h in zip(clusters, headers, strict=True) for c in cluster if c != h]
         replies = dict(server.exchange("distill", [(c, Message()) for c, _ in members], up="client_to_client"))
         received: dict[int, list[Message]] = {h: [] for h in headers}
+        relayed: Replies = []
         for c, h in members:
             if c in replies and self._valid_distilled(replies[c]):
                 received[h].append(replies[c])
+                relayed.append((c, replies[c]))
+        self._save_relayed(server, sorted(relayed, key=lambda r: r[0]))
+        cosines = [float(m.metrics[INIT_COSINE]) for _, m in relayed]
+        server.state[INIT_COSINE] = float(np.median(cosines)) if cosines else None
         relay = [
             (h, Message(arrays={
                 "images": torch.cat([m.arrays["images"] for m in msgs]),
@@ -231,6 +262,23 @@ class HFLDD(FedAvg):
         ]
         server.exchange("receive", relay, down=None, up=None)  # the relay hop: already counted above
         return [sum(int(m.arrays["labels"].numel()) for m in received[h]) for h in headers]
+
+    @staticmethod
+    def _save_relayed(server: ServerContext, relayed: Replies) -> None:
+        """The ``synthetic`` artifact of the condensation methods (``images`` uint8 as they travelled,
+        ``labels``, ``clients``: the sending member of each row), rows ordered by member, for ``fedskew audit``
+        and the report's image grids. Nothing is saved when no member relayed anything."""
+        if not relayed:
+            return
+        labels = [m.arrays["labels"] for _, m in relayed]
+        server.save_artifact(SYNTHETIC_ARTIFACT, {
+            "images": torch.cat([m.arrays["images"] for _, m in relayed]),
+            "labels": torch.cat(labels),
+            "clients": torch.cat([
+                torch.full((int(lab.numel()),), c, dtype=torch.int64, device=lab.device)
+                for (c, _), lab in zip(relayed, labels, strict=True)
+            ]),
+        })
 
     def _valid_distilled(self, msg: Message) -> bool:
         """A member's reply is usable: uint8 images of the federation's shape with as many int64 labels."""
@@ -254,6 +302,7 @@ class HFLDD(FedAvg):
             server.metrics.update(
                 homogeneous_clusters=server.state["homogeneous"], clusters=server.state["heterogeneous"],
                 cluster_headers=server.state["headers"], distilled_per_header=server.state["distilled"],
+                kip_init_cosine=server.state.get(INIT_COSINE),
             )
 
     def reply_spec(self, task: str, server: ServerContext) -> dict[str, tuple[tuple[int, ...], torch.dtype]] | None:
@@ -263,6 +312,12 @@ class HFLDD(FedAvg):
         if task == "receive":
             return {}
         return super().reply_spec(task, server)
+
+    def reply_scalars(self, task: str, server: ServerContext) -> dict[str, tuple[float, float | None]]:
+        """A member's distilled set comes with its ``kip_init_cosine``, a cosine in [-1, 1]."""
+        if task == "distill":
+            return {INIT_COSINE: (-1.0, 1.0)}
+        return super().reply_scalars(task, server)
 
     # ---- client ------------------------------------------------------------------------------
     def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
@@ -310,9 +365,42 @@ class HFLDD(FedAvg):
             iterations=p.kip_iterations, ipc=ipc, lr=p.kip_lr, reg=p.kip_reg,
             target_batch=p.kip_target_batch, kernel=p.kip_kernel, amp=current_compute().amp,
         )
-        syn = kip(client.x, client.y, self.fed.num_classes, cfg, client.generator("kip"))
+        generator = client.generator("kip")
+        start = self._kip_start(client, ipc, generator)
+        syn = kip(client.x, client.y, self.fed.num_classes, cfg, generator, start=start)
         u = syn.to_uint8(self.fed.mean, self.fed.std)
-        return Message(arrays={"images": u.images, "labels": u.labels}, metrics={"distilled": float(len(syn))})
+        metrics = {"distilled": float(len(syn)), INIT_COSINE: self._init_cosine(u, start, client)}
+        return Message(arrays={"images": u.images, "labels": u.labels}, metrics=metrics)
+
+    def _kip_start(self, client: ClientContext, ipc: int, generator: torch.Generator) -> SyntheticSet:
+        """Where the member's KIP starts (``kip_init``): ``ipc`` images of each class it holds, in increasing
+        label order, drawn from the KIP stream (``"real"`` draws exactly what :func:`~fedskew.condense.kip`
+        draws by itself)."""
+        p = self.params
+        if p.kip_init != "class_mean":
+            return start_set(client.x, client.y, ipc, p.kip_init, generator)
+        # init_synthetic's "mean" over all of a class's images (at most the shard) is the class mean.
+        classes = sorted(set(client.y.tolist()))
+        means = init_synthetic(client.x, client.y, classes, ipc, "mean", generator, mean_samples=client.num_samples)
+        noise = randn(tuple(means.images.shape), generator, means.images.device)
+        return SyntheticSet(means.images + p.kip_init_noise * noise, means.labels)
+
+    def _init_cosine(self, sent: UInt8Set, start: SyntheticSet, client: ClientContext) -> float:
+        """The member's ``kip_init_cosine``: the median over the images it sent (decoded from 8 bits, in the
+        normalised space) of the cosine to the real image each started from (``kip_init = "real"``), or
+        else to the nearest (largest cosine) of the member's real images of the same class."""
+        device = client.x.device
+        sent_images = SyntheticSet.from_uint8(sent, self.fed.mean, self.fed.std).images.to(device)
+        flat = F.normalize(sent_images.flatten(1).double(), dim=1)
+        labels = sent.labels.to(device)
+        if self.params.kip_init == "real":
+            cos = (flat * F.normalize(start.images.flatten(1).double(), dim=1)).sum(dim=1)
+        else:
+            cos = torch.empty(flat.shape[0], dtype=torch.float64, device=device)
+            for c in labels.unique().tolist():
+                real = F.normalize(client.x[client.y == c].flatten(1).double(), dim=1)
+                cos[labels == c] = (flat[labels == c] @ real.T).max(dim=1).values
+        return float(np.median(cos.clamp(-1.0, 1.0).cpu().numpy()))
 
     def _with_distilled(self, client: ClientContext) -> ClientContext:
         """The header's own data plus the distilled data it keeps (D_h of Sec. IV-B3)."""

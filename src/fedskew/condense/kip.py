@@ -256,6 +256,17 @@ def _step_kernel(
     return rf
 
 
+def _checked_start(start: SyntheticSet, x_real: torch.Tensor, num_classes: int) -> SyntheticSet:
+    """The start set, checked against the real data (a caller may give it) and on its device, float32."""
+    labels = start.labels
+    if start.images.shape[1:] != x_real.shape[1:] or int(labels.min()) < 0 or int(labels.max()) >= num_classes:
+        raise DataError(
+            f"the start set must hold images of shape {tuple(x_real.shape[1:])} with labels in [0, {num_classes}), "
+            f"got {tuple(start.images.shape[1:])} with labels {sorted(set(labels.tolist()))}"
+        )
+    return SyntheticSet(start.images.to(device=x_real.device, dtype=torch.float32), labels.to(x_real.device))
+
+
 def kip(
     x_real: torch.Tensor,
     y_real: torch.Tensor,
@@ -263,6 +274,7 @@ def kip(
     cfg: KIPConfig,
     generator: torch.Generator,
     progress: bool = False,
+    start: SyntheticSet | None = None,
 ) -> SyntheticSet:
     """Distil ``(x_real, y_real)`` with KIP.
 
@@ -279,11 +291,18 @@ def kip(
         The only source of randomness.
     progress
         Show a tqdm bar on stderr.
+    start
+        The support set to start from, normalised images of the real images' shape with labels in
+        ``[0, num_classes)``; ``None`` (default): ``cfg.ipc`` images of every class present, initialised
+        as ``cfg.init`` says (:func:`~fedskew.condense.synthetic.start_set`, drawn from ``generator``).
+        A caller that builds the start with :func:`~fedskew.condense.synthetic.start_set` from the same
+        generator gets exactly the draws of ``start=None``.
 
     Returns
     -------
     SyntheticSet
-        ``cfg.ipc`` images per class present, in increasing label order, float32 on the data's device;
+        The optimised ``start`` (its labels), or ``cfg.ipc`` images per class present, in increasing
+        label order; float32 on the data's device;
         ``soft_labels`` holds the learned (centred) label vectors when ``cfg.learn_labels``, else
         ``None``.
     """
@@ -294,7 +313,9 @@ def kip(
     precision = Precision(device, cfg.amp)  # refuses fp16 off CUDA in one line
     if num_classes < 1 or int(y_real.min()) < 0 or int(y_real.max()) >= num_classes:
         raise DataError(f"labels must lie in [0, {num_classes})")
-    syn = start_set(x_real, y_real, cfg.ipc, cfg.init, generator)
+    if start is None:
+        start = start_set(x_real, y_real, cfg.ipc, cfg.init, generator)
+    syn = _checked_start(start, x_real, num_classes)
     x_s = syn.images.clone().requires_grad_(True)
     y_s = centered_one_hot(syn.labels, num_classes).requires_grad_(cfg.learn_labels)
     targets = centered_one_hot(y_real, num_classes)
