@@ -59,6 +59,18 @@ def _run(cfg: dict[str, Any], path: Path) -> Path:
 @pytest.mark.parametrize("name", ALGORITHMS.names())
 def test_every_algorithm_runs_changes_the_model_and_is_counted(tmp_path: Path, name: str) -> None:
     cfg = config_for(name, rounds=2)
+    if not ALGORITHMS.get(name).has_global_model:  # `local`: the clients' own models change, nothing is sent
+        with pytest.raises(ConfigError, match="has no global model"):
+            RoundLoop(cfg, tmp_path / "refused", progress=False)
+        cfg["partition"]["client_test_fraction"] = 0.25
+        sim = RoundLoop(cfg, tmp_path / name, progress=False)
+        initial = sim.algorithm.init_model().state_dict()
+        recs = sim.run().records
+        assert all(r["personal_accuracy_mean"] is not None and r["accuracy"] is None for r in recs)
+        assert sum(r[k] for r in recs for k in r if k.startswith("bytes_")) == 0
+        own = [s["model"] for s in sim.client_states.values()]
+        assert own and all(any(not torch.equal(m[k], initial[k]) for k in initial) for m in own)
+        return
     sim = RoundLoop(cfg, tmp_path / name, progress=False)
     before = {k: v.clone() for k, v in sim.server.model.state_dict().items()}
     sim.run()

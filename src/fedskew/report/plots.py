@@ -289,7 +289,7 @@ def synthetic_grids(runs: list[RunData], out_dir: Path, per_class: int = 10) -> 
     """``synthetic_<label>.png``: the condensed images each run's clients sent in its last round.
 
     One row per class, at most ``per_class`` images a row (the first ones sent), from the run's
-    ``artifacts/synthetic/`` (FedDC, FedDC+, FedDM and FedAF save them); the papers' Fig. 7 view.
+    ``artifacts/synthetic/`` (FedDC, FedDC+, FedDM, FedAF and HFLDD save them); the papers' Fig. 7 view.
     The first seed of a label stands for it. Runs without synthetic data get no grid.
     """
     import torch
