@@ -68,6 +68,7 @@ def run(
     progress: bool = True,
     on_round: Callable[[dict[str, Any]], None] | None = None,
     resume: bool = False,
+    label: str | None = None,
     **overrides: Any,
 ) -> Results:
     """Run an experiment, every variant x seed of it, as ``fedskew run`` does; return where the runs are.
@@ -92,6 +93,9 @@ def run(
     on_round
         Called after every round with that round's record (a copy of the ``metrics.jsonl`` line, plus the
         run's ``label`` and ``seed``): for logging somewhere else.
+    label
+        Relabel the runs (after ``only``): ``{label}`` is each run's own label, ``{KEY}`` a dotted config
+        value, e.g. ``"{label}, tau={algorithm.tau}"``.
     resume
         Continue an interrupted experiment in ``out``: finished runs are kept, interrupted ones continue
         from their last checkpoint, missing ones start (a run folder made with another config is refused).
@@ -116,7 +120,7 @@ def run(
     partitioners the script itself defines reach them that way; in a notebook, put them in a file and pass
     ``plugins=["my_file.py"]`` (an override of the config key), or set ``workers=1``.
     """
-    runs, parent = plan(config, dotted(overrides), out=out, only=only, force=force, resume=resume)
+    runs, parent = plan(config, dotted(overrides), out=out, only=only, force=force, resume=resume, label=label)
     results = run_experiment(
         runs, parent, data_dir=None if data_dir is None else str(data_dir), progress=progress, on_round=on_round,
         resume=resume,
@@ -133,6 +137,7 @@ def plan(
     force: bool = False,
     imports: Sequence[str] = (),
     resume: bool = False,
+    label: str | None = None,
 ) -> tuple[list[RunSpec], Path]:
     """The runs of ``config`` with ``overrides`` (and plug-ins ``imports``) and the folder they go to.
 
@@ -157,6 +162,8 @@ def plan(
                           f"got {type(config).__name__}")
     if only:
         runs = select_labels(runs, list(only))
+    if label is not None:  # after --only, which names the config's own labels
+        runs = relabel(runs, label)
     check_devices([r.config for r in runs])
     name = runs[0].config.get("name", "experiment")
     parent = choose_parent(None if out is None else os.fspath(out), name, runs, force, resume)
@@ -168,6 +175,22 @@ def plan(
 def dotted(overrides: Mapping[str, Any]) -> dict[str, Any]:
     """Keyword overrides as dotted keys: ``partition__alpha`` is ``partition.alpha``."""
     return {key.replace("__", "."): value for key, value in overrides.items()}
+
+
+def relabel(runs: list[RunSpec], template: str) -> list[RunSpec]:
+    """The runs labelled by ``template`` (:func:`~fedskew.config.variants.expand_label`: ``{label}`` is
+    each run's own label, ``{KEY}`` a config value); labels that collide are refused in one line."""
+    from fedskew.config.variants import expand_label
+
+    out = []
+    for spec in runs:
+        new = expand_label(template, spec.label, spec.config)
+        out.append(RunSpec(new, {**spec.config, "label": new}))
+    folders = [spec.folder_name for spec in out]
+    if len(set(folders)) != len(folders):
+        raise ConfigError(f"--label {template!r} gives two runs the same label or folder; add {{label}} or a "
+                          "setting that tells them apart")
+    return out
 
 
 def select_labels(runs: list[RunSpec], wanted: list[str]) -> list[RunSpec]:

@@ -67,3 +67,15 @@ def test_resume_refuses_another_config_and_needs_its_folder(tmp_path: Path, caps
     assert "needs its folder" in capsys.readouterr().err
     assert main(["run", str(config), "--out", str(out), "--resume", "--force", "--no-progress"]) != 0
     assert "give one" in capsys.readouterr().err
+
+
+def test_label_applies_after_only(tmp_path: Path) -> None:
+    """--only names the config's labels; --label then renames the runs it kept."""
+    config = _config(tmp_path)
+    out = tmp_path / "l"
+    assert main(["run", str(config), "rounds=1", "algorithm.lr=0.2", "--only", "FedAvg", "--label",
+                 "{label}, lr={algorithm.lr}", "--out", str(out), "--no-progress"]) == 0
+    runs = sorted(p.name for p in out.iterdir() if p.name != "report")
+    assert runs == ["FedAvg, lr=0.2-seed0", "FedAvg, lr=0.2-seed1"]
+    summary = json.loads((out / "FedAvg, lr=0.2-seed0" / "summary.json").read_text())
+    assert summary["label"] == "FedAvg, lr=0.2"

@@ -40,11 +40,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if source is not None and "=" in source and not Path(source).exists():
         overrides = parse_overrides([source, *args.overrides])  # `fedskew run rounds=5`, `--resume DIR rounds=20`
         source = None
-    if args.label is not None:
-        overrides["label"] = args.label
     if args.resume == "":  # `fedskew run CONFIG --out DIR --resume`: the whole experiment
         runs, parent = plan(source, overrides, out=args.out, only=args.only, force=args.force, imports=args.imports,
-                            resume=True)
+                            resume=True, label=args.label)
         from fedskew.engine.experiment import run_state
 
         states = [run_state(parent / r.folder_name, r.config) for r in runs]
@@ -63,7 +61,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         res = resume_run(Path(args.resume), overrides, data_dir=_data_dir(args), progress=progress)
         parents = [res.run_dir]
     else:
-        runs, parent = plan(source, overrides, out=args.out, only=args.only, force=args.force, imports=args.imports)
+        runs, parent = plan(source, overrides, out=args.out, only=args.only, force=args.force, imports=args.imports,
+                            label=args.label)
         print(f"fedskew: {len(runs)} run(s) -> {parent}", file=sys.stderr)
         run_experiment(runs, parent, data_dir=_data_dir(args), progress=progress)
         parents = [parent]
