@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -174,3 +175,15 @@ def test_without_tensorboard_a_run_asking_for_it_is_refused_before_it_starts(
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err == [f"fedskew: error: {MISSING}"]
     assert not out.exists()
+
+
+def test_a_resume_may_turn_tensorboard_on(tmp_path: Path) -> None:
+    """Logging changes no result, so a resume may switch it (``logging.tensorboard=true``)."""
+    cfg = tiny_config(rounds=2)
+    part = tmp_path / "part"
+    part.mkdir()
+    (part / "config.toml").write_text(dump(cfg))
+    RoundLoop(cfg, part, progress=False).run()
+    resume_run(part, {"rounds": 3, "logging.tensorboard": True}, data_dir=None, progress=False)
+    assert any((part / "tensorboard").glob("events.out.tfevents.*"))
+    assert tomllib.loads((part / "config.toml").read_text())["logging"] == {"tensorboard": True}

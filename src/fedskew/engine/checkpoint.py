@@ -22,10 +22,11 @@ import torch
 from fedskew.core.errors import FedskewError
 from fedskew.runs import CHECKPOINT_FILE, CONFIG_FILE
 
-RESUMABLE = ("rounds", "workers", "checkpoint_every", "device", "amp")
+RESUMABLE = ("rounds", "workers", "checkpoint_every", "device", "amp", "logging")
 """What a resumed run may change: its length, where it computes (checkpoints are device-free) and in
 which precision (an fp16 GPU run can go on on a CPU with ``amp=off`` or ``bf16``; rounds after the
-resume are computed in the new one), how often it saves. Any other difference between the config and
+resume are computed in the new one), how often it saves, and what it logs besides its own files
+(``logging.tensorboard``). Any other difference between the config and
 the checkpoint's is an edit, and refused."""
 
 REQUIRED: dict[str, type] = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -11,7 +12,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from fedskew.config import RunSpec, dump, validate
-from fedskew.config.files import flat_keys, read_toml
+from fedskew.config.files import flat_keys, read_toml, set_dotted
 from fedskew.core.device import check_amp, resolve_device
 from fedskew.core.errors import ConfigError
 from fedskew.engine.checkpoint import RESUMABLE, check_resume, load_checkpoint
@@ -148,7 +149,9 @@ def run_state(run_dir: Path, cfg: dict[str, Any]) -> str:
         return "new"
     stored = read_toml(config, "run config")
     then, now = flat_keys(stored), flat_keys(cfg)
-    differ = sorted(k for k in then.keys() | now.keys() if then.get(k) != now.get(k) and k not in RESUMABLE)
+    differ = sorted(
+        k for k in then.keys() | now.keys() if then.get(k) != now.get(k) and k.split(".")[0] not in RESUMABLE
+    )
     if differ:
         k = differ[0]
         raise ConfigError(
@@ -199,12 +202,14 @@ def resume_run(run_dir: Path, overrides: dict[str, Any], *, data_dir: str | None
     """
     path = run_config_path(run_dir)
     for key in overrides:
-        if key not in RESUME_OVERRIDES:
+        if key.split(".")[0] not in RESUME_OVERRIDES:
             allowed = ", ".join(RESUME_OVERRIDES)
             raise ConfigError(f"--resume accepts only the overrides {allowed}, not {key!r}")
     with locked_run_folder(run_dir):
         stored = read_toml(path, "run config")
-        cfg = {**stored, **overrides}
+        cfg = copy.deepcopy(stored)
+        for key, value in overrides.items():
+            set_dotted(cfg, key, value)
         cfg.setdefault("target_accuracy", None)
         validate(cfg)
         check_devices([cfg])
