@@ -245,11 +245,13 @@ def plot_clients(runs: list[RunData], out_dir: Path) -> list[Path]:
         ax.set(title=what, ylim=(-2, 102))
         ax.grid(alpha=0.3, axis="y")
     axes[0].set_ylabel("accuracy on the client's own test split (%)")
-    fig.suptitle("per-client accuracy, last evaluated round (clients of all seeds)", fontsize="medium")
+    title = experiment_title(runs)
+    fig.suptitle("per-client accuracy, last evaluated round (clients of all seeds)" + (f"\n{title}" if title else ""),
+                 fontsize="medium")
     written = [_save(fig, out_dir / "client_accuracy.png")]
 
     colors = colormaps["tab10"]
-    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    fig = Figure(figsize=(10, 4.5), layout="constrained")
     ax = fig.add_subplot()
     for i, (label, group) in enumerate(groups.items()):
         for stat, style in (("mean", "-"), ("worst10", "--")):
@@ -261,10 +263,11 @@ def plot_clients(runs: list[RunData], out_dir: Path) -> list[Path]:
                 which = "mean" if stat == "mean" else "worst 10%"
                 ax.plot(x, mean, style, color=colors(i % 10), label=f"{label}, {which}")
     ax.set(xlabel="round", ylabel="client accuracy, own model (%)",
-           title="per-client accuracy of the clients' own models (mean over seeds)")
+           title="clients' own models, mean over seeds" + (f"\n{title}" if title else ""))
+    ax.title.set_fontsize("medium")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     written.append(_save(fig, out_dir / "client_curves.png"))
     return written
 
