@@ -257,3 +257,23 @@ def test_plot_titles_name_the_experiment_and_centralised_is_a_reference_line(tmp
     finally:
         matplotlib.axes.Axes.axhline = original  # type: ignore[method-assign]
     assert lines == [pytest.approx(60.0)]  # the centralised run's best, drawn once as a horizontal line
+
+
+def test_client_plots_and_columns_come_with_a_per_client_evaluation(experiment: Path, tmp_path: Path) -> None:
+    from fedskew.report.plots import plot_clients
+
+    runs = [load_run(p) for p in find_runs([experiment])]
+    assert plot_clients(runs, tmp_path / "none") == []  # no per-client evaluation: no plot
+    for run in runs:
+        for i, rec in enumerate(run.records):
+            vec = [rec["accuracy"] - 0.1 * k for k in range(3)]
+            rec.update(personal_accuracy=vec, personal_accuracy_mean=sum(vec) / 3, personal_accuracy_worst10=min(vec))
+            if i == len(run.records) - 1:
+                run.summary.update(personal_mean_final=sum(vec) / 3, personal_worst10_final=min(vec))
+    written = plot_clients(runs, tmp_path / "plots")
+    assert [p.name for p in written] == ["client_accuracy.png", "client_curves.png"]
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in written)
+    rows = comparison_table(runs)
+    fedavg = next(r for r in rows if r["label"] == "fedavg")
+    assert fedavg["personal_worst10"] == pytest.approx(100 * (0.52 - 0.2), abs=0.01)  # mean of seeds' last
+    assert fedavg["client_mean"] is None  # no global-model vector in these runs
