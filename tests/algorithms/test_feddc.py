@@ -17,11 +17,11 @@ from PIL import Image
 import fedskew.algorithms.feddc as feddc_module
 from fedskew.algorithms.feddc import FedDC, FedDCPlus
 from fedskew.condense import SyntheticSet, UInt8Set
+from fedskew.condense.grids import image_grid, save_image_grid
 from fedskew.core.message import Message
 from fedskew.core.params import build_params
 from fedskew.engine.replies import check_reply
 from fedskew.engine.round_loop import RoundLoop
-from fedskew.report.grids import image_grid, save_image_grid
 from tests.condense.device_draws import record_amps
 from tests.conftest import tiny_config
 

@@ -292,9 +292,9 @@ def _settings(args: argparse.Namespace) -> MethodSettings:
 
 def cmd_condense(args: argparse.Namespace, data_dir: str | None) -> int:
     """Run ``fedskew condense`` (see the module docstring); returns the exit code."""
+    from fedskew.condense.grids import save_image_grid
     from fedskew.data import load_dataset
     from fedskew.models import create_model
-    from fedskew.report.grids import save_image_grid
 
     args = resolve_settings(args)
     settings = _settings(args)

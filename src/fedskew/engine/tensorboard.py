@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedskew.condense.grids import image_grid as tile
 from fedskew.config.schema import LoggingParams
 from fedskew.core.params import build_params
 
@@ -44,26 +45,18 @@ def image_grid(images: torch.Tensor, labels: torch.Tensor | None = None, limit: 
 
     With ``labels`` each class (in increasing order) gets a row of at most ``limit // classes`` of its
     images; without, up to ``limit`` images fill a square. Images smaller than :data:`GRID_MIN_SIDE`
-    are magnified by a whole factor.
+    are magnified by a whole factor. The tiling is :func:`fedskew.condense.grids.image_grid`'s.
     """
     if labels is not None:
         classes = labels.unique()[:limit]
         per_row = max(1, limit // len(classes))
-        rows = [images[labels == k][:per_row] for k in classes]
+        keep = torch.cat([torch.nonzero(labels == k).flatten()[:per_row] for k in classes])
+        images, labels = images[keep], labels[keep]
     else:
-        kept = images[:limit]
-        rows = list(kept.split(max(1, math.ceil(math.sqrt(len(kept))))))
-    _, c, h, w = images.shape
-    zoom = max(1, GRID_MIN_SIDE // max(h, w))
-    h, w = h * zoom, w * zoom
-    cols = max(len(r) for r in rows)
-    grid = np.full((pad + len(rows) * (h + pad), pad + cols * (w + pad), c), 255, dtype=np.uint8)
-    for i, row in enumerate(rows):
-        pics = row.repeat_interleave(zoom, dim=2).repeat_interleave(zoom, dim=3).permute(0, 2, 3, 1).numpy()
-        for j, pic in enumerate(pics):
-            top, left = pad + i * (h + pad), pad + j * (w + pad)
-            grid[top : top + h, left : left + w] = pic
-    return grid
+        images = images[:limit]
+        labels = torch.arange(len(images)) // max(1, math.ceil(math.sqrt(len(images))))  # square rows
+    zoom = max(1, GRID_MIN_SIDE // max(images.shape[2], images.shape[3]))
+    return tile(images, labels, pad=pad, scale=zoom)
 
 
 class TensorBoardLog:

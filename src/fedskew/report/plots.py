@@ -299,7 +299,7 @@ def synthetic_grids(runs: list[RunData], out_dir: Path, per_class: int = 10) -> 
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from fedskew.report.grids import save_image_grid
+    from fedskew.condense.grids import save_image_grid
 
     written: list[Path] = []
     used: set[str] = set()

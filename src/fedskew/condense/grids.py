@@ -3,7 +3,8 @@
 Condensation-based methods upload 8-bit images; FedDC's privacy argument rests on what they look
 like (Kim & Choi 2022, Fig. 7: FedDC+ images are unrecognisable noise). The algorithms keep the last
 round's images in their checkpointed server state (``syn_images`` / ``syn_labels``), and
-:func:`save_image_grid` draws them: one row per class, so a reader can judge them at a glance.
+:func:`save_image_grid` draws them: one row per class, so a reader can judge them at a glance. The
+report, ``fedskew condense`` and the TensorBoard log all draw with :func:`image_grid`.
 """
 
 from __future__ import annotations
