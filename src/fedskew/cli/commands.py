@@ -48,7 +48,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         states = [run_state(parent / r.folder_name, r.config) for r in runs]
         print(f"fedskew: {parent}: {states.count('done')} run(s) finished, {states.count('partial')} to continue, "
               f"{states.count('new')} to start", file=sys.stderr)
-        run_experiment(runs, parent, data_dir=_data_dir(args), progress=progress, resume=True)
+        run_experiment(runs, parent, data_dir=_data_dir(args), progress=progress, resume=True, states=states)
         parents = [parent]
     elif args.resume:
         if source is not None:

@@ -275,11 +275,12 @@ def _component(cfg: dict[str, Any], section: str) -> Component:
     return Component(name, registry.build_params(name, table, prefix=f"{section}."))
 
 
-def _check_evaluable(algorithm: str, partition: Any) -> None:
-    """A method without a global model (``local``) is measured only on the clients' own test splits."""
+def check_evaluable(algorithm: str, client_test_fraction: float) -> None:
+    """A method without a global model (``local``) is measured only on the clients' own test splits:
+    refuse it without them (``partition.client_test_fraction``)."""
     from fedskew.algorithms.base import ALGORITHMS
 
-    if not ALGORITHMS.get(algorithm).has_global_model and not partition.client_test_fraction:
+    if not ALGORITHMS.get(algorithm).has_global_model and not client_test_fraction:
         raise ConfigError(
             f"algorithm {algorithm!r} has no global model to evaluate: give the clients test splits of their "
             "own with partition.client_test_fraction (a fraction in (0, 0.9], e.g. 0.2)"
@@ -302,7 +303,7 @@ def typed_config(cfg: dict[str, Any]) -> RunConfig:
     faults = build_params(Faults, cfg.get("faults", {}), prefix="faults.")
     ray = build_params(RayParams, cfg.get("ray", {}), prefix="ray.")
     evaluation = build_params(EvalParams, cfg.get("eval", {}), prefix="eval.")
-    _check_evaluable(parts["algorithm"].name, parts["partition"].params)
+    check_evaluable(parts["algorithm"].name, parts["partition"].params.client_test_fraction)
     logs = build_params(LoggingParams, cfg.get("logging", {}), prefix="logging.")
     return RunConfig(run=run, faults=faults, ray=ray, eval=evaluation, logging=logs, **parts)
 

@@ -136,6 +136,8 @@ def expand_label(template: str, label: str, cfg: dict[str, Any]) -> str:
     run's value of a dotted config key, e.g. ``"{label}, tau={algorithm.tau}"`` (``--label`` on the command line).
     A template without fields is the label of every run."""
 
+    typed: list[Any] = []  # the typed config, built once when a default is named
+
     def field(m: re.Match[str]) -> str:
         key = m.group(1)
         if key == "label":
@@ -145,8 +147,9 @@ def expand_label(template: str, label: str, cfg: dict[str, Any]) -> str:
             if isinstance(value, dict) and part in value:
                 value = value[part]
             elif i == 1 and parts[0] in NAMED and isinstance(value, dict):  # an option left at its default
-                typed = typed_config({k: v for k, v in cfg.items() if k != "seeds"})
-                value = getattr(getattr(typed, parts[0]).params, part, _MISSING)
+                if not typed:
+                    typed.append(typed_config({k: v for k, v in cfg.items() if k != "seeds"}))
+                value = getattr(getattr(typed[0], parts[0]).params, part, _MISSING)
             else:
                 value = _MISSING
             if value is _MISSING:

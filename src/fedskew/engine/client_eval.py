@@ -72,20 +72,21 @@ class ClientEvaluation:
             for kind in found:
                 if f"{kind}_correct" in reply.metrics:
                     found[kind][job.cid] = float(reply.metrics[f"{kind}_correct"]) / self.sizes[job.cid]
+        return self.keys(found), failed, rejected
+
+    def keys(self, found: dict[str, list[float | None]]) -> dict[str, Any]:
+        """The record's per-client keys from the accuracies ``found`` of each kind (``global``, ``personal``);
+        a method without a global model has only the personal ones."""
         keys: dict[str, Any] = {}
         for key, kind, _ in VECTORS:
             if kind == "personal" or self.algorithm.has_global_model:
                 keys.update(client_keys(key, found[kind]))
-        return keys, failed, rejected
+        return keys
 
     def skipped(self) -> dict[str, Any]:
         """The record's per-client keys in a round that is not evaluated (all None)."""
         none: list[float | None] = [None] * self.fed.info.num_clients
-        keys: dict[str, Any] = {}
-        for key, kind, _ in VECTORS:
-            if kind == "personal" or self.algorithm.has_global_model:
-                keys.update(client_keys(key, none))
-        return dict.fromkeys(keys)
+        return dict.fromkeys(self.keys({"global": none, "personal": none}))
 
     def config(self) -> dict[str, Any]:
         """The fine-tuning settings the task carries: ``[eval]``, else the method's local SGD."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -83,6 +83,7 @@ def run_experiment(
     progress: bool = True,
     on_round: Callable[[dict[str, Any]], None] | None = None,
     resume: bool = False,
+    states: Sequence[str] | None = None,
 ) -> list[RunResult]:
     """Run each spec into ``parent/<label>-seed<k>``; runs sharing data and partition share the federation.
 
@@ -91,7 +92,8 @@ def run_experiment(
     ``on_round`` gets each round's record (a copy of the line ``metrics.jsonl`` holds, with the run's
     ``label`` and ``seed`` added) once the round is written. With ``resume``, finished runs are kept as
     they are, interrupted ones continue from their last checkpoint, and the others start
-    (:func:`run_state`, which also refuses a run folder made with another config). With more than one
+    (:func:`run_state`, which also refuses a run folder made with another config; ``states`` gives them
+    when the caller has them already, one per run). With more than one
     run, an overall progress bar counts the runs beside each run's own bar.
     """
     check_devices([spec.config for spec in runs])
@@ -102,7 +104,8 @@ def run_experiment(
         parent.mkdir(parents=True, exist_ok=True)
     feds: dict[str, Federation] = {}
     results = []
-    states = [run_state(run_dir, spec.config) if resume else "new" for spec, run_dir in zip(runs, folders, strict=True)]
+    if states is None or not resume:
+        states = [run_state(d, spec.config) if resume else "new" for spec, d in zip(runs, folders, strict=True)]
     with ExitStack() as held:
         for run_dir in folders:
             held.enter_context(locked_run_folder(run_dir))

@@ -28,7 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from fedskew.algorithms.base import ALGORITHMS, Algorithm, Replies, ServerContext
-from fedskew.config.schema import EvalParams, Faults, RayParams
+from fedskew.config.schema import EvalParams, Faults, RayParams, check_evaluable
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.device import (
     Compute,
@@ -39,7 +39,7 @@ from fedskew.core.device import (
     to_device,
     use_compute,
 )
-from fedskew.core.errors import ConfigError, FedskewError
+from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import build_params
 from fedskew.engine.checkpoint import load_checkpoint, save_checkpoint
@@ -117,11 +117,7 @@ class RoundLoop:
             cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), data_dir
         )
         self.algorithm = make_algorithm(cfg["algorithm"], self.fed.info)
-        if not self.algorithm.has_global_model and not self.fed.has_client_test:
-            raise ConfigError(
-                f"algorithm {self.algorithm.name!r} has no global model to evaluate: give the clients test splits of "
-                "their own with partition.client_test_fraction (a fraction in (0, 0.9], e.g. 0.2)"
-            )
+        check_evaluable(self.algorithm.name, float(cfg["partition"].get("client_test_fraction", 0.0)))
         self.faults = build_params(Faults, cfg.get("faults", {}), prefix="faults.")
         self.client_eval = ClientEvaluation(
             self.fed, self.algorithm, build_params(EvalParams, cfg.get("eval", {}), prefix="eval."),

@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import quote
 
 from fedskew.report.plots import experiment_title, plot_clients, plot_curves, synthetic_grids
-from fedskew.report.tables import comparison_table, separate_experiments, table_cells, write_table
+from fedskew.report.tables import comparison_table, separate_experiments, table_cells, table_keys, write_table
 from fedskew.runs import AUDIT_FILE, RunData, find_runs, load_run
 
 
@@ -208,8 +208,7 @@ def write_report(paths: Sequence[Path], out_dir: Path | None = None, group_by: S
     write_table(rows, out)
     images = plot_curves(runs, out) + plot_clients(runs, out) + synthetic_grids(runs, out)
     headers, cells = table_cells(rows)
-    keys = [k for k in dict.fromkeys(k for row in rows for k in row) if not k.endswith("_std")]
-    keys = [k for k in keys if any(row.get(k) is not None for row in rows)]  # the columns table_cells kept
+    keys = table_keys(rows)
     figures = "".join(
         f'<figure><img alt="{html.escape(img.stem)}" src="data:image/png;base64,'
         f'{base64.b64encode(img.read_bytes()).decode("ascii")}"><figcaption>{html.escape(caption(img.stem))} '

@@ -192,10 +192,15 @@ def comparison_table(runs: list[RunData]) -> list[dict[str, Any]]:
     return rows
 
 
-def table_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """Headers and cell strings: ``x`` and ``x_std`` merged into "mean ± std", all-empty columns dropped."""
+def table_keys(rows: list[dict[str, Any]]) -> list[str]:
+    """The columns the table shows: every key but the ``_std`` ones, all-empty columns dropped."""
     keys = [k for k in dict.fromkeys(k for row in rows for k in row) if not k.endswith("_std")]
-    keys = [k for k in keys if any(row.get(k) is not None for row in rows)]
+    return [k for k in keys if any(row.get(k) is not None for row in rows)]
+
+
+def table_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Headers and cell strings of the :func:`table_keys` columns: ``x`` and ``x_std`` merged into "mean ± std"."""
+    keys = table_keys(rows)
 
     def cell(row: dict[str, Any], key: str) -> str:
         value, std = row.get(key), row.get(f"{key}_std")
