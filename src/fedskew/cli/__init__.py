@@ -76,8 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--only", nargs="+", metavar="LABEL",
                    help="run only the variants with these labels (put overrides before --only)")
     r.add_argument("--force", action="store_true", help="overwrite runs already in --out")
-    r.add_argument("--label", help="label of the runs in tables and plots; {label} is each variant's own label and "
-                                   "{KEY} a config value, e.g. --label '{label}, tau={algorithm.tau}'")
+    r.add_argument("--label", help="label of the runs (after --only) in tables and plots; {label} is each "
+                                   "variant's own label and {KEY} a config value, e.g. "
+                                   "--label '{label}, tau={algorithm.tau}'")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_import(r)
     r.set_defaults(func=cmd_run)
