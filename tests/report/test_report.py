@@ -195,6 +195,22 @@ def test_one_label_over_two_datasets_is_refused_and_group_by_shows_them_apart(tm
     assert write_report([tmp_path], group_by=["dataset.name"]).is_file()
 
 
+def test_group_by_shows_an_unset_option_at_its_default_and_an_absent_one_as_a_dash(tmp_path: Path) -> None:
+    from fedskew.report import separate_experiments
+
+    _experiment_run(tmp_path / "avg" / "s0", "digits", 0, [0.8, 0.9])
+    _write_run(tmp_path / "af" / "s0", "fedaf", 0, [0.5, 0.6])
+    (tmp_path / "af" / "s0" / "config.toml").write_text(
+        'seed = 0\n[dataset]\nname = "digits"\n[partition]\nname = "dirichlet"\nalpha = 0.1\n'
+        '[model]\nname = "cnn"\n[algorithm]\nname = "fedaf"\nkl_reduction = "mean"\n')
+    runs = separate_experiments([load_run(p) for p in find_runs([tmp_path])],
+                                ["algorithm.kl_reduction", "algorithm.tau"])
+    labels = sorted(r.label for r in runs)
+    # FedAF's unset tau is its default 1.0; FedAvg has neither option
+    assert labels == ["fedaf (algorithm.kl_reduction=mean, algorithm.tau=1.0)",
+                      "fedavg (algorithm.kl_reduction=-, algorithm.tau=1.0)"]
+
+
 def test_the_mixed_report_is_one_line_on_the_command_line(tmp_path: Path) -> None:
     from tests.cli_process import fedskew, one_error
 

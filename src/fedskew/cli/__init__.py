@@ -98,8 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", help="output folder (default: <common parent>/report)")
     rp.add_argument(
         "--group-by", action="append", metavar="KEY[,KEY]",
-        help="config keys whose values tell runs apart in the labels (dataset.name, algorithm.tau, ...); "
-             "runs of different experiments (dataset, partition, model) under one label are refused",
+        help="config keys whose values tell runs apart in the labels (dataset.name, algorithm.tau, ...; "
+             "an option a run left unset shows its default, one its method lacks shows -); runs of different experiments (dataset, partition, model) under one label are refused",
     )
     _add_import(rp)
     rp.set_defaults(func=cmd_report)

@@ -262,17 +262,30 @@ class RunConfig:
     logging: LoggingParams
 
 
-def _component(cfg: dict[str, Any], section: str) -> Component:
+def _registry(section: str) -> Any:
+    """The registry of a named table (``dataset``, ``partition``, ``model``, ``algorithm``)."""
     from fedskew.algorithms.base import ALGORITHMS
     from fedskew.data import DATASETS
     from fedskew.data.partition import PARTITIONERS
     from fedskew.models import MODELS
 
-    registry: Any = {"dataset": DATASETS, "partition": PARTITIONERS, "model": MODELS, "algorithm": ALGORITHMS}[section]
+    return {"dataset": DATASETS, "partition": PARTITIONERS, "model": MODELS, "algorithm": ALGORITHMS}[section]
+
+
+def _component(cfg: dict[str, Any], section: str) -> Component:
     table = dict(cfg[section])
     name = table.pop("name", None)
     check(isinstance(name, str), f"{section}.name", name, "a string")
-    return Component(name, registry.build_params(name, table, prefix=f"{section}."))
+    return Component(name, _registry(section).build_params(name, table, prefix=f"{section}."))
+
+
+def option_default(section: str, name: Any, key: str) -> Any:
+    """The default of option ``key`` of the ``name`` entry of a named table (``algorithm``, ``fedaf``,
+    ``tau`` -> 1.0); :data:`dataclasses.MISSING` when there is no such entry or option, or no default."""
+    registry = _registry(section)
+    if not isinstance(name, str) or name not in registry or registry.params_of(name) is None:
+        return dataclasses.MISSING
+    return registry.default(name, key)
 
 
 def check_evaluable(algorithm: str, client_test_fraction: float) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedskew.config.files import TOP_LEVEL, set_dotted
-from fedskew.config.schema import DEFAULTS, GENERIC_KEYS, NAMED, SECTIONS, typed_config, validate
+from fedskew.config.schema import DEFAULTS, GENERIC_KEYS, NAMED, SECTIONS, option_default, validate
 from fedskew.core.errors import ConfigError
 from fedskew.plugins import check_specs, load_plugins
 from fedskew.runs import folder_label, run_folder_name
@@ -128,7 +128,28 @@ def resolve(
 
 
 _FIELD = re.compile(r"\{([^{}]*)\}")
-_MISSING = object()
+MISSING: Any = object()
+"""What :func:`config_value` returns for a key the run's config does not have."""
+
+
+def config_value(cfg: dict[str, Any], key: str) -> Any:
+    """The run's value of a dotted config key (``partition.alpha``): the value written in ``cfg``, else,
+    for an option of a named table left unset (``algorithm.tau``), that option's default; else
+    :data:`MISSING`. Dataclass values come back as dicts."""
+    value: Any = cfg
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif i == 1 and parts[0] in NAMED and isinstance(value, dict):  # an option left at its default
+            value = option_default(parts[0], value.get("name"), part)
+            if value is dataclasses.MISSING:
+                return MISSING
+        else:
+            return MISSING
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    return value
 
 
 def expand_label(template: str, label: str, cfg: dict[str, Any]) -> str:
@@ -136,27 +157,14 @@ def expand_label(template: str, label: str, cfg: dict[str, Any]) -> str:
     run's value of a dotted config key, e.g. ``"{label}, tau={algorithm.tau}"`` (``--label`` on the command line).
     A template without fields is the label of every run."""
 
-    typed: list[Any] = []  # the typed config, built once when a default is named
-
     def field(m: re.Match[str]) -> str:
         key = m.group(1)
         if key == "label":
             return label
-        value: Any = cfg
-        for i, part in enumerate(parts := key.split(".")):
-            if isinstance(value, dict) and part in value:
-                value = value[part]
-            elif i == 1 and parts[0] in NAMED and isinstance(value, dict):  # an option left at its default
-                if not typed:
-                    typed.append(typed_config({k: v for k, v in cfg.items() if k != "seeds"}))
-                value = getattr(getattr(typed[0], parts[0]).params, part, _MISSING)
-            else:
-                value = _MISSING
-            if value is _MISSING:
-                raise ConfigError(f"label {template!r}: {{{key}}} is not a key of the run's config; "
-                                  "use {label} or a dotted key such as {algorithm.lr}")
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            value = dataclasses.asdict(value)
+        value = config_value(cfg, key)
+        if value is MISSING:
+            raise ConfigError(f"label {template!r}: {{{key}}} is not a key of the run's config; "
+                              "use {label} or a dotted key such as {algorithm.lr}")
         return str(value)
 
     return _FIELD.sub(field, template)

@@ -75,6 +75,16 @@ class Registry(Generic[T]):
         obj = self.get(name)
         return self._params.get(name) or getattr(obj, "Params", None)
 
+    def default(self, name: str, key: str) -> Any:
+        """The default of option ``key`` of entry ``name``; :data:`dataclasses.MISSING` when it has no such
+        option or the option is required."""
+        for f in dataclasses.fields(self._params_class(name)):
+            if f.name == key:
+                if f.default_factory is not dataclasses.MISSING:
+                    return f.default_factory()
+                return f.default
+        return dataclasses.MISSING
+
     def keys(self, name: str) -> list[str]:
         """Keys a config table for ``name`` may hold besides ``name``: its own, then those of :attr:`base`."""
         fields = [f.name for f in dataclasses.fields(self._params_class(name))]

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from fedskew.config.variants import MISSING, config_value
 from fedskew.core.errors import FedskewError
 from fedskew.runs import RunData, is_number
 
@@ -56,11 +57,11 @@ EXPERIMENT_TABLES = ("dataset", "partition", "model")
 
 
 def _config_value(run: RunData, key: str) -> Any:
-    """The run's config value at a dotted key (``partition.alpha``), or None."""
-    value: Any = run.config
-    for part in key.split("."):
-        value = value.get(part) if isinstance(value, dict) else None
-    return value
+    """The run's config value at a dotted key (``partition.alpha``), for ``--group-by``: the value written
+    in its ``config.toml``, else the default of an option left unset (``algorithm.tau`` of a FedAF run
+    that did not set it), else ``-`` (no such key, e.g. ``algorithm.tau`` of a FedAvg run)."""
+    value = config_value(run.config, key)
+    return "-" if value is MISSING else value
 
 
 def _identity(run: RunData) -> dict[str, Any]:
