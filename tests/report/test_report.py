@@ -211,6 +211,23 @@ def test_group_by_shows_an_unset_option_at_its_default_and_an_absent_one_as_a_da
                       "fedavg (algorithm.kl_reduction=-, algorithm.tau=1.0)"]
 
 
+def test_report_label_template_relabels_runs_and_a_bad_key_is_one_line(tmp_path: Path) -> None:
+    from fedskew.report import separate_experiments
+    from tests.cli_process import fedskew, one_error
+
+    _experiment_run(tmp_path / "t1" / "s0", "digits", 0, [0.8, 0.9], tau=1.0)
+    _experiment_run(tmp_path / "t2" / "s0", "digits", 0, [0.1, 0.2], tau=2.0)
+    rows = comparison_table(separate_experiments([load_run(p) for p in find_runs([tmp_path])],
+                                                 label="{label} tau={algorithm.tau}"))
+    assert {r["label"]: r["final_acc"] for r in rows} == {"fedavg tau=1.0": 90.0, "fedavg tau=2.0": 20.0}
+    res = fedskew("report", "t1", "t2", "--label", "{label}, tau {algorithm.tau}", cwd=tmp_path)
+    assert res.code == 0, res.err
+    assert "fedavg, tau 1.0" in res.out and "fedavg, tau 2.0" in res.out
+    assert "fedavg, tau 2.0" in (tmp_path / "report" / "results.md").read_text()
+    line = one_error(fedskew("report", "t1", "--label", "{algorithm.nope}", cwd=tmp_path))
+    assert "{algorithm.nope} is not a key of the run's config" in line
+
+
 def test_the_mixed_report_is_one_line_on_the_command_line(tmp_path: Path) -> None:
     from tests.cli_process import fedskew, one_error
 

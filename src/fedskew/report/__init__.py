@@ -34,19 +34,20 @@ __all__ = [
 ]
 
 
-def report(runs: Any, out: str | os.PathLike[str] | None = None, group_by: Sequence[str] = ()) -> Path:
+def report(runs: Any, out: str | os.PathLike[str] | None = None, group_by: Sequence[str] = (), label: str = "") -> Path:
     """Write the report of ``runs`` (``results.md``, ``results.csv``, plots, ``report.html``); return the HTML file.
 
     ``runs`` is a run folder, a folder holding runs, what :func:`fedskew.run` returned (its run folders),
     or a list of these; ``out`` defaults to ``report/`` in their common parent (see :func:`write_report`);
-    ``group_by`` names config keys that tell runs apart (``["dataset.name"]``, ``["algorithm.tau"]``).
+    ``group_by`` names config keys that tell runs apart (``["dataset.name"]``, ``["algorithm.tau"]``);
+    ``label`` relabels the runs from a template (``"{label}, tau={algorithm.tau}"``, as ``fedskew run --label``).
     """
     items = runs if isinstance(runs, Sequence) and not isinstance(runs, str) else [runs]
     paths: list[Path] = []
     for item in items:
         dirs = getattr(item, "run_dirs", None)
         paths.extend(dirs if dirs is not None else [Path(item)])
-    return write_report(paths, None if out is None else Path(out), group_by)
+    return write_report(paths, None if out is None else Path(out), group_by, label)
 
 
 class _CallablePackage(types.ModuleType):
@@ -55,8 +56,9 @@ class _CallablePackage(types.ModuleType):
     ``fedskew.report`` names this package once it is imported, so the function of that name lives on it.
     """
 
-    def __call__(self, runs: Any, out: str | os.PathLike[str] | None = None, group_by: Sequence[str] = ()) -> Path:
-        return report(runs, out, group_by)
+    def __call__(self, runs: Any, out: str | os.PathLike[str] | None = None, group_by: Sequence[str] = (),
+                 label: str = "") -> Path:
+        return report(runs, out, group_by, label)
 
 
 sys.modules[__name__].__class__ = _CallablePackage

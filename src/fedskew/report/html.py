@@ -178,7 +178,8 @@ def _audit_section(runs: list[RunData], out: Path) -> str:
     )
 
 
-def write_report(paths: Sequence[Path], out_dir: Path | None = None, group_by: Sequence[str] = ()) -> Path:
+def write_report(paths: Sequence[Path], out_dir: Path | None = None, group_by: Sequence[str] = (),
+                 label: str = "") -> Path:
     """Build the full report for the runs found under ``paths``.
 
     Writes ``results.md``, ``results.csv``, the plots and a self-contained ``report.html`` (plots
@@ -194,6 +195,9 @@ def write_report(paths: Sequence[Path], out_dir: Path | None = None, group_by: S
     group_by
         Dotted config keys whose values are added to the labels (see :func:`separate_experiments`);
         runs of different experiments under one label are refused.
+    label
+        A label template for the runs (``"{label}, KL {algorithm.kl_reduction}"``, see
+        :func:`separate_experiments`); empty keeps the runs' own labels.
 
     Returns
     -------
@@ -201,7 +205,7 @@ def write_report(paths: Sequence[Path], out_dir: Path | None = None, group_by: S
         The HTML file.
     """
     run_paths = find_runs(paths)
-    runs = separate_experiments([load_run(p) for p in run_paths], group_by)
+    runs = separate_experiments([load_run(p) for p in run_paths], group_by, label)
     root = Path(os.path.commonpath([str(p.resolve()) for p in run_paths]))
     out = Path(out_dir) if out_dir is not None else root / "report"
     rows = comparison_table(runs)

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedskew.config.variants import MISSING, config_value
+from fedskew.config.variants import MISSING, config_value, expand_label
 from fedskew.core.errors import FedskewError
 from fedskew.runs import RunData, is_number
 
@@ -74,15 +74,19 @@ def _identity(run: RunData) -> dict[str, Any]:
     return out
 
 
-def separate_experiments(runs: list[RunData], group_by: Sequence[str] = ()) -> list[RunData]:
+def separate_experiments(runs: list[RunData], group_by: Sequence[str] = (), label: str = "") -> list[RunData]:
     """The runs, labelled so that runs sharing a label are seeds of one experiment.
 
+    ``label`` is a template for each run's new label, as ``fedskew run --label`` takes it
+    (:func:`~fedskew.config.variants.expand_label`: ``{label}`` the run's own, ``{KEY}`` a config value).
     ``group_by`` (dotted config keys, e.g. ``dataset.name`` or ``algorithm.tau``) adds each run's values
     of those keys to its label, which shows runs of different experiments, or of one method's settings,
     apart. Runs that still share a label must agree on every key of their dataset, partition and model
     tables (runs without a ``config.toml`` are not checked); otherwise a :class:`FedskewError` names the
     label and the keys that differ, rather than averaging different experiments into one row.
     """
+    if label:
+        runs = [dataclasses.replace(run, label=expand_label(label, run.label, run.config)) for run in runs]
     if group_by:
         runs = [
             dataclasses.replace(
