@@ -76,7 +76,7 @@ def test_cluster_metrics_equal_the_inline_engine(
     on_ray = tiny_config(engine="ray", ray={"address": cluster.address}, algorithm=algorithm)
     with caplog.at_level(logging.INFO, logger="fedskew"):
         assert _run(on_ray, tmp_path / "ray") == inline
-    # 3 rounds of 3 client jobs and one evaluation chunk; with one CPU a node, they ran on both nodes.
+    # 3 rounds of 3 client jobs and one evaluation chunk, spread (ray.scheduling = "spread") over both nodes.
     assert "ray: 12 tasks ran on 2 nodes" in caplog.messages
 
 

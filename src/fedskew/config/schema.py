@@ -159,11 +159,16 @@ class RayParams:
         local Ray instance for this run.
     num_cpus, num_gpus
         Resources each client job asks of Ray (fractions allowed: 0.5 GPU lets two jobs share one).
+    scheduling
+        ``"spread"`` (default): Ray places a round's jobs across the nodes that have room, round-robin
+        (its ``SPREAD`` strategy), so every node trains clients even when one could take them all in
+        turn; ``"default"``: Ray's own policy, which fills the driver's node first.
     """
 
     address: str = ""
     num_cpus: float = 1.0
     num_gpus: float = 0.0
+    scheduling: Literal["spread", "default"] = "spread"
 
     def __post_init__(self) -> None:
         check(self.num_cpus > 0, "num_cpus", self.num_cpus, "> 0")

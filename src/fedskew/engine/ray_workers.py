@@ -136,7 +136,8 @@ class RayWorkers:
     settings
         The ``[ray]`` table: ``address`` joins a running cluster (empty: start a local Ray instance for
         this run, with an object store of :func:`object_store_bytes`, and stop it in :meth:`close`);
-        ``num_cpus`` and ``num_gpus`` are the resources each task asks for.
+        ``num_cpus`` and ``num_gpus`` are the resources each task asks for; ``scheduling`` whether Ray
+        spreads the tasks over the nodes (``"spread"``) or uses its default placement.
 
     Notes
     -----
@@ -163,7 +164,8 @@ class RayWorkers:
             # A task that asks for a GPU sees the one Ray assigned it as cuda:0 (CUDA_VISIBLE_DEVICES).
             compute = dataclasses.replace(compute or Compute(), device="cuda:0" if settings.num_gpus > 0 else "cpu")
             self._fed_ref = ray.put((fields, loaded_plugins(), algo_name, pickle.dumps(params), compute))
-            resources = {"num_cpus": settings.num_cpus, "num_gpus": settings.num_gpus}
+            resources = {"num_cpus": settings.num_cpus, "num_gpus": settings.num_gpus,
+                         "scheduling_strategy": "SPREAD" if settings.scheduling == "spread" else "DEFAULT"}
             self._client_task = ray.remote(_client_task).options(**resources)
             self._eval_task = ray.remote(_eval_task).options(**resources)
         except BaseException:
