@@ -169,12 +169,18 @@ class FedAF(AggregationFree):
             arrays[GLOBAL_LOGITS] = v[classes].contiguous()
         return arrays
 
+    @property
+    def knowledge_first(self) -> bool:
+        """Whether V_k and R_k travel in a ``knowledge`` exchange before the training (``knowledge_round =
+        "this"`` with CDC on), rather than with the condensed set."""
+        return self.params.knowledge_round == "this" and self.params.use_cdc
+
     def reply_spec(self, task: str, server: ServerContext) -> Spec | None:
         """A synthetic set, and one row of V_k and R_k per held class (any number of classes); a
-        ``knowledge`` reply holds only the rows."""
+        ``knowledge`` reply holds only the rows, and a ``train`` reply holds none when they came first."""
         spec = super().reply_spec(task, server) if task != "knowledge" else {}
-        if spec is None:
-            return None
+        if spec is None or (task == "train" and self.knowledge_first):
+            return spec
         num = self.fed.num_classes
         return {
             **spec,
@@ -187,8 +193,7 @@ class FedAF(AggregationFree):
         """One round; with ``knowledge_round = "this"`` (and CDC on) a first ``knowledge`` exchange
         collects this round's V_k and R_k from the selected clients, so the V they match is this
         round's (Eq. 9 read as computed before the condensation) rather than last round's uploads."""
-        p = self.params
-        if p.knowledge_round == "last" or not p.use_cdc:
+        if not self.knowledge_first:
             super().round(server)
             return
         clients = [cid for cid, _ in self.configure(server)]
@@ -212,8 +217,9 @@ class FedAF(AggregationFree):
             pool_to_state(server.state, KNOWLEDGE_STATE, pool)
 
     def aggregate(self, server: ServerContext, replies: Replies) -> None:
-        """Store the clients' V_k and R_k, then train on the union of sets (with LGKM)."""
-        self.store_knowledge(server, replies)
+        """Store the clients' V_k and R_k (unless they came first), then train on the union of sets (with LGKM)."""
+        if not self.knowledge_first:
+            self.store_knowledge(server, replies)
         fractions = [m.metrics["cdc_grad_fraction"] for _, m in replies if "cdc_grad_fraction" in m.metrics]
         if fractions:
             server.metrics["cdc_grad_fraction"] = sum(fractions) / len(fractions)
@@ -314,7 +320,7 @@ class FedAF(AggregationFree):
         hold the CDC gradient fraction (``cdc_grad_fraction``) when the CDC term was on."""
         p = self.params
         model = client.model(arrays_with_prefix(msg.arrays, MODEL))
-        knowledge = self.knowledge(model, client)
+        knowledge = {} if self.knowledge_first else self.knowledge(model, client)  # else sent already
         generator = client.generator("condense")
         init_set = None
         if CLIENT_IMAGES in client.state:
