@@ -354,6 +354,9 @@ def test_a_run_folder_is_not_overwritten(probe: str, tmp_path: Path) -> None:
         _deploy(grid, tmp_path, cfg)
     with pytest.raises(ConfigError, match="differs"):
         _deploy(grid, tmp_path, tiny_config(rounds=1, seed=0, partition={"alpha": 0.3}), resume=True)
+    # what `fedskew run --resume` may change, a resumed deployment may too: here its length and precision
+    run_dir = _deploy(grid, tmp_path, tiny_config(rounds=2, amp="bf16"), resume=True)
+    assert [json.loads(line)["round"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 
 # ---- a real federation: flower-superlink and three flower-supernode processes --------------------------

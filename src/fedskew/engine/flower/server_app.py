@@ -38,7 +38,7 @@ from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.core.message import Message as FedskewMessage
 from fedskew.core.params import build_params, check
-from fedskew.engine.checkpoint import check_resume, load_checkpoint
+from fedskew.engine.checkpoint import RESUMABLE, check_resume, load_checkpoint
 from fedskew.engine.federation import build_federation
 from fedskew.engine.flower.app import resolve_experiment
 from fedskew.engine.flower.messages import HEADER, HELLO, from_records, info_to_json, to_records
@@ -55,8 +55,6 @@ from fedskew.runs import (
 )
 
 log = logging.getLogger("fedskew")
-RESUMABLE = ("rounds", "workers", "checkpoint_every")
-"""Config keys a resumed deployment may change (as ``fedskew run --resume``)."""
 
 @dataclass(frozen=True)
 class DeploySettings:
