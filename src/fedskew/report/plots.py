@@ -89,6 +89,13 @@ def _save(fig: Figure, path: Path) -> Path:
 BAND = "shaded: mean ± 1 sample std over seeds"
 
 
+DATASET_TITLES = {
+    "cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "cifar10_jpeg": "CIFAR-10 (JPEG)", "digits": "digits",
+    "domainnet": "DomainNet", "fashion_mnist": "Fashion-MNIST", "mnist": "MNIST", "tiny_imagenet": "Tiny ImageNet",
+}
+"""How plot titles name the built-in datasets (others, plug-ins' among them, by their registered name)."""
+
+
 def experiment_title(runs: list[RunData]) -> str:
     """What the runs were run on, for plot titles: the dataset and the partition with its parameters
     (those all runs share; "several datasets" etc. where they differ)."""
@@ -99,7 +106,7 @@ def experiment_title(runs: list[RunData]) -> str:
     dataset, part = common("dataset"), common("partition")
     if not runs or not runs[0].config:
         return ""
-    data = str(dataset.get("name")) if dataset else "several datasets"
+    data = DATASET_TITLES.get(str(dataset.get("name")), str(dataset.get("name"))) if dataset else "several datasets"
     if dataset and dataset.get("train_fraction", 1.0) != 1.0:
         data += f" ({100 * float(dataset['train_fraction']):g}% of the training set)"
     if part is None:
