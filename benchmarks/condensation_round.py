@@ -25,9 +25,9 @@ plus 1000 steps each, plus 500 server epochs (clients one after another, as ``wo
 them). FedAF's clients are timed with the CDC term on (as from round 2). ``--paper-full`` runs real
 paper-scale rounds instead (a GPU's job).
 
-    FEDSKEW_DATA=/work/shared/datasets python benchmarks/condensation_round.py
-    FEDSKEW_DATA=/work/shared/datasets python benchmarks/condensation_round.py --only FedDM --rounds 1
-    FEDSKEW_DATA=/work/shared/datasets python benchmarks/condensation_round.py --clients-only
+    FEDSKEW_DATA=../shared/datasets python benchmarks/condensation_round.py
+    FEDSKEW_DATA=../shared/datasets python benchmarks/condensation_round.py --only FedDM --rounds 1
+    FEDSKEW_DATA=../shared/datasets python benchmarks/condensation_round.py --clients-only
     python benchmarks/condensation_round.py --paper --device cuda             # estimate on a GPU
     python benchmarks/condensation_round.py --paper --paper-full --device cuda --rounds 1
 

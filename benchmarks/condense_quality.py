@@ -12,7 +12,7 @@ Prints a Markdown table (mean ± std test accuracy over the seeds, in percent, p
 method, beside the published figures), the seconds per condensation iteration of each method at
 ipc 10 (wall clock and CPU), and, as its last line, one JSON object with every run.
 
-    FEDSKEW_DATA=/work/shared/datasets .venv/bin/python benchmarks/condense_quality.py
+    FEDSKEW_DATA=../shared/datasets .venv/bin/python benchmarks/condense_quality.py
 
 Scaling to a 2-core CPU (the published runs used GPUs at full scale). Measured here on one thread,
 with other jobs loading the machine (wall clock about 1.5x CPU time), Fashion-MNIST, ipc 10:

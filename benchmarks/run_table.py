@@ -3,7 +3,7 @@
     python benchmarks/run_table.py NAME=GLOB [NAME=GLOB ...]
 
 Each GLOB matches run folders (finished ones: holding ``metrics.jsonl`` and ``summary.json``), e.g.
-``"FedAF mean KL=/work/fidruns/kl_mean_s*/FedAF-seed*"``. Prints one Markdown row per name: the number of
+``"FedAF mean KL=runs/fedaf/fmnist_klmean/s*/FedAF-seed*"``. Prints one Markdown row per name: the number of
 seeds, the accuracy (%) at rounds 1, 5, 10 and 20, the best and the last round's, each mean +- sample std.
 """
 
