@@ -99,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument(
         "--group-by", action="append", metavar="KEY[,KEY]",
         help="config keys whose values tell runs apart in the labels (dataset.name, algorithm.tau, ...; "
-             "an option a run left unset shows its default, one its method lacks shows -); runs of different experiments (dataset, partition, model) under one label are refused",
+             "an option a run left unset shows its default, one its method lacks shows -); runs of "
+             "different experiments (dataset, partition, model) under one label are refused",
     )
     rp.add_argument("--label", default="", metavar="TEMPLATE",
                     help="relabel the runs: {label} is a run's own label, {KEY} its value of a config key, e.g. "
