@@ -72,9 +72,15 @@ def started(tmp_path: Path) -> Iterator[list[subprocess.Popen[str]]]:
             p.wait()
 
 
+def _default_sigint() -> None:
+    """Ctrl-C's default action in the child: a test started as a background job (CI from a script) inherits
+    SIGINT ignored, and Python then installs no KeyboardInterrupt handler, so the run would not stop."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(procs: list[subprocess.Popen[str]], cwd: Path, *args: str) -> subprocess.Popen[str]:
     p = subprocess.Popen(command(*args), cwd=cwd, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+                         text=True, preexec_fn=_default_sigint)
     procs.append(p)
     return p
 
