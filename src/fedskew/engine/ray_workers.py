@@ -222,9 +222,8 @@ class RayWorkers:
         results = self._gather([self._eval_task.remote([self._fed_ref], state_ref, s, e) for s, e in bounds])
         return [counts for _, counts in results]
 
-    def close(self, abort: bool = False) -> None:
-        """Log where the tasks ran; disconnect (and stop the local instance) if this object connected
-        (``abort``, the run stopping on an error, changes nothing here: Ray's shutdown ends the tasks)."""
+    def close(self) -> None:
+        """Log where the tasks ran; disconnect (and stop the local instance) if this object connected."""
         if self.nodes:
             log.info("ray: %d tasks ran on %d nodes", sum(self.nodes.values()), len(self.nodes))
         self._fed_ref = None

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -378,7 +377,7 @@ class RoundLoop:
                     if self.on_round is not None:
                         self.on_round(rec)
         finally:
-            self._workers.close(abort=sys.exc_info()[0] is not None)  # stopping on Ctrl-C or an error: at once
+            self._workers.close()
             self._workers = None
             self._tensorboard.close()
         summary = self._summary(records)

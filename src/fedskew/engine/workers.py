@@ -267,17 +267,10 @@ class Workers:
         _share(model_state)
         return _gather([self._pool.submit(_eval_task, (model_state, s, e)) for s, e in bounds])
 
-    def close(self, abort: bool = False) -> None:
-        """End the worker processes: after their current jobs, or at once when ``abort`` (the run is stopping
-        on Ctrl-C, SIGTERM or an error; nothing they hold is lost, client state lives in the round loop).
-        Waiting on a worker after an interrupt could hang: the interrupt may have left the pool mid-exchange."""
-        if self._pool is None:
-            return
-        pool, self._pool = self._pool, None
-        if abort:
-            for proc in list((getattr(pool, "_processes", None) or {}).values()):
-                proc.terminate()
-        pool.shutdown(wait=not abort, cancel_futures=True)
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
 
 def _share(*tables: dict[str, Any]) -> None:
