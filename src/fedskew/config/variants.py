@@ -128,8 +128,9 @@ def resolve(
 
 
 _FIELD = re.compile(r"\{([^{}]*)\}")
-MISSING: Any = object()
-"""What :func:`config_value` returns for a key the run's config does not have."""
+MISSING: Any = dataclasses.MISSING
+"""What :func:`config_value` returns for a key the run's config does not have (the sentinel
+:func:`~fedskew.config.schema.option_default` returns too)."""
 
 
 def config_value(cfg: dict[str, Any], key: str) -> Any:
@@ -143,7 +144,7 @@ def config_value(cfg: dict[str, Any], key: str) -> Any:
             value = value[part]
         elif i == 1 and parts[0] in NAMED and isinstance(value, dict):  # an option left at its default
             value = option_default(parts[0], value.get("name"), part)
-            if value is dataclasses.MISSING:
+            if value is MISSING:
                 return MISSING
         else:
             return MISSING
