@@ -11,7 +11,8 @@ A plug-in is an ordinary Python module whose import registers entries (``@regist
 A spec ending in ``.py`` or holding a path separator is a file, imported by its path under a module name
 of its own (:func:`module_name`); anything else is a module name, found on ``sys.path`` or, failing that,
 in the current folder (as ``python -m`` finds it). Each plug-in is imported once per process. Every
-failure (not found, not a module name, an exception while importing it) is one
+failure (not found, not a module name, anything raised while importing it, ``SystemExit`` and
+``KeyboardInterrupt`` included) is one
 :class:`~fedskew.core.errors.ConfigError` line naming the plug-in and the reason, raised before anything
 runs.
 
@@ -125,7 +126,7 @@ def load_entry_points() -> None:
             obj = ep.load()
             if callable(obj) and not isinstance(obj, ModuleType):
                 obj()
-        except Exception as e:
+        except BaseException as e:  # SystemExit and KeyboardInterrupt too: a plug-in never ends fedskew
             raise ConfigError(f"plugin {label} failed: {_reason(e)}") from None
     _ENTRY_POINTS_DONE = True  # a broken one is reported again at the next call
 
@@ -153,7 +154,7 @@ def _import_file(spec: str, path: Path) -> str:
     sys.modules[name] = module  # before it runs: dataclasses and pickle look their module up there
     try:
         found.loader.exec_module(module)
-    except Exception as e:
+    except BaseException as e:  # SystemExit and KeyboardInterrupt too: a plug-in never ends fedskew
         sys.modules.pop(name, None)
         raise ConfigError(f"plugin {spec!r} failed: {_reason(e, str(path))}") from None
     return name
@@ -177,7 +178,7 @@ def _import_module(spec: str) -> str:
                 "PYTHONPATH and the current folder"
             ) from None
         raise ConfigError(f"plugin {spec!r} failed: {_reason(e, origin)}") from None
-    except Exception as e:
+    except BaseException as e:  # SystemExit and KeyboardInterrupt too: a plug-in never ends fedskew
         raise ConfigError(f"plugin {spec!r} failed: {_reason(e, origin)}") from None
     return spec
 

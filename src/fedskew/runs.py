@@ -93,6 +93,27 @@ def check_folder_name(key: str, value: object) -> None:
         )
 
 
+MAX_LABEL = 100
+"""The longest run label (``<label>-seed<k>`` stays well inside a file system's 255-byte names)."""
+
+
+def check_label(value: object, key: str = "label") -> str:
+    """Require ``value`` to be a run label that is also a tidy folder name; returns it.
+
+    Refused: an empty label, one over :data:`MAX_LABEL` characters, control characters (a newline breaks
+    the printed tables), spaces at either end, and a leading ``.`` (a hidden folder, or ``../x``).
+    """
+    if (
+        isinstance(value, str) and value.strip() == value and 0 < len(value) <= MAX_LABEL
+        and not value.startswith(".") and not re.search(r"[\x00-\x1f\x7f]", value)
+    ):
+        return value
+    raise ConfigError(
+        f"{key} must be 1 to {MAX_LABEL} characters, with no control characters, no spaces at either end "
+        f"and no leading '.', got {value!r}"
+    )
+
+
 def check_out_folder(out: str | Path) -> Path:
     """``--out`` as a path: it must name something (``--out ""`` would write into the current folder)."""
     if not str(out).strip():

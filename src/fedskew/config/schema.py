@@ -22,7 +22,7 @@ from fedskew.core.errors import ConfigError
 from fedskew.core.params import build_params, check
 from fedskew.core.seeding import numpy_rng
 from fedskew.plugins import check_specs, load_plugins
-from fedskew.runs import check_folder_name
+from fedskew.runs import check_folder_name, check_label
 
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
 """What ``device`` may say; whether the device is present is checked before a run starts."""
@@ -67,6 +67,8 @@ class RunSettings:
         check(DEVICE_PATTERN.fullmatch(self.device) is not None, "device", self.device,
               "one of auto, cpu, cuda, cuda:N, mps")
         check_folder_name("name", self.name)
+        if self.label:  # "" leaves the label to the variant or the algorithm's name
+            check_label(self.label)
         check(self.rounds >= 1, "rounds", self.rounds, "an integer >= 1")
         check(self.rounds <= MAX_ROUNDS, "rounds", self.rounds, f"an integer <= {MAX_ROUNDS:_}")
         check(self.seed >= 0, "seed", self.seed, "an integer >= 0")

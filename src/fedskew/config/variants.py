@@ -13,7 +13,7 @@ from fedskew.config.files import TOP_LEVEL, set_dotted
 from fedskew.config.schema import DEFAULTS, GENERIC_KEYS, NAMED, SECTIONS, option_default, validate
 from fedskew.core.errors import ConfigError
 from fedskew.plugins import check_specs, load_plugins
-from fedskew.runs import folder_label, run_folder_name
+from fedskew.runs import check_label, folder_label, run_folder_name
 
 
 def _check_top(raw: dict[str, Any], where: str) -> None:
@@ -105,8 +105,8 @@ def resolve(
                 cfg[sec] = {k: v for k, v in cfg[sec].items() if k in keep}
         if cfg["algorithm"].get("name") != base["algorithm"].get("name"):
             _keep_shared_params(cfg, explicit["algorithm"])
-        label = str(variant.get("label") or cfg.get("label") or cfg["algorithm"]["name"])
-        if overrides.get("label"):
+        label = check_label(str(variant.get("label") or cfg.get("label") or cfg["algorithm"]["name"]))
+        if "label" in overrides:
             label = expand_label(str(overrides["label"]), label, cfg)
         folder = folder_label(label)
         if folder in folders:  # equal labels have equal folder names
@@ -162,13 +162,22 @@ def expand_label(template: str, label: str, cfg: dict[str, Any]) -> str:
         key = m.group(1)
         if key == "label":
             return label
-        value = config_value(cfg, key)
-        if value is MISSING:
-            raise ConfigError(f"label {template!r}: {{{key}}} is not a key of the run's config; "
-                              "use {label} or a dotted key such as {algorithm.lr}")
-        return str(value)
+        return str(scalar_value(cfg, key, f"label {template!r}: {{{key}}}"))
 
-    return _FIELD.sub(field, template)
+    expanded = _FIELD.sub(field, template)
+    return check_label(expanded, "label" if expanded == template else f"label {template!r} gives {expanded!r}; a label")
+
+
+def scalar_value(cfg: dict[str, Any], key: str, what: str) -> Any:
+    """The run's value of config key ``key`` (:func:`config_value`), which must be a scalar (a string, number or
+    boolean): a label or a report's ``--group-by`` may name such a key, not a table or a list."""
+    value = config_value(cfg, key)
+    if value is MISSING:
+        raise ConfigError(f"{what} is not a key of the run's config; use a dotted key such as algorithm.lr")
+    if isinstance(value, dict | list):
+        kind = "table" if isinstance(value, dict) else "list"
+        raise ConfigError(f"{what} is a {kind}, not a single value; name one of its keys, such as {key}.name")
+    return value
 
 
 def _seeds(raw: dict[str, Any], overrides: dict[str, Any], default: Any) -> list[int]:

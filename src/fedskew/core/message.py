@@ -53,8 +53,13 @@ class Message:
         return bytes(save({k: v.contiguous() for k, v in self.arrays.items()}, metadata=meta))
 
     @staticmethod
-    def from_bytes(data: bytes) -> Message:
-        """Decode :meth:`to_bytes` output; anything malformed is a :class:`FedskewError`."""
+    def from_bytes(data: bytes, *, numeric_metrics: bool = True) -> Message:
+        """Decode :meth:`to_bytes` output; anything malformed is a :class:`FedskewError`.
+
+        ``numeric_metrics=False`` keeps a metric that is not a number as it was sent (a string, a bool),
+        for a caller that checks the reply itself (:func:`fedskew.engine.replies.decode_reply`), so that a
+        reply is judged the same whether it crossed a process boundary or not.
+        """
         from safetensors.torch import load
 
         try:
@@ -70,7 +75,9 @@ class Message:
             raise FedskewError("undecodable message: config and metrics must be JSON objects")
         for k, v in metrics.items():
             if not isinstance(v, int | float) or isinstance(v, bool):
-                raise FedskewError(f"undecodable message: metric {k!r} is not a number")
+                if numeric_metrics:
+                    raise FedskewError(f"undecodable message: metric {k!r} is not a number")
+                continue
             metrics[k] = float(v)
         return Message(arrays=dict(arrays), config=config, metrics=metrics)
 

@@ -11,7 +11,6 @@ written, so that :func:`check_resume` can refuse a config edited since.
 from __future__ import annotations
 
 import json
-import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import torch
 
 from fedskew.core.errors import FedskewError
+from fedskew.core.files import torch_bytes, write_atomic
 from fedskew.runs import CHECKPOINT_FILE, CONFIG_FILE
 
 RESUMABLE = ("rounds", "workers", "checkpoint_every", "device", "amp", "logging")
@@ -45,16 +45,7 @@ def save_checkpoint(folder: Path, payload: dict[str, Any]) -> Path:
     if CONFIG_KEY not in payload and config.is_file():
         payload = {**payload, CONFIG_KEY: config.read_text(encoding="utf-8")}
     final = folder / CHECKPOINT_FILE
-    tmp = folder / (CHECKPOINT_FILE + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # free the space; the last checkpoint is untouched
-        raise
+    write_atomic(final, torch_bytes(payload))  # a failed write is an OSError; last.pt stays as it was
     return final
 
 

@@ -34,6 +34,7 @@ from fedskew.core.device import Compute
 from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message
 from fedskew.engine.federation import Federation
+from fedskew.engine.replies import Undecodable, decode_reply, encode_reply
 from fedskew.engine.workers import ClientJob, _Runtime
 from fedskew.models.evaluation import EvalCounts
 from fedskew.plugins import load_plugins, loaded_plugins
@@ -109,10 +110,11 @@ def _node() -> str:
 
 def _client_task(
     fed_ref: list[Any], task: str, cid: int, round: int, msg: Message, state: dict[str, Any]
-) -> tuple[str, bytes, dict[str, Any]]:
-    """Run one client job; the reply goes back as safetensors bytes (see Message.to_bytes)."""
+) -> tuple[str, bytes | str, dict[str, Any]]:
+    """Run one client job; the reply goes back as safetensors bytes (see Message.to_bytes), or as the
+    reason it cannot (:func:`~fedskew.engine.replies.encode_reply`)."""
     reply, new_state = _runtime(fed_ref).run_client(ClientJob(task, cid, round, msg, state))
-    return _node(), reply.to_bytes(), new_state
+    return _node(), encode_reply(reply), new_state
 
 
 def _eval_task(
@@ -199,7 +201,7 @@ class RayWorkers:
         self.nodes.update(node for node, *_ in results)
         return results
 
-    def run_clients(self, jobs: list[ClientJob]) -> list[tuple[Message, dict[str, Any]]]:
+    def run_clients(self, jobs: list[ClientJob]) -> list[tuple[Message | Undecodable, dict[str, Any]]]:
         # Each distinct request goes into the object store once (FedAvg sends one model to every client).
         puts: dict[int, Any] = {}
         for j in jobs:
@@ -215,7 +217,7 @@ class RayWorkers:
             for i in order
         }
         results = self._gather([pending[i] for i in range(len(jobs))])
-        return [(Message.from_bytes(data), state) for _, data, state in results]
+        return [(decode_reply(data), state) for _, data, state in results]
 
     def evaluate_chunks(self, model_state: dict[str, torch.Tensor], bounds: list[tuple[int, int]]) -> list[EvalCounts]:
         state_ref = self._ray.put(model_state)

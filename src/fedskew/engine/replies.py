@@ -9,9 +9,11 @@ on with the others, so the global model is never corrupted and the server never 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
+from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message
 
 Spec = dict[str, tuple[tuple[int, ...], torch.dtype]]
@@ -23,6 +25,42 @@ carry the same negative number must be equal (``syn.images`` of shape ``(-1, C, 
 ``syn.labels`` of shape ``(-1,)`` must hold as many images as labels)."""
 
 ALLOWED_DTYPES = {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int64, torch.int32}
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """A reply that could not cross a process boundary: it could not be encoded where the client ran, or
+    its bytes could not be decoded here. :func:`check_reply` rejects it as that client's fault."""
+
+    reason: str
+
+
+def encode_reply(reply: object) -> bytes | str:
+    """A client's reply as the bytes that cross a process boundary, or why it cannot be sent (a string).
+
+    A worker calls this on what ``client_step`` returned: a buggy or hostile reply (not a Message, a
+    metric JSON cannot hold) becomes that client's rejection in the parent, never the run's end.
+    """
+    if not isinstance(reply, Message):
+        return f"not a Message but {type(reply).__name__}"
+    try:
+        return reply.to_bytes()
+    except Exception as e:  # a metric or config value JSON cannot hold, a tensor safetensors refuses
+        return f"unencodable reply: {' '.join(str(e).split()) or type(e).__name__}"
+
+
+def decode_reply(data: bytes | str) -> Message | Undecodable:
+    """Read back :func:`encode_reply`'s output; what cannot be read is an :class:`Undecodable` reply.
+
+    Metrics that are not numbers are kept as sent, so :func:`check_reply` rejects them with the same
+    reason as a reply that never left the process.
+    """
+    if isinstance(data, str):
+        return Undecodable(data)
+    try:
+        return Message.from_bytes(data, numeric_metrics=False)
+    except FedskewError as e:
+        return Undecodable(str(e))
 
 
 def _is_label_key(name: str) -> bool:
@@ -63,6 +101,8 @@ def check_reply(msg: object, spec: Spec | None, num_classes: int, max_bytes: int
     max_bytes
         Largest accepted payload.
     """
+    if isinstance(msg, Undecodable):
+        return msg.reason
     if not isinstance(msg, Message):
         return f"not a Message but {type(msg).__name__}"
     for name, t in msg.arrays.items():

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from fedskew.core.device import (
     use_compute,
 )
 from fedskew.core.errors import FedskewError
+from fedskew.core.files import torch_bytes, write_atomic
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import build_params
 from fedskew.engine.checkpoint import load_checkpoint, save_checkpoint
@@ -47,7 +47,7 @@ from fedskew.engine.client_eval import ClientEvaluation, client_summary
 from fedskew.engine.faults import corrupt_reply, model_replacement
 from fedskew.engine.federation import Federation, build_federation
 from fedskew.engine.ray_workers import RayWorkers
-from fedskew.engine.replies import check_reply
+from fedskew.engine.replies import Undecodable, check_reply
 from fedskew.engine.tensorboard import TensorBoardLog
 from fedskew.engine.workers import ClientJob, Workers, default_workers, worker_devices
 from fedskew.metrics import Ledger, class_variance, summarize_run
@@ -81,7 +81,9 @@ class ClientRunner(Protocol):
     returns an empty state, and one whose client did not answer returns :class:`NoReply`.
     """
 
-    def run_clients(self, jobs: list[ClientJob]) -> Sequence[tuple[Message, dict[str, Any]] | NoReply]: ...
+    def run_clients(
+        self, jobs: list[ClientJob]
+    ) -> Sequence[tuple[Message | Undecodable, dict[str, Any]] | NoReply]: ...
 
 
 def make_algorithm(algorithm_cfg: dict[str, Any], fed_info: Any) -> Algorithm:
@@ -183,9 +185,9 @@ class RoundLoop:
             result, state = outcome
             self.client_states[cid] = state
             reply: Any = result
-            if task == "train" and cid in self._attackers:
+            if task == "train" and cid in self._attackers and isinstance(result, Message):
                 reply = model_replacement(job.msg, result, self.faults.malicious_scale)
-            if fates[cid] == "corrupt":
+            if fates[cid] == "corrupt" and isinstance(result, Message):
                 reply = corrupt_reply(result, self.faults.attack, self.fed.info.num_classes, max_bytes)
             if up is not None and isinstance(reply, Message):
                 self.ledger.add(up, reply.nbytes(), self.round)
@@ -255,16 +257,14 @@ class RoundLoop:
         return Message(to_device(msg.arrays, self.device), msg.config, msg.metrics)
 
     def _save_artifact(self, name: str, tensors: dict[str, torch.Tensor]) -> None:
-        from safetensors.torch import save_file
+        from safetensors.torch import save
 
         if not name.replace("_", "").isalnum():
             raise FedskewError(f"artifact name {name!r} must be letters, digits and underscores")
         folder = self.run_dir / ARTIFACTS_DIR / name
         folder.mkdir(parents=True, exist_ok=True)
         final = folder / f"round_{self.round:04d}.safetensors"
-        tmp = final.with_suffix(".tmp")
-        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp))
-        os.replace(tmp, final)
+        write_atomic(final, save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}), sync=False)
         self._tensorboard.artifact(name, self.round, tensors)
 
     # ---- evaluation --------------------------------------------------------------------------------
@@ -381,8 +381,8 @@ class RoundLoop:
             self._workers = None
             self._tensorboard.close()
         summary = self._summary(records)
-        (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-        torch.save(to_cpu(self.server.model.state_dict()), self.run_dir / MODEL_FILE)
+        write_atomic(self.run_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n", sync=False)
+        write_atomic(self.run_dir / MODEL_FILE, torch_bytes(to_cpu(self.server.model.state_dict())), sync=False)
         return RunResult(self.run_dir, summary, records)
 
     def _one_round(self, rounds: int) -> tuple[dict[str, Any], float]:

@@ -37,6 +37,7 @@ from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message
 from fedskew.core.threads import num_threads
 from fedskew.engine.federation import Federation
+from fedskew.engine.replies import Undecodable, decode_reply, encode_reply
 from fedskew.models.evaluation import EvalCounts, evaluate_chunk
 from fedskew.models.layout import use_channels_last
 from fedskew.plugins import load_plugins, loaded_plugins
@@ -176,11 +177,12 @@ def _init_worker(
     _RUNTIME = _Runtime(fed, algo_name, pickle.loads(params), dataclasses.replace(compute, device=device))
 
 
-def _client_task(job: ClientJob) -> tuple[bytes, dict[str, Any]]:
-    """Run a job in a worker; the reply goes back as safetensors bytes (see Message.to_bytes)."""
+def _client_task(job: ClientJob) -> tuple[bytes | str, dict[str, Any]]:
+    """Run a job in a worker; the reply goes back as safetensors bytes (see Message.to_bytes), or as the
+    reason it cannot (:func:`~fedskew.engine.replies.encode_reply`)."""
     assert _RUNTIME is not None
     reply, state = _RUNTIME.run_client(job)
-    return reply.to_bytes(), state
+    return encode_reply(reply), state
 
 
 def _eval_task(args: tuple[dict[str, torch.Tensor], int, int]) -> EvalCounts:
@@ -246,7 +248,7 @@ class Workers:
                 initargs=(loaded_plugins(), fed, algo_name, pickle.dumps(params), compute, queue),
             )
 
-    def run_clients(self, jobs: list[ClientJob]) -> list[tuple[Message, dict[str, Any]]]:
+    def run_clients(self, jobs: list[ClientJob]) -> list[tuple[Message | Undecodable, dict[str, Any]]]:
         if self._inline is not None:
             return [self._inline.run_client(j) for j in jobs]
         # Largest client first: the pool hands the next job to whichever worker frees up, so the
@@ -256,7 +258,7 @@ class Workers:
         for job in jobs:
             _share(job.msg.arrays, job.state)
         pending = {i: self._pool.submit(_client_task, jobs[i]) for i in order}
-        return [(Message.from_bytes(data), state) for data, state in _gather([pending[i] for i in range(len(jobs))])]
+        return [(decode_reply(data), state) for data, state in _gather([pending[i] for i in range(len(jobs))])]
 
     def _size(self, cid: int) -> int:
         return self._offsets[cid + 1] - self._offsets[cid]

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedskew.config.variants import MISSING, config_value, expand_label
+from fedskew.config.variants import MISSING, config_value, expand_label, scalar_value
 from fedskew.core.errors import FedskewError
 from fedskew.runs import RunData, is_number
 
@@ -64,6 +64,18 @@ def _config_value(run: RunData, key: str) -> Any:
     return "-" if value is MISSING else value
 
 
+def _check_group_key(runs: list[RunData], key: str) -> None:
+    """Refuse a ``--group-by`` key that ``--label`` would refuse: one that no run's config has (a misspelt key),
+    or one naming a table or a list (``dataset``) rather than a single value."""
+    configs = [run.config for run in runs if run.config]
+    what = f"--group-by {key!r}"
+    for cfg in configs:
+        if config_value(cfg, key) is not MISSING:
+            scalar_value(cfg, key, what)  # a table or a list is refused
+    if configs and all(config_value(cfg, key) is MISSING for cfg in configs):
+        scalar_value(configs[0], key, what)  # no run has it: refused, naming the key
+
+
 def _identity(run: RunData) -> dict[str, Any]:
     """A run's experiment identity: every key of its dataset, partition and model tables but ``data_dir``."""
     out: dict[str, Any] = {}
@@ -88,6 +100,8 @@ def separate_experiments(runs: list[RunData], group_by: Sequence[str] = (), labe
     if label:
         runs = [dataclasses.replace(run, label=expand_label(label, run.label, run.config)) for run in runs]
     if group_by:
+        for key in group_by:
+            _check_group_key(runs, key)
         runs = [
             dataclasses.replace(
                 run, label=f"{run.label} ({', '.join(f'{k}={_config_value(run, k)}' for k in group_by)})"
