@@ -27,7 +27,7 @@ import os
 import re
 import tomllib
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, TypeGuard
@@ -175,19 +175,42 @@ def os_errors_name(folder: Path, *, run: bool = False) -> Iterator[None]:
         raise FedskewError(line) from None
 
 
+RUN_FILES = (CONFIG_FILE, METRICS_FILE, TIMING_FILE, SUMMARY_FILE, MODEL_FILE, CHECKPOINTS_DIR,
+             f"{CHECKPOINTS_DIR}/{CHECKPOINT_FILE}", ARTIFACTS_DIR, AUDIT_FILE, LOCK_FILE)
+"""What a run writes in its folder (a link at any of these would send its writes elsewhere)."""
+
+
+def check_no_links(run_dir: Path) -> None:
+    """Refuse a run folder that is a symbolic link, or holds one where a run writes: a run's files are
+    written where the folder is, never through a link to somewhere else."""
+    for path in (run_dir, *(run_dir / name for name in RUN_FILES)):
+        if path.is_symlink():
+            raise FedskewError(
+                f"{path} is a symbolic link (to {os.readlink(path)}); a run writes only into its own folder: "
+                "replace the link by a folder, or choose another --out"
+            )
+
+
 @contextmanager
 def locked_run_folder(run_dir: Path) -> Iterator[Path]:
     """Hold the run folder for the life of a run: at most one process runs or resumes it at a time.
 
     Creates ``run_dir`` and takes an exclusive ``flock`` on its ``.lock`` file (which names the holder's
     pid), released when the block ends or the process dies (the operating system releases it, so a killed
-    run leaves no stale lock). A folder another process holds, or one that cannot be created, is refused
-    with one line naming it.
+    run leaves no stale lock). A folder another process holds, one that cannot be created, or one that is
+    (or holds) a symbolic link (:func:`check_no_links`) is refused with one line naming it.
+
+    Nothing is left behind: the ``.lock`` file is removed when the block ends, and so is ``run_dir`` if
+    this call created it and it is still empty (a run that failed before writing anything).
     """
     run_dir = Path(run_dir)
+    check_no_links(run_dir)
+    created = not run_dir.exists()
+    lock = run_dir / LOCK_FILE
     with os_errors_name(run_dir):
         run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    owned = False
     try:
         if fcntl is not None:
             try:
@@ -199,12 +222,33 @@ def locked_run_folder(run_dir: Path) -> Iterator[Path]:
                     f"{run_dir} is in use by another fedskew process{pid}; wait for it to end, or choose another "
                     "folder"
                 ) from None
+            if not _same_file(fd, lock):  # the holder before us removed it as we opened it: that one is gone
+                raise FedskewError(f"{run_dir} was in use by another fedskew process a moment ago; try again")
+            owned = True
             with os_errors_name(run_dir):
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield run_dir
     finally:
+        if owned:  # removed while still held, so no other process can take a lock on the removed file
+            _remove_quietly(lock)
+            if created:
+                _remove_quietly(run_dir, folder=True)  # only if empty: a run that wrote nothing leaves nothing
         os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        a, b = os.fstat(fd), os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _remove_quietly(path: Path, *, folder: bool = False) -> None:
+    """Remove ``path``; a folder with files in it stays, a file already gone is fine."""
+    with suppress(OSError):
+        path.rmdir() if folder else path.unlink()
 
 
 def run_config_path(run_dir: Path) -> Path:

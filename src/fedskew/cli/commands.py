@@ -40,6 +40,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if source is not None and "=" in source and not Path(source).exists():
         overrides = parse_overrides([source, *args.overrides])  # `fedskew run rounds=5`, `--resume DIR rounds=20`
         source = None
+    if args.resume and "=" in args.resume and not Path(args.resume).exists():
+        overrides = {**overrides, **parse_overrides([args.resume])}  # `--out DIR --resume rounds=20`
+        args.resume = ""
     if args.resume == "":  # `fedskew run CONFIG --out DIR --resume`: the whole experiment
         runs, parent = plan(source, overrides, out=args.out, only=args.only, force=args.force, imports=args.imports,
                             resume=True, label=args.label)
@@ -68,10 +71,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         parents = [parent]
     try:
         html = write_report(parents, parents[0] / "report")
-    except FedskewError as e:  # the runs are done and kept; only the report of their folder failed
-        print(f"fedskew: the runs finished, but no report was written: {e}", file=sys.stderr)
-        print(f"\nrun folder: {parents[0]}")
-        return 0
+    except FedskewError as e:  # the runs are done and kept; only the report of their folder failed: not a success
+        print(f"fedskew: error: the runs finished and are kept in {parents[0]}, but no report was written: {e}; "
+              f"fix that, then `fedskew report {parents[0]}`", file=sys.stderr)
+        return 1
     _print_table(parents)
     print(f"\nrun folder: {parents[0]}\nreport:     {html}")
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from importlib import resources
@@ -115,6 +116,18 @@ def parse_value(text: str) -> Any:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """``a == b`` for config values, where a NaN equals a NaN: TOML stores ``faults.attack = nan`` as a float
+    NaN, which never equals itself, and a recorded config must still equal itself (``--resume``)."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
 
 
 def flat_keys(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:

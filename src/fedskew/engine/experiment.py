@@ -12,7 +12,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from fedskew.config import RunSpec, dump, validate
-from fedskew.config.files import flat_keys, read_toml, set_dotted
+from fedskew.config.files import flat_keys, read_toml, same_value, set_dotted
 from fedskew.core.device import check_amp, resolve_device
 from fedskew.core.errors import ConfigError
 from fedskew.engine.checkpoint import RESUMABLE, check_resume, load_checkpoint
@@ -26,7 +26,9 @@ from fedskew.runs import (
     MODEL_FILE,
     SUMMARY_FILE,
     TIMING_FILE,
+    check_no_links,
     check_out_folder,
+    load_run,
     locked_run_folder,
     os_errors_name,
     run_config_path,
@@ -47,7 +49,10 @@ def choose_parent(
             raise ConfigError("resuming an experiment needs its folder: fedskew run CONFIG --out DIR --resume")
         if force:
             raise ConfigError("--resume continues the runs in --out and --force starts them afresh: give one")
-        return check_out_folder(out)
+        parent = check_out_folder(out)
+        for r in runs:
+            check_no_links(parent / r.folder_name)
+        return parent
     if out is None:
         base = Path("runs") / name
         parent, k = base, 2
@@ -56,6 +61,8 @@ def choose_parent(
             k += 1
         return parent
     parent = check_out_folder(out)
+    for r in runs:
+        check_no_links(parent / r.folder_name)
     if not force:
         for r in runs:
             if (parent / r.folder_name / METRICS_FILE).exists():
@@ -153,7 +160,8 @@ def run_state(run_dir: Path, cfg: dict[str, Any]) -> str:
     stored = read_toml(config, "run config")
     then, now = flat_keys(stored), flat_keys(cfg)
     differ = sorted(
-        k for k in then.keys() | now.keys() if then.get(k) != now.get(k) and k.split(".")[0] not in RESUMABLE
+        k for k in then.keys() | now.keys()
+        if not same_value(then.get(k), now.get(k)) and k.split(".")[0] not in RESUMABLE
     )
     if differ:
         k = differ[0]
@@ -172,10 +180,9 @@ def run_state(run_dir: Path, cfg: dict[str, Any]) -> str:
 
 
 def _finished(run_dir: Path) -> RunResult:
-    """A finished run as a result, read from its folder."""
-    summary = json.loads((run_dir / SUMMARY_FILE).read_text())
-    records = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines() if line.strip()]
-    return RunResult(run_dir, summary, records)
+    """A finished run as a result, read from its folder (a damaged file is one line naming it and the line)."""
+    run = load_run(run_dir)
+    return RunResult(run_dir, run.summary, run.records)
 
 
 def _tagged(

@@ -381,8 +381,9 @@ class RoundLoop:
             self._workers = None
             self._tensorboard.close()
         summary = self._summary(records)
-        write_atomic(self.run_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n", sync=False)
+        # The summary last: it marks the run finished (fedskew run --resume keeps a run that has one).
         write_atomic(self.run_dir / MODEL_FILE, torch_bytes(to_cpu(self.server.model.state_dict())), sync=False)
+        write_atomic(self.run_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n", sync=False)
         return RunResult(self.run_dir, summary, records)
 
     def _one_round(self, rounds: int) -> tuple[dict[str, Any], float]:

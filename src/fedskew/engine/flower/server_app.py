@@ -34,6 +34,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedskew.algorithms.base import FederationInfo
 from fedskew.config import dump
+from fedskew.config.files import read_toml, same_value
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.core.message import Message as FedskewMessage
@@ -255,9 +256,9 @@ def _prepare_run_dir(run_dir: Path, cfg: dict[str, Any], resume: bool) -> None:
     if resume:
         if not path.exists():
             raise FedskewError(f"resume=true, but {run_dir} holds no run")
-        stored, wanted = tomllib.loads(path.read_text()), tomllib.loads(dump(cfg))
+        stored, wanted = read_toml(path, "run config"), tomllib.loads(dump(cfg))
         keys = (stored.keys() | wanted.keys()) - set(RESUMABLE)
-        changed = sorted(k for k in keys if stored.get(k) != wanted.get(k))
+        changed = sorted(k for k in keys if not same_value(stored.get(k), wanted.get(k)))
         if changed:
             raise ConfigError(f"resume=true, but the config differs from {path} in {', '.join(changed)}")
     elif (run_dir / METRICS_FILE).exists():
@@ -288,7 +289,7 @@ def deploy(grid: Grid, settings: DeploySettings, app_dir: Path, plugins: Sequenc
     with locked_run_folder(run_dir):  # one deployment (or fedskew run) per run folder at a time
         if settings.resume and (run_dir / CONFIG_FILE).exists():  # a shortened run or an edited config: refuse
             check_resume(load_checkpoint(checkpoints), checkpoints / CHECKPOINT_FILE,
-                         tomllib.loads((run_dir / CONFIG_FILE).read_text()), int(cfg["rounds"]))
+                         read_toml(run_dir / CONFIG_FILE, "run config"), int(cfg["rounds"]))
         _prepare_run_dir(run_dir, cfg, settings.resume)
         data_dir = settings.data_dir or os.environ.get("FEDSKEW_DATA") or None
         fed = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), data_dir)
