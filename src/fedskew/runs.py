@@ -147,7 +147,7 @@ def describe_os_error(e: OSError, folder: Path | None = None) -> str:
     writing runs/x/FedAvg-seed0``.
     """
     what = _OS_ERRORS.get(e.errno or 0, e.strerror or str(e) or type(e).__name__)
-    path = e.filename
+    path = os.fsdecode(e.filename) if isinstance(e.filename, bytes | str) else e.filename  # TensorBoard gives bytes
     if e.errno in _DISK_FULL:
         where = folder if folder is not None else (Path(path).parent if path else None)
         return f"{what} while writing {where}" if where is not None else what

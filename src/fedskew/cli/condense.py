@@ -45,6 +45,7 @@ from fedskew.condense.kip import KIPConfig, kip
 from fedskew.condense.synthetic import ModelFactory, SyntheticSet, UInt8Set, init_synthetic
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.errors import ConfigError, DataError
+from fedskew.core.params import MAX_BATCH, MAX_EPOCHS, MAX_IPC, MAX_STEPS, MAX_WIDTH
 from fedskew.core.seeding import torch_generator
 from fedskew.core.threads import num_threads
 
@@ -277,6 +278,12 @@ def _settings(args: argparse.Namespace) -> MethodSettings:
             raise ConfigError(f"--{name.replace('_', '-')} is out of range: {value}")
     if args.image_lr is not None and args.image_lr <= 0:
         raise ConfigError(f"--image-lr must be > 0, got {args.image_lr}")
+    limits = {"ipc": MAX_IPC, "iterations": MAX_STEPS, "real_batch": MAX_BATCH, "outer_loop": MAX_STEPS,
+              "inner_loop": MAX_STEPS, "eval_epochs": MAX_EPOCHS, "net_width": MAX_WIDTH, "threads": 1024}
+    for name, limit in limits.items():  # bounded before memory is (see fedskew.core.params.SIZE_LIMITS)
+        value = getattr(args, name, None)
+        if isinstance(value, int) and value > limit:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at most {limit:_}, got {value}")
     return MethodSettings(
         iterations=args.iterations,
         image_lr=args.image_lr,

@@ -307,6 +307,17 @@ def check_evaluable(algorithm: str, client_test_fraction: float) -> None:
         )
 
 
+def check_clients_per_round(cfg: dict[str, Any], num_clients: int) -> None:
+    """Refuse an ``algorithm.clients_per_round`` the config sets above the number of clients (it was silently
+    taken as every client); a method's default above it is fine and means every client."""
+    wanted = cfg.get("algorithm", {}).get("clients_per_round")
+    if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted > num_clients:
+        raise ConfigError(
+            f"algorithm.clients_per_round = {wanted} is more than partition.num_clients = {num_clients}; give at most "
+            f"{num_clients} (every client each round)"
+        )
+
+
 def typed_config(cfg: dict[str, Any]) -> RunConfig:
     """The typed form of a resolved config; a ConfigError names the first bad key and what is allowed.
 
@@ -324,6 +335,7 @@ def typed_config(cfg: dict[str, Any]) -> RunConfig:
     ray = build_params(RayParams, cfg.get("ray", {}), prefix="ray.")
     evaluation = build_params(EvalParams, cfg.get("eval", {}), prefix="eval.")
     check_evaluable(parts["algorithm"].name, parts["partition"].params.client_test_fraction)
+    check_clients_per_round(cfg, parts["partition"].params.num_clients)
     logs = build_params(LoggingParams, cfg.get("logging", {}), prefix="logging.")
     return RunConfig(run=run, faults=faults, ray=ray, eval=evaluation, logging=logs, **parts)
 

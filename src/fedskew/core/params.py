@@ -124,9 +124,50 @@ def build_params(cls: type[P], table: Mapping[str, Any], prefix: str = "") -> P:
         else:
             kwargs[key] = _coerce(prefix + key, value, hints[key])
     try:
-        return cls(**kwargs)
+        built = cls(**kwargs)
     except ConfigError as e:
         raise ConfigError(f"{prefix}{e}") from None
+    check_sizes(built, prefix)
+    return built
+
+
+MAX_BATCH = 65_536
+MAX_EPOCHS = 10_000
+MAX_STEPS = 1_000_000
+MAX_IPC = 10_000
+MAX_COUNT = 1_000_000
+MAX_WIDTH = 65_536
+SIZE_LIMITS: dict[str, tuple[int, str]] = {
+    **dict.fromkeys(("batch_size", "real_batch", "pretrain_batch_size", "gen_batch_size", "kip_target_batch",
+                     "personalized_batch_size"), (MAX_BATCH, "samples a batch")),
+    **dict.fromkeys(("local_epochs", "epochs", "epochs_per_round", "pretrain_epochs", "personalized_epochs",
+                     "fine_tune_epochs", "head_epochs", "local_steps", "inner_steps"), (MAX_EPOCHS, "passes")),
+    **dict.fromkeys(("condense_iterations", "kip_iterations", "gen_steps", "max_retries"), (MAX_STEPS, "steps")),
+    **dict.fromkeys(("ipc", "kip_ipc"), (MAX_IPC, "images per class")),
+    **dict.fromkeys(("num_clients", "clients_per_round", "max_clients", "num_clusters", "num_homogeneous",
+                     "kip_images", "public_size", "num_train", "num_test", "num_classes", "classes",
+                     "shards_per_client", "kmeans_n_init", "max_per_class"), (MAX_COUNT, "")),
+    **dict.fromkeys(("net_width", "hidden", "noise_dim", "gen_hidden", "swd_projections"), (MAX_WIDTH, "units")),
+    "net_depth": (256, "layers"),
+}
+"""Upper bounds of size-like options, by option name, for every parameter class (plug-ins' included): a value
+beyond them cannot fit in memory or finish, and is refused in one line before anything is loaded or
+allocated (``algorithm.ipc = 1000000000`` once drove a machine into the kernel's out-of-memory killer)."""
+
+
+def check_sizes(params: Any, prefix: str = "") -> None:
+    """Refuse a size-like option of ``params`` (:data:`SIZE_LIMITS`, by name) above its bound; lists of sizes
+    (``model.hidden = [64, 32]``) are checked item by item."""
+    for f in dataclasses.fields(params):
+        if f.name not in SIZE_LIMITS:
+            continue
+        limit, unit = SIZE_LIMITS[f.name]
+        value = getattr(params, f.name)
+        values = value if isinstance(value, list | tuple) else [value]
+        for v in values:
+            if isinstance(v, int) and not isinstance(v, bool) and v > limit:
+                what = f"at most {limit:_}" + (f" {unit}" if unit else "")
+                raise ConfigError(f"{prefix}{f.name} must be {what}, got {value!r}")
 
 
 def _build_nested(f: dataclasses.Field[Any], kind: type, key: str, value: Any, prefix: str) -> Any:

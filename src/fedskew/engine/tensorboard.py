@@ -18,6 +18,9 @@ removes the event files of an earlier run in its folder.
 from __future__ import annotations
 
 import math
+import os
+import threading
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,7 @@ import torch
 
 from fedskew.condense.grids import image_grid as tile
 from fedskew.config.schema import LoggingParams
+from fedskew.core.files import write_atomic
 from fedskew.core.params import build_params
 
 TENSORBOARD_DIR = "tensorboard"
@@ -57,6 +61,23 @@ def image_grid(images: torch.Tensor, labels: torch.Tensor | None = None, limit: 
         labels = torch.arange(len(images)) // max(1, math.ceil(math.sqrt(len(images))))  # square rows
     zoom = max(1, GRID_MIN_SIDE // max(images.shape[2], images.shape[3]))
     return tile(images, labels, pad=pad, scale=zoom)
+
+
+def _quiet_writer_threads() -> None:
+    """TensorBoard's writer thread prints its own traceback when a write fails (a disk that fills mid-run),
+    and the run then reports the same ``OSError`` in one line from the main thread: keep only that line."""
+    previous = threading.excepthook
+    if getattr(previous, "fedskew_tensorboard", False):
+        return
+
+    def hook(args: Any) -> None:
+        frames = traceback.extract_tb(args.exc_traceback)
+        if isinstance(args.exc_value, OSError) and any(f"{os.sep}tensorboard{os.sep}" in f.filename for f in frames):
+            return
+        previous(args)
+
+    hook.fedskew_tensorboard = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
 
 
 class TensorBoardLog:
@@ -91,11 +112,17 @@ class TensorBoardLog:
         if not resume:
             for old in folder.glob(EVENT_FILES):
                 old.unlink()
+        if params.tensorboard:  # a folder it cannot write to is one line now, not a writer thread's traceback later
+            folder.mkdir(parents=True, exist_ok=True)
+            probe = write_atomic(folder / ".fedskew-write-test", b"", sync=False)
+            probe.unlink()
         return cls(folder if params.tensorboard else None, class_names, resume=resume)
 
     def _at(self, step: int) -> Any:
         if self._writer is None:
             from torch.utils.tensorboard import SummaryWriter
+
+            _quiet_writer_threads()
 
             self._writer = SummaryWriter(str(self.folder), purge_step=step if self._resume else None)
         return self._writer
