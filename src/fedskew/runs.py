@@ -124,11 +124,13 @@ def check_out_folder(out: str | Path) -> Path:
     return path
 
 
-_DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
-"""Errors of a full disk (or quota): they name the folder being written, not a file."""
+_DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG}
+"""Errors of a full disk, a quota or a file-size limit (``ulimit -f``): they name the folder being written,
+not a file."""
 _OS_ERRORS = {
     errno.ENOSPC: "the disk is full (no space left on device)",
     getattr(errno, "EDQUOT", -1): "the disk quota is exceeded",
+    errno.EFBIG: "a file would exceed the largest size allowed (file too large)",
     errno.EROFS: "read-only file system",
     errno.EACCES: "permission denied",
     errno.EPERM: "operation not permitted",
@@ -175,20 +177,14 @@ def os_errors_name(folder: Path, *, run: bool = False) -> Iterator[None]:
         raise FedskewError(line) from None
 
 
-RUN_FILES = (CONFIG_FILE, METRICS_FILE, TIMING_FILE, SUMMARY_FILE, MODEL_FILE, CHECKPOINTS_DIR,
-             f"{CHECKPOINTS_DIR}/{CHECKPOINT_FILE}", ARTIFACTS_DIR, AUDIT_FILE, LOCK_FILE)
-"""What a run writes in its folder (a link at any of these would send its writes elsewhere)."""
-
-
 def check_no_links(run_dir: Path) -> None:
-    """Refuse a run folder that is a symbolic link, or holds one where a run writes: a run's files are
-    written where the folder is, never through a link to somewhere else."""
-    for path in (run_dir, *(run_dir / name for name in RUN_FILES)):
-        if path.is_symlink():
-            raise FedskewError(
-                f"{path} is a symbolic link (to {os.readlink(path)}); a run writes only into its own folder: "
-                "replace the link by a folder, or choose another --out"
-            )
+    """Refuse a run folder that is a symbolic link: a run's files are written where its folder is, never
+    through a link to somewhere else (the link's target would be written, and the run folder stay empty)."""
+    if run_dir.is_symlink():
+        raise FedskewError(
+            f"{run_dir} is a symbolic link (to {os.readlink(run_dir)}); a run writes only into a folder of its own: "
+            "replace the link by a folder, or choose another --out"
+        )
 
 
 @contextmanager

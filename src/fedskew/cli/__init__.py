@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Sequence
 from types import FrameType, TracebackType
@@ -174,12 +176,60 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread so that a run stops and cleans up exactly as after Ctrl-C."""
 
 
+STOP_GRACE_S = 5.0
+"""Seconds a stopped run (SIGTERM, Ctrl-C) has to wind down before the process ends regardless. Its files
+are safe at any moment (checkpoints are written whole and renamed, metrics are rewritten from the checkpoint
+on resume), so a stop never waits on a stuck worker pool: under Slurm or Kubernetes a grace period longer
+than this is never exceeded, and the run resumes from its last finished round."""
+
+_STOPPING: list[float] = []
+_CANCEL = threading.Event()
+_REPORTED = threading.Event()  # main has printed the stop's line; the watchdog adds none
+"""Set when :func:`main` returns to a caller in the same process (``main([...])`` from Python): its watchdog
+must not end that caller. The ``fedskew`` command (``main()``, no arguments) keeps it through the interpreter's
+exit, where a stuck pool's exit handler would otherwise hang."""
+
+
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     # Ctrl-C reaches every process of the terminal's group; SIGTERM only this one. Stop the worker
     # processes too (they would also die with this process, but only after their current job).
-    for child in multiprocessing.active_children():
-        child.terminate()
+    _stop(143, "terminated")
     raise Terminated
+
+
+def _on_sigint(signum: int, frame: FrameType | None) -> None:
+    _stop(130, "interrupted")
+    raise KeyboardInterrupt
+
+
+def _stop(code: int, what: str) -> None:
+    """Ask the worker processes to end and make sure this process ends within :data:`STOP_GRACE_S` seconds.
+
+    The workers get SIGTERM now and SIGKILL a second later if still alive; a watchdog thread then ends this
+    process with ``code`` should the main thread still be winding down (a pool stuck on a dead worker's lock).
+    """
+    if _STOPPING:
+        return  # a second signal: the first one's watchdog is running
+    _STOPPING.append(time.monotonic())
+    _CANCEL.clear()
+    _REPORTED.clear()
+    workers = multiprocessing.active_children()
+    for child in workers:
+        child.terminate()
+
+    def watchdog() -> None:
+        time.sleep(1.0)
+        for child in workers:
+            if child.is_alive():
+                child.kill()
+        if _CANCEL.wait(max(STOP_GRACE_S - 1.0, 0.0)):
+            return
+        if not _REPORTED.is_set():
+            print(f"fedskew: {what}; a run continues from its last checkpoint with `fedskew run --resume RUN_DIR` "
+                  f"(ended after {STOP_GRACE_S:.0f} s of winding down)", file=sys.stderr, flush=True)
+        os._exit(code)
+
+    threading.Thread(target=watchdog, name="fedskew-stop-watchdog", daemon=True).start()
 
 
 def _quiet_peer_resets(hook: object) -> object:
@@ -214,6 +264,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
+    # Ctrl-C as Python handles it, plus the watchdog; a SIGINT this process was started to ignore stays ignored.
+    previous_int = signal.getsignal(signal.SIGINT) if main_thread else None
+    if main_thread and previous_int is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_sigint)
     if main_thread:
         sys.excepthook = _quiet_peer_resets(sys.excepthook)  # type: ignore[assignment]
     try:
@@ -230,16 +284,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         return _error(f"out of memory ({str(e).strip().splitlines()[-1]}); make the dataset, model or batch smaller")
     except Terminated:
+        _REPORTED.set()
         print("fedskew: terminated; a run continues from its last checkpoint with "
               "`fedskew run --resume RUN_DIR`", file=sys.stderr)
         return 143
     except KeyboardInterrupt:
+        _REPORTED.set()
         print("fedskew: interrupted; a run continues from its last checkpoint with "
               "`fedskew run --resume RUN_DIR`", file=sys.stderr)
         return 130
     finally:
         if main_thread and previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if main_thread and previous_int is signal.default_int_handler:
+            signal.signal(signal.SIGINT, previous_int)
+        if argv is not None:  # called from Python: this process goes on, so no watchdog may end it
+            _CANCEL.set()
+            _STOPPING.clear()
 
 
 def _out_of_memory(e: RuntimeError) -> bool:
