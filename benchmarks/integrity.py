@@ -1,4 +1,4 @@
-"""Issue 26's case list, rerun: each case is checked by its test(s); prints one row per case and the counts.
+"""Issues 26's and 35's case lists, rerun: each case is checked by its test(s); prints one row per case and the counts.
 
     FEDSKEW_DATA=../shared/datasets python benchmarks/integrity.py            # every case
     python benchmarks/integrity.py --section "Run folders and results"        # one section
@@ -33,6 +33,7 @@ REPLIES = "tests/engine/test_reliability.py"
 FLOWER = "tests/engine/test_flower.py"
 ALL_ALGORITHMS = "tests/algorithms/test_all_algorithms.py"
 FEDDC = "tests/algorithms/test_feddc.py"
+RULES = "tests/engine/test_failure_rules.py"
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,15 @@ RUNS = "Run folders and results"
 PROCESSES = "Processes and resources"
 INPUT = "Every bad input gets one line, before anything runs"
 DEPLOYMENT = "Deployment"
+WRITES = "Rule 1: a write that fails part-way is one line"
+REPLY = "Rule 2: one client's reply never ends a run"
+PLUGIN = "Rule 3: a plug-in never ends fedskew silently"
+LABELS = "Rule 4: labels and report keys are checked as names are"
+RECORDED = "Rule 5: a recorded config equals itself"
+FILES = "Rule 6: every file a resume or report reads may be damaged or hostile"
+OPTIONAL = "Rule 7: optional components fail in one line, once"
+SIZES = "Rule 8: sizes are bounded before memory is"
+STOP = "Rule 9: a stop request ends a run within seconds, every time"
 
 CASES: list[Case] = [
     # ---- hostile and broken clients
@@ -186,8 +196,55 @@ CASES: list[Case] = [
           f"{DEPLOY}::test_the_server_sends_the_nodes_no_path")),
     Case(DEPLOYMENT, "a deployment holds its run folder and refuses a shortened resume",
          (f"{DEPLOY}::test_a_deployment_holds_its_run_folder_and_refuses_a_shortened_resume",)),
+    # ---- issue 35: the third pass, one section per rule
+    Case(WRITES, "a checkpoint write cut off after 8 KiB by the kernel (`ulimit -f`): one line, last.pt intact, "
+                 "the resume afterwards byte-identical",
+         (f"{RULES}::test_a_checkpoint_write_cut_off_part_way_is_one_line_and_the_run_resumes",)),
+    Case(WRITES, "a real tmpfs filled to 8 KiB free: the checkpoint runs out of space part-way, one line; the resume "
+                 "tried while still full, the same line",
+         (f"{RULES}::test_a_disk_that_fills_in_the_middle_of_a_checkpoint_is_one_line",
+          f"{RULES}::test_save_checkpoint_reports_a_failed_write_as_an_os_error")),
+    Case(REPLY, "`num_samples = \"12\"` or `True`, an unencodable metric, a reply that is not a Message: rejected as "
+                "that client's, with workers = 1 and 2, records identical across worker counts",
+         (f"{RULES}::test_a_broken_reply_is_that_clients_rejection_with_any_number_of_workers",
+          f"{RULES}::test_encoding_and_decoding_never_raise_on_what_a_client_sends")),
+    Case(PLUGIN, "a plug-in calling `sys.exit(0)`, raising `SystemExit(3)` or `KeyboardInterrupt` on import: one line "
+                 "naming it, exit 2, nothing written",
+         (f"{RULES}::test_a_plugin_that_exits_or_interrupts_on_import_is_one_line_naming_it",)),
+    Case(LABELS, "`--label ''`, a newline, spaces at the ends, `../../x`, 101 characters, a template giving a newline, "
+                 "a table, a list or no key: one line, nothing written; the same in a config file",
+         (f"{RULES}::test_a_bad_label_is_one_line_before_anything_is_written",
+          f"{RULES}::test_a_bad_label_in_the_config_file_is_refused_too")),
+    Case(LABELS, "`report --group-by` refuses a key no run has, a table and a list",
+         (f"{RULES}::test_report_group_by_refuses_what_label_refuses",)),
+    Case(RECORDED, "a run with `faults.attack=nan` resumes (`--resume DIR` and `--out DIR --resume`)",
+         (f"{RULES}::test_a_run_recorded_with_nan_resumes",)),
+    Case(FILES, "a truncated last line of a finished run's metrics.jsonl under `run --out DIR --resume`: one line "
+                "naming file and line",
+         (f"{RULES}::test_a_truncated_metrics_file_of_a_finished_run_is_one_line_under_resume",)),
+    Case(FILES, "a run folder that is a symbolic link: refused (run, --resume, --force), nothing written through it",
+         (f"{RULES}::test_a_run_folder_that_is_a_link_is_refused_and_nothing_is_written_through_it",)),
+    Case(FILES, "a report that cannot be written after the runs finished: exit 1 and one line, never 0",
+         (f"{RULES}::test_a_report_that_cannot_be_written_is_not_a_success",)),
+    Case(FILES, "a run that fails after it started leaves no .lock and no empty run folder; a retry reuses the folder",
+         (f"{RULES}::test_runs_that_fail_leave_no_lock_and_no_empty_folder",)),
+    Case(OPTIONAL, "TensorBoard on a read-only folder (a read-only bind mount) or where a file stands: one line, no "
+                   "thread traceback, no bytes repr",
+         (f"{RULES}::test_tensorboard_on_a_read_only_folder_is_one_line_without_a_thread_traceback",
+          f"{RULES}::test_tensorboard_where_a_file_stands_is_one_line")),
+    Case(SIZES, "`ipc=1000000000`, local epochs, batch sizes, condensation iterations, server epochs, clients, MLP "
+                "widths, fine-tuning epochs, clients_per_round above the clients: one line before anything runs; "
+                "`fedskew condense --ipc`; a plug-in's options by the same names",
+         (f"{RULES}::test_sizes_beyond_memory_are_one_line_before_anything_runs",
+          f"{RULES}::test_condense_bounds_its_sizes",
+          f"{RULES}::test_a_plugin_parameter_class_is_bounded_by_the_same_names")),
+    Case(STOP, "SIGTERM at a random moment after round 3 of a two-worker run, FEDSKEW_SIGTERM_TRIALS times (20 here): "
+               "exit 143 within the grace period, no worker left, metrics and checkpoint kept",
+         (f"{RULES}::test_sigterm_ends_a_pooled_run_within_seconds_every_time",)),
+    Case(STOP, "a stop whose clean-up hangs (an exit handler sleeping 120 s): the watchdog ends it at 5 s with 143",
+         (f"{RULES}::test_a_run_whose_wind_down_hangs_still_ends_within_the_grace_period",)),
 ]
-"""The cases of issue 26, in its order; add a case by adding one entry."""
+"""The cases of issues 26 and 35, in their order; add a case by adding one entry."""
 
 
 class _Outcomes:
@@ -232,6 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"no section {args.section!r}; sections: {', '.join(dict.fromkeys(c.section for c in CASES))}")
     functions = sorted({t.split("[", 1)[0] for c in cases for t in c.tests})
     os.chdir(ROOT)  # the node ids are relative to the repository
+    os.environ.setdefault("FEDSKEW_SIGTERM_TRIALS", "20")  # rule 9's loop: 20 real SIGTERMs (3 in the suite)
     collector = _Outcomes()
     t0 = time.perf_counter()
     pytest.main([*functions, "-p", "no:randomly", "-p", "no:cacheprovider", "-q" if args.verbose else "-qq",

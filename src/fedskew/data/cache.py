@@ -73,7 +73,9 @@ def source_fingerprint(path: Path) -> list[Any]:
                 digest.update(f"{rel}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
         return [str(resolved), "dir", digest.hexdigest()]
     except OSError as exc:
-        raise DataError(f"{path}: cannot inspect source ({exc.strerror or exc})") from exc
+        inside = f" at {exc.filename}" if exc.filename and str(exc.filename) != str(path) else ""
+        raise DataError(f"{path}: cannot inspect source ({exc.strerror or exc}{inside}: a broken link or an "
+                        "unreadable file in the folder)") from exc
 
 
 def cache_key(name: str, options: Mapping[str, Any], sources: Sequence[Path], verified: bool | None = None) -> str:
