@@ -67,17 +67,17 @@ def test_algorithm_override_goes_to_variants_that_have_the_parameter() -> None:
         resolve(raw, parse_overrides(["algorithm.zeta=1"]))
 
 
-def test_a_label_with_a_slash_gives_one_folder_and_collisions_are_refused(tmp_path: Path) -> None:
+def test_a_label_gives_one_shell_safe_folder_and_collisions_are_refused(tmp_path: Path) -> None:
     raw = {
         "dataset": {"name": "synthetic"},
         "variants": [{"label": "FedAF w/o CDC"}, {"label": "FedAF"}],
         "seeds": [3],
     }
     runs = resolve(raw)
-    assert [r.folder_name for r in runs] == ["FedAF w_o CDC-seed3", "FedAF-seed3"]
+    assert [r.folder_name for r in runs] == ["FedAF_w_o_CDC-seed3", "FedAF-seed3"]
     assert runs[0].label == "FedAF w/o CDC"  # the label itself is kept for tables and plots
     (tmp_path / runs[0].folder_name).mkdir()  # one path component
-    assert [p.name for p in tmp_path.iterdir()] == ["FedAF w_o CDC-seed3"]
+    assert [p.name for p in tmp_path.iterdir()] == ["FedAF_w_o_CDC-seed3"]
     raw["variants"] = [{"label": "a/b"}, {"label": "a_b"}]
     with pytest.raises(ConfigError, match="folder name"):
         resolve(raw)
@@ -91,7 +91,7 @@ def test_a_label_template_names_each_variant_by_its_settings() -> None:
     assert [r.label for r in runs] == ["A: lr=0.01, iid", "B: lr=0.01, iid"]  # lr: the method's default
     assert [r.config["label"] for r in runs] == [r.label for r in runs]
     one = resolve({"rounds": 1, "algorithm": {"name": "fedprox"}}, {"label": "mu {algorithm.mu}"})
-    assert one[0].label == "mu 0.01" and one[0].folder_name == "mu 0.01-seed0"
+    assert one[0].label == "mu 0.01" and one[0].folder_name == "mu_0.01-seed0"
     with pytest.raises(ConfigError, match=r"\{algorithm\.nope\} is not a key of the run's config"):
         resolve(raw, {"label": "{algorithm.nope}"})
     with pytest.raises(ConfigError, match="share the label"):

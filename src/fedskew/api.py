@@ -51,11 +51,35 @@ class Results:
         """Each run's summary by its folder name (``<label>-seed<k>``)."""
         return {r.run_dir.name: r.summary for r in self.runs}
 
+    def to_frame(self, per: str = "run") -> Any:
+        """The results as a pandas DataFrame (``pip install pandas``), for sweeps and your own analysis.
+
+        ``per="run"``: one row per run (its label, seed and every scalar of its summary); ``per="round"``:
+        one row per run and round (label, seed and every scalar of the round's record).
+        """
+        try:
+            import pandas as pd
+        except ImportError:
+            raise FedskewError("Results.to_frame needs pandas, which is not installed: pip install pandas") from None
+        if per not in ("run", "round"):
+            raise FedskewError(f"per must be 'run' or 'round', got {per!r}")
+        rows: list[dict[str, Any]] = []
+        for r in self.runs:
+            who = {"label": r.summary.get("label"), "seed": r.summary.get("seed"), "run_dir": str(r.run_dir)}
+            tables = [r.summary] if per == "run" else r.records
+            for table in tables:
+                rows.append({**who, **{k: v for k, v in table.items() if _scalar(v) and k not in who}})
+        return pd.DataFrame(rows)
+
     def table(self) -> str:
         """The comparison table ``fedskew run`` prints (mean +- std over seeds per label)."""
         from fedskew.report import comparison_table, format_table, load_run
 
         return format_table(comparison_table([load_run(p) for p in self.run_dirs]))
+
+
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, bool | int | float | str)
 
 
 def run(

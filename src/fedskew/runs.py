@@ -2,7 +2,8 @@
 
 The engine writes one folder per run (variant x seed), named :func:`run_folder_name`::
 
-    config.toml       the resolved configuration of the run
+    config.toml       the fully resolved configuration of the run (every default filled in)
+    environment.json  the versions of fedskew, Python, PyTorch and NumPy, and the device's name
     metrics.jsonl     one JSON object per round
     timing.jsonl      seconds per round
     summary.json      per-run figures
@@ -50,6 +51,8 @@ ARTIFACTS_DIR = "artifacts"
 SYNTHETIC_ARTIFACT = "synthetic"
 """The artifact in which condensation-based methods keep the synthetic images their clients sent."""
 AUDIT_FILE = "audit.json"
+ENVIRONMENT_FILE = "environment.json"
+"""The versions (fedskew, Python, PyTorch, NumPy) and the device a run started with."""
 LOCK_FILE = ".lock"
 
 REQUIRED_SUMMARY_KEYS = (
@@ -72,8 +75,10 @@ def run_folder_name(label: str, seed: object) -> str:
 
 
 def folder_label(label: str) -> str:
-    """A label as one path component: ``/``, ``\\`` and control characters become ``_``."""
-    return re.sub(r"[/\\\x00-\x1f]", "_", label)
+    """A label as a shell-safe folder name: every run of characters other than letters, digits, ``.``, ``+``,
+    ``-`` and ``_`` becomes one ``_``, and ``_`` and ``-`` are trimmed from the ends ("FedAF, mean KL" ->
+    "FedAF_mean_KL", "FedAF w/o CDC" -> "FedAF_w_o_CDC"). The label itself keeps its text in the records."""
+    return re.sub(r"[^\w.+-]+", "_", label).strip("_-") or "run"
 
 
 def check_folder_name(key: str, value: object) -> None:

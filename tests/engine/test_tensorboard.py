@@ -23,7 +23,7 @@ from fedskew.config.schema import DEFAULTS
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.engine.experiment import resume_run
 from fedskew.engine.round_loop import RoundLoop
-from fedskew.engine.tensorboard import TENSORBOARD_DIR, image_grid
+from fedskew.engine.tensorboard import TENSORBOARD_DIR, image_grid, tensorboard_tag
 from tests.conftest import tiny_config
 
 FEDDM: dict[str, Any] = {"name": "feddm", "condense_iterations": 3, "ipc": 2,
@@ -69,7 +69,15 @@ def test_a_run_logs_its_records_per_class_accuracy_and_images(tmp_path: Path) ->
     assert {"accuracy", "loss", "class_variance", "bytes_server_to_client", "samples", "synthetic_images",
             "server_loss"} <= set(numeric)
     for key in numeric:
-        assert _scalars(acc, key) == [(r["round"], float(np.float32(r[key]))) for r in recs], key
+        assert _scalars(acc, tensorboard_tag(key)) == [(r["round"], float(np.float32(r[key]))) for r in recs], key
+    # Grouped in sections; the lists as counts; the run's settings in the hyper-parameters view.
+    assert {tensorboard_tag(k) for k in ("accuracy", "bytes_server_to_client", "samples", "server_loss")} == {
+        "eval/accuracy", "comm/bytes_server_to_client", "clients/samples", "algorithm/server_loss"}
+    assert _scalars(acc, "clients/took_part") == [(r["round"], float(len(r["clients"]))) for r in recs]
+    assert _scalars(acc, "clients/rejected") == [(r["round"], float(len(r["rejected"]))) for r in recs]
+    assert not [t for t in acc.Tags()["scalars"] if "/" not in t]
+    plugin = acc.PluginTagToContent("hparams")
+    assert plugin and any(b"algorithm.name" in content for content in plugin.values())
     names = sim.fed.class_names
     assert names == [str(k) for k in range(10)]
     assert {t for t in acc.Tags()["scalars"] if t.startswith("per_class/")} == {f"per_class/{n}" for n in names}
@@ -116,19 +124,19 @@ def test_a_resumed_run_logs_each_round_once(tmp_path: Path) -> None:
     with pytest.raises(FedskewError, match="went down"):
         _run(cfg, tmp_path / "part", on_round=crash)
     part = tmp_path / "part"
-    assert [s for s, _ in _scalars(_events(part), "accuracy")] == [1, 2, 3]
+    assert [s for s, _ in _scalars(_events(part), "eval/accuracy")] == [1, 2, 3]
     resume_run(part, {}, data_dir=None, progress=False)
     _run(cfg, tmp_path / "full")
     assert (part / "metrics.jsonl").read_bytes() == (tmp_path / "full" / "metrics.jsonl").read_bytes()
     recs = _records(part)
     acc = _events(part)
-    assert _scalars(acc, "accuracy") == [(r["round"], float(np.float32(r["accuracy"]))) for r in recs]
+    assert _scalars(acc, "eval/accuracy") == [(r["round"], float(np.float32(r["accuracy"]))) for r in recs]
     for tag in acc.Tags()["scalars"]:
         assert [s for s, _ in _scalars(acc, tag)] == [1, 2, 3, 4], tag
     assert [e.step for e in acc.Images("images/synthetic")] == [1, 2, 3, 4]
     # The files hold round 3 twice; the resumed writer's first event says to drop the first one.
     raw = _events(part, purge=False)
-    assert [s for s, _ in _scalars(raw, "accuracy")] == [1, 2, 3, 3, 4]
+    assert [s for s, _ in _scalars(raw, "eval/accuracy")] == [1, 2, 3, 3, 4]
 
 
 def test_a_fresh_run_drops_the_event_files_of_an_earlier_one(tmp_path: Path) -> None:
@@ -138,7 +146,7 @@ def test_a_fresh_run_drops_the_event_files_of_an_earlier_one(tmp_path: Path) -> 
     (old / "notes.txt").write_text("mine")
     RoundLoop(tiny_config(rounds=1, logging={"tensorboard": True}), tmp_path / "r", progress=False).run()
     assert not (old / "events.out.tfevents.1.old").exists() and (old / "notes.txt").exists()
-    assert [s for s, _ in _scalars(_events(tmp_path / "r"), "accuracy")] == [1]
+    assert [s for s, _ in _scalars(_events(tmp_path / "r"), "eval/accuracy")] == [1]
 
 
 def test_logging_is_a_checked_table() -> None:

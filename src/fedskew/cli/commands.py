@@ -66,6 +66,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         runs, parent = plan(source, overrides, out=args.out, only=args.only, force=args.force, imports=args.imports,
                             label=args.label)
+        base = Path("runs") / str(runs[0].config["name"])
+        if args.out is None and parent != base:  # renumbered: say so, never silently
+            print(f"fedskew: {base} holds earlier runs; these go to {parent} (give --out to choose)", file=sys.stderr)
         print(f"fedskew: {len(runs)} run(s) -> {parent}", file=sys.stderr)
         run_experiment(runs, parent, data_dir=_data_dir(args), progress=progress)
         parents = [parent]

@@ -41,6 +41,7 @@ TOP_LEVEL: dict[str, str] = {
     "ray": "table: the Ray engine: address (empty: a local instance), num_cpus, num_gpus per client job",
     "logging": "table: extra logs of a run: tensorboard = true writes TensorBoard event files (fedskew[tensorboard])",
     "variants": "list of tables of dotted overrides, one run each (with a label)",
+    "sweep": "table of dotted keys and lists of values: a grid of runs, every variant at every combination",
     "plugins": "modules and .py files (relative to the config file) to import first: they register algorithms, "
                "models, datasets, partitioners",
 }
@@ -156,8 +157,8 @@ def set_dotted(cfg: dict[str, Any], key: str, value: Any) -> None:
     """Set ``cfg["a"]["b"] = value`` for ``key = "a.b"``, checking the top-level key is known."""
     parts = key.split(".")
     top = parts[0]
-    if top not in TOP_LEVEL or top == "variants":
-        allowed = ", ".join(k for k in TOP_LEVEL if k != "variants")
+    if top not in TOP_LEVEL or top in ("variants", "sweep"):
+        allowed = ", ".join(k for k in TOP_LEVEL if k not in ("variants", "sweep"))
         raise ConfigError(f"unknown config key {key!r}; allowed top-level keys: {allowed}")
     if top in SECTIONS:
         if len(parts) == 1:

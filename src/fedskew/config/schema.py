@@ -340,6 +340,46 @@ def typed_config(cfg: dict[str, Any]) -> RunConfig:
     return RunConfig(run=run, faults=faults, ray=ray, eval=evaluation, logging=logs, **parts)
 
 
+def full_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """``cfg`` with every default filled in: what a run records as its ``config.toml``, so that the record says
+    every value the run used (``lr``, ``mu`` ...) even after a default changes. Validated as :func:`validate`.
+
+    Comparisons of recorded configs (``--resume``) compare full configs, so a record written before defaults
+    were filled in still equals its full form.
+    """
+    typed = typed_config(cfg)
+    out: dict[str, Any] = {**dataclasses.asdict(typed.run)}
+    for section in NAMED:
+        part: Component = getattr(typed, section)
+        typed_params = part.params
+        is_instance = dataclasses.is_dataclass(typed_params) and not isinstance(typed_params, type)
+        params = dataclasses.asdict(typed_params) if is_instance else {}
+        out[section] = {"name": part.name, **params}
+    for section in SECTIONS[len(NAMED):]:
+        out[section] = dataclasses.asdict(getattr(typed, section))
+    for key, value in cfg.items():  # anything the typed tree does not hold stays as written
+        out.setdefault(key, value)
+    return _plain(out)
+
+
+def comparable_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """:func:`full_config` of ``cfg`` for comparing recorded configs; ``cfg`` as it is when it does not validate
+    (it then differs from any valid config, and the caller says which keys)."""
+    try:
+        return full_config(cfg)
+    except ConfigError:
+        return cfg
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists, recursively (the form TOML gives back)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
 def validate(cfg: dict[str, Any]) -> None:
     """Check every value of a resolved config that can be checked without loading data."""
     typed_config(cfg)

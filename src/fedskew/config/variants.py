@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -55,7 +56,7 @@ def resolve(
     for key, value in raw.items():
         if key in SECTIONS:
             base[key] = dict(value)
-        elif key not in ("variants", "plugins"):
+        elif key not in ("variants", "plugins", "sweep"):
             base[key] = value
     if plugins:
         base["plugins"] = plugins
@@ -64,6 +65,7 @@ def resolve(
         raise ConfigError(f"{where}: variants must be a list of tables")
     if "algorithm.name" in overrides or "algorithm" in overrides:
         variants = [{}]
+    variants = _swept(variants, sweep_of(raw, overrides, base, where), base, overrides)
     seeds = _seeds(raw, overrides, base["seed"])
     runs: list[RunSpec] = []
     folders: set[str] = set()
@@ -88,7 +90,7 @@ def resolve(
         params = _param_names(cfg["algorithm"]["name"])
         for source in (variant, overrides):
             for key, value in source.items():
-                if key in ("label", "seeds"):
+                if key in ("label", "seeds", SWEEP_LABEL):
                     continue
                 if source is overrides and key in algo_overrides and len(variants) > 1:
                     if params is not None and key.split(".")[1] not in params:
@@ -106,6 +108,8 @@ def resolve(
         if cfg["algorithm"].get("name") != base["algorithm"].get("name"):
             _keep_shared_params(cfg, explicit["algorithm"])
         label = check_label(str(variant.get("label") or cfg.get("label") or cfg["algorithm"]["name"]))
+        if variant.get(SWEEP_LABEL):  # a point of a grid: its values after the variant's own label
+            label = check_label(f"{label}, {variant[SWEEP_LABEL]}")
         if "label" in overrides:
             label = expand_label(str(overrides["label"]), label, cfg)
         folder = folder_label(label)
@@ -178,6 +182,86 @@ def scalar_value(cfg: dict[str, Any], key: str, what: str) -> Any:
         kind = "table" if isinstance(value, dict) else "list"
         raise ConfigError(f"{what} is a {kind}, not a single value; name one of its keys, such as {key}.name")
     return value
+
+
+SWEEP_LABEL = "_sweep"
+"""The key of a grid point's variant that holds its ``key=value`` text (added to the label)."""
+
+
+def sweep_of(raw: dict[str, Any], overrides: dict[str, Any], base: dict[str, Any], where: str) -> dict[str, list[Any]]:
+    """The grid of an experiment: the ``[sweep]`` table's keys and value lists, then every command-line override
+    whose value is a list although its key takes a single value (``partition.alpha=[0.1,0.5]``); those are
+    taken out of ``overrides``. A key that takes a list (``seeds``, ``at_rounds``, ``model.hidden``) is an
+    ordinary override."""
+    table = raw.get("sweep", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: sweep must be a table of dotted keys and lists of values")
+    grid: dict[str, list[Any]] = {}
+    for key, values in table.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"{where}: sweep.{key} must be a non-empty list of values, got {values!r}")
+        grid[str(key)] = list(values)
+    for key, value in list(overrides.items()):
+        if isinstance(value, list) and not _takes_list(key, {**base, **overrides}):
+            if not value:
+                raise ConfigError(f"{key}=[] sweeps over no value; give one value or a list of values")
+            grid[key] = list(value)
+            del overrides[key]
+    for key, values in grid.items():
+        if len({repr(v) for v in values}) != len(values):
+            raise ConfigError(f"sweep over {key} repeats a value: {values!r}")
+    return grid
+
+
+def _takes_list(key: str, cfg: dict[str, Any]) -> bool:
+    """Whether config key ``key`` takes a list (its option is declared as one)."""
+    import typing
+
+    from fedskew.config.schema import EvalParams, Faults, LoggingParams, RayParams, RunSettings, _registry
+
+    parts = key.split(".")
+    if parts[0] in ("seeds", "plugins"):
+        return True
+    if len(parts) == 1:
+        kind: Any = RunSettings
+    elif parts[0] in NAMED:
+        name = cfg.get(f"{parts[0]}.name", (cfg.get(parts[0]) or {}).get("name"))
+        registry = _registry(parts[0])
+        if not isinstance(name, str) or name not in registry or registry.params_of(name) is None:
+            return False
+        kind = registry.params_of(name)
+    else:
+        kind = {"faults": Faults, "ray": RayParams, "eval": EvalParams, "logging": LoggingParams}.get(parts[0])
+    for part in parts[1:] if len(parts) > 1 else parts:
+        hints = typing.get_type_hints(kind) if dataclasses.is_dataclass(kind) else {}
+        if part not in hints:
+            return False
+        kind = hints[part]
+    args = [kind, *typing.get_args(kind)]
+    return any(typing.get_origin(a) in (list, tuple) or a in (list, tuple) for a in args)
+
+
+def _swept(variants: list[dict[str, Any]], grid: dict[str, list[Any]], base: dict[str, Any],
+           overrides: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every variant at every point of ``grid`` (a variant whose algorithm lacks a swept ``algorithm.*``
+    option is not swept over it)."""
+    if not grid:
+        return variants
+    out = []
+    for variant in variants:
+        name = overrides.get("algorithm.name", variant.get("algorithm.name", base["algorithm"].get("name")))
+        params = _param_names(name)
+        keys = [k for k in grid if not (k.startswith("algorithm.") and params is not None
+                                        and k.split(".")[1] not in params)]
+        for point in itertools.product(*(grid[k] for k in keys)):
+            values = dict(zip(keys, point, strict=True))
+            text = ", ".join(f"{k}={_shown(v)}" for k, v in values.items())
+            out.append({**variant, **values, **({SWEEP_LABEL: text} if text else {})})
+    return out
+
+
+def _shown(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _seeds(raw: dict[str, Any], overrides: dict[str, Any], default: Any) -> list[int]:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from fedskew.config.files import same_value
+from fedskew.config.schema import comparable_config
 from fedskew.core.errors import FedskewError
 from fedskew.core.files import torch_bytes, write_atomic
 from fedskew.runs import CHECKPOINT_FILE, CONFIG_FILE
@@ -122,8 +123,9 @@ def check_resume(
             then = tomllib.loads(ck[CONFIG_KEY])
         except tomllib.TOMLDecodeError:
             raise FedskewError(f"checkpoint {path}: the config it keeps is not valid TOML") from None
-        keys = (then.keys() | config.keys()) - set(RESUMABLE)
-        changed = sorted(k for k in keys if not same_value(then.get(k), config.get(k)))
+        then, now = comparable_config(then), comparable_config(dict(config))  # defaults filled in on both sides
+        keys = (then.keys() | now.keys()) - set(RESUMABLE)
+        changed = sorted(k for k in keys if not same_value(then.get(k), now.get(k)))
         if changed:
             raise FedskewError(
                 f"{path.parent.parent / CONFIG_FILE} was edited after the checkpoint of round {done} (changed: "

@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 
 from fedskew.config import RunSpec, dump, validate
 from fedskew.config.files import flat_keys, read_toml, same_value, set_dotted
+from fedskew.config.schema import comparable_config, full_config
 from fedskew.core.device import check_amp, resolve_device
 from fedskew.core.errors import ConfigError
 from fedskew.engine.checkpoint import RESUMABLE, check_resume, load_checkpoint
@@ -137,7 +138,7 @@ def run_experiment(
                     for f in (METRICS_FILE, TIMING_FILE, SUMMARY_FILE, MODEL_FILE,
                               f"{CHECKPOINTS_DIR}/{CHECKPOINT_FILE}"):
                         (run_dir / f).unlink(missing_ok=True)
-                (run_dir / CONFIG_FILE).write_text(dump(cfg))
+                (run_dir / CONFIG_FILE).write_text(dump(full_config(cfg)))
                 sim = RoundLoop(cfg, run_dir, data_dir=data_dir, progress=progress, federation=feds[key],
                                 on_round=_tagged(on_round, spec))
                 results.append(sim.run(resume=state == "partial"))
@@ -158,7 +159,7 @@ def run_state(run_dir: Path, cfg: dict[str, Any]) -> str:
     if not (run_dir / METRICS_FILE).exists() or not config.exists():
         return "new"
     stored = read_toml(config, "run config")
-    then, now = flat_keys(stored), flat_keys(cfg)
+    then, now = flat_keys(comparable_config(stored)), flat_keys(comparable_config(cfg))  # defaults filled in
     differ = sorted(
         k for k in then.keys() | now.keys()
         if not same_value(then.get(k), now.get(k)) and k.split(".")[0] not in RESUMABLE
@@ -230,5 +231,5 @@ def resume_run(run_dir: Path, overrides: dict[str, Any], *, data_dir: str | None
         check_resume(ck, ck_path, stored, int(cfg["rounds"]), loop.server.model.state_dict())
         del ck  # the loop reads it again
         with os_errors_name(run_dir, run=True):
-            (run_dir / CONFIG_FILE).write_text(dump(cfg))
+            (run_dir / CONFIG_FILE).write_text(dump(full_config(cfg)))
             return loop.run(resume=True)

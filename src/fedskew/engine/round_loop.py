@@ -44,6 +44,7 @@ from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import build_params
 from fedskew.engine.checkpoint import load_checkpoint, save_checkpoint
 from fedskew.engine.client_eval import ClientEvaluation, client_summary
+from fedskew.engine.environment import record_environment
 from fedskew.engine.faults import corrupt_reply, model_replacement
 from fedskew.engine.federation import Federation, build_federation
 from fedskew.engine.ray_workers import RayWorkers
@@ -331,6 +332,7 @@ class RoundLoop:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         records: list[dict[str, Any]] = []
         self._tensorboard = TensorBoardLog.for_run(cfg, self.run_dir, self.fed.class_names, resume)
+        record_environment(self.run_dir, self.device, resume)
         if cfg.get("engine", "local") == "ray":  # Ray runs as many jobs at once as its resources allow
             ray = build_params(RayParams, cfg.get("ray", {}), prefix="ray.")
             self._workers = RayWorkers(

@@ -4,8 +4,12 @@ The round loop hands every round's record and every saved artifact to a :class:`
 TensorBoard off it does nothing. The logs go to ``<run folder>/tensorboard/`` and are written beside the
 run's own files, which never change with them (``metrics.jsonl`` is the same with TensorBoard on or off):
 
-- each numeric value of a round's record (``accuracy``, ``loss``, ``class_variance``, the bytes,
-  ``samples``, an algorithm's own figures) as a scalar of the same name, at step = round;
+- each numeric value of a round's record as a scalar at step = round, grouped by section
+  (:func:`tensorboard_tag`): ``eval/`` (accuracy, loss, class variance, per-client summaries), ``comm/``
+  (the bytes), ``clients/`` (samples, and how many clients took part, failed or were rejected) and
+  ``algorithm/`` (an algorithm's own figures);
+- the run's settings in TensorBoard's hyper-parameters view (``HPARAMS``), beside ``eval/accuracy`` and
+  ``eval/loss``;
 - the per-class accuracies as ``per_class/<class name>`` (a class the test set lacks has none);
 - the ``images`` of an artifact (the synthetic sets of the condensation methods) as an image grid
   ``images/<artifact name>``, one row per class.
@@ -80,6 +84,41 @@ def _quiet_writer_threads() -> None:
     threading.excepthook = hook
 
 
+GROUPS = (("eval/", ("accuracy", "loss", "class_variance", "client_", "personal_")), ("comm/", ("bytes_",)),
+          ("clients/", ("samples", "clients", "failed", "rejected")))
+"""TensorBoard sections by record key prefix: evaluation, communication, participation; an algorithm's own
+figures go under ``algorithm/`` and the per-class accuracies under ``per_class/``."""
+COUNTED = {"clients": "clients/took_part", "failed": "clients/failed", "rejected": "clients/rejected"}
+"""Lists of a record logged as how many they hold."""
+HPARAM_METRICS = ("eval/accuracy", "eval/loss")
+"""The scalars TensorBoard's hyper-parameters view shows beside each run's settings."""
+
+
+def tensorboard_tag(key: str) -> str:
+    """The TensorBoard tag of a record key: ``accuracy`` -> ``eval/accuracy``, ``bytes_server_to_client`` ->
+    ``comm/bytes_server_to_client``, ``samples`` -> ``clients/samples``, ``server_loss`` ->
+    ``algorithm/server_loss``."""
+    for group, prefixes in GROUPS:
+        if any(key == p or (p.endswith("_") and key.startswith(p)) for p in prefixes):
+            return group + key
+    return "algorithm/" + key
+
+
+def hyperparameters(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The single values of a run's config (dotted keys), as TensorBoard's hyper-parameters view takes them."""
+    out: dict[str, Any] = {}
+
+    def walk(table: dict[str, Any], prefix: str) -> None:
+        for key, value in table.items():
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{key}.")
+            elif isinstance(value, bool | int | float | str) and key not in ("plugins", "description"):
+                out[prefix + key] = value
+
+    walk(cfg, "")
+    return out
+
+
 class TensorBoardLog:
     """The TensorBoard log of one run: off (``folder`` None), or event files in ``folder``.
 
@@ -94,8 +133,10 @@ class TensorBoardLog:
         earlier writer logged. Otherwise the event files already in ``folder`` are removed.
     """
 
-    def __init__(self, folder: Path | None, class_names: Sequence[str] = (), *, resume: bool = False) -> None:
+    def __init__(self, folder: Path | None, class_names: Sequence[str] = (), *, resume: bool = False,
+                 hparams: dict[str, Any] | None = None) -> None:
         self.folder = folder
+        self.hparams = hparams or {}
         self.class_names = [str(c) for c in class_names]
         self._resume = resume
         self._writer: Any = None  # a SummaryWriter, made at the first event (its purge step is that event's)
@@ -116,7 +157,7 @@ class TensorBoardLog:
             folder.mkdir(parents=True, exist_ok=True)
             probe = write_atomic(folder / ".fedskew-write-test", b"", sync=False)
             probe.unlink()
-        return cls(folder if params.tensorboard else None, class_names, resume=resume)
+        return cls(folder if params.tensorboard else None, class_names, resume=resume, hparams=hyperparameters(cfg))
 
     def _at(self, step: int) -> Any:
         if self._writer is None:
@@ -125,6 +166,11 @@ class TensorBoardLog:
             _quiet_writer_threads()
 
             self._writer = SummaryWriter(str(self.folder), purge_step=step if self._resume else None)
+            if self.hparams and not self._resume:  # the run's settings, for the hyper-parameters view
+                from torch.utils.tensorboard.summary import hparams
+
+                for summary in hparams(self.hparams, dict.fromkeys(HPARAM_METRICS, 0.0)):
+                    self._writer.file_writer.add_summary(summary)
         return self._writer
 
     def record(self, rec: dict[str, Any]) -> None:
@@ -135,7 +181,9 @@ class TensorBoardLog:
         writer = self._at(step)
         for key, value in rec.items():
             if key != "round" and isinstance(value, int | float) and not isinstance(value, bool):
-                writer.add_scalar(key, value, step)
+                writer.add_scalar(tensorboard_tag(key), value, step)
+            elif key in COUNTED and isinstance(value, list):
+                writer.add_scalar(COUNTED[key], len(value), step)
         per_class = rec.get("per_class_accuracy")
         if per_class is not None:
             names = self.class_names if len(self.class_names) == len(per_class) else map(str, range(len(per_class)))

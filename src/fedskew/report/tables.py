@@ -64,6 +64,14 @@ def _config_value(run: RunData, key: str) -> Any:
     return "-" if value is MISSING else value
 
 
+def _setting(run: RunData, identity: dict[str, Any], key: str) -> Any:
+    """A run's value of an experiment key: as recorded, else the option's default, else None."""
+    if key in identity:
+        return identity[key]
+    value = config_value(run.config, key)
+    return None if value is MISSING else value
+
+
 def _check_group_key(runs: list[RunData], key: str) -> None:
     """Refuse a ``--group-by`` key that ``--label`` would refuse: one that no run's config has (a misspelt key),
     or one naming a table or a list (``dataset``) rather than a single value."""
@@ -114,7 +122,9 @@ def separate_experiments(runs: list[RunData], group_by: Sequence[str] = (), labe
             continue
         first_run, first = known[0]
         for run, identity in known[1:]:
-            differ = sorted(k for k in first.keys() | identity.keys() if first.get(k) != identity.get(k))
+            # A key one record lacks is at its default there (records before fedskew wrote full configs).
+            differ = sorted(k for k in first.keys() | identity.keys()
+                            if _setting(first_run, first, k) != _setting(run, identity, k))
             if differ:
                 shown = "; ".join(f"{k}: {first.get(k)!r} vs {identity.get(k)!r}" for k in differ[:4])
                 raise FedskewError(

@@ -35,6 +35,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedskew.algorithms.base import FederationInfo
 from fedskew.config import dump
 from fedskew.config.files import read_toml, same_value
+from fedskew.config.schema import comparable_config, full_config
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.core.message import Message as FedskewMessage
@@ -256,7 +257,8 @@ def _prepare_run_dir(run_dir: Path, cfg: dict[str, Any], resume: bool) -> None:
     if resume:
         if not path.exists():
             raise FedskewError(f"resume=true, but {run_dir} holds no run")
-        stored, wanted = read_toml(path, "run config"), tomllib.loads(dump(cfg))
+        stored = comparable_config(read_toml(path, "run config"))
+        wanted = comparable_config(tomllib.loads(dump(cfg)))
         keys = (stored.keys() | wanted.keys()) - set(RESUMABLE)
         changed = sorted(k for k in keys if not same_value(stored.get(k), wanted.get(k)))
         if changed:
@@ -264,7 +266,7 @@ def _prepare_run_dir(run_dir: Path, cfg: dict[str, Any], resume: bool) -> None:
     elif (run_dir / METRICS_FILE).exists():
         raise ConfigError(f"{run_dir} already holds a run: set resume=true to continue it, or choose another out")
     run_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(dump(cfg))
+    path.write_text(dump(full_config(cfg)))
 
 
 def _resume_hint(run_dir: Path) -> str:
