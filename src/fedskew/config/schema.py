@@ -222,13 +222,26 @@ class LoggingParams:
         Write TensorBoard event files under ``<run folder>/tensorboard/``: every per-round scalar of
         ``metrics.jsonl``, the per-class accuracies and the images of the run's artifacts (needs the
         ``fedskew[tensorboard]`` extra; refused at once without it).
+    wandb, wandb_project
+        Report every round to Weights & Biases, in this project (``pip install wandb``; offline with
+        ``WANDB_MODE=offline``); see :mod:`fedskew.engine.trackers`.
+    mlflow, mlflow_uri
+        Report every round to MLflow, at this tracking URI (empty: ``MLFLOW_TRACKING_URI``, else a file store
+        ``mlruns/`` beside the run folders; ``pip install mlflow-skinny``).
     """
 
     tensorboard: bool = False
+    wandb: bool = False
+    wandb_project: str = "fedskew"
+    mlflow: bool = False
+    mlflow_uri: str = ""
 
     def __post_init__(self) -> None:
         if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
             raise ConfigError(MISSING_TENSORBOARD)
+        for on, module, package in ((self.wandb, "wandb", "wandb"), (self.mlflow, "mlflow", "mlflow-skinny")):
+            if on and importlib.util.find_spec(module) is None:
+                raise ConfigError(f"{module} = true needs {package}, which is not installed: pip install {package}")
 
 
 DEFAULTS: dict[str, Any] = {

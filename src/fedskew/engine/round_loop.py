@@ -27,7 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from fedskew.algorithms.base import ALGORITHMS, Algorithm, Replies, ServerContext
-from fedskew.config.schema import EvalParams, Faults, RayParams, check_evaluable
+from fedskew.config.schema import EvalParams, Faults, LoggingParams, RayParams, check_evaluable
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.device import (
     Compute,
@@ -50,6 +50,7 @@ from fedskew.engine.federation import Federation, build_federation
 from fedskew.engine.ray_workers import RayWorkers
 from fedskew.engine.replies import Undecodable, check_reply
 from fedskew.engine.tensorboard import TensorBoardLog
+from fedskew.engine.trackers import Tracker, open_trackers
 from fedskew.engine.workers import ClientJob, Workers, default_workers, worker_devices
 from fedskew.metrics import Ledger, class_variance, summarize_run
 from fedskew.models.evaluation import EVAL_CHUNK, EvalCounts, chunk_bounds
@@ -138,6 +139,7 @@ class RoundLoop:
         self._wire_cache: dict[int, tuple[Message, Message]] = {}
         self._sample_claims: dict[int, float] = {}
         self._tensorboard = TensorBoardLog(None)  # off until run() opens the run's
+        self._trackers: list[Tracker] = []  # W&B, MLflow: opened by run()
         self.compute = Compute(
             str(resolve_device(str(cfg.get("device", "auto")))), str(cfg.get("amp", "off")),
             bool(cfg.get("deterministic", False)),
@@ -344,6 +346,9 @@ class RoundLoop:
                 worker_devices(spec),
             )
         try:
+            self._trackers = open_trackers(
+                cfg, build_params(LoggingParams, cfg.get("logging", {}), prefix="logging."), self.run_dir
+            )
             if resume:
                 records = self._restore()
                 with use_compute(self.compute):
@@ -370,6 +375,8 @@ class RoundLoop:
                     timing.write(json.dumps({"round": self.round, "seconds": total, "eval_seconds": t_eval}) + "\n")
                     timing.flush()
                     self._tensorboard.record(rec)
+                    for tracker in self._trackers:
+                        tracker.record(rec)
                     every = int(cfg.get("checkpoint_every", 10))
                     if every > 0 and (self.round % every == 0 or self.round == rounds):
                         self._checkpoint(records)
@@ -382,6 +389,9 @@ class RoundLoop:
             self._workers.close()
             self._workers = None
             self._tensorboard.close()
+            for tracker in self._trackers:
+                tracker.close()
+            self._trackers = []
         summary = self._summary(records)
         # The summary last: it marks the run finished (fedskew run --resume keeps a run that has one).
         write_atomic(self.run_dir / MODEL_FILE, torch_bytes(to_cpu(self.server.model.state_dict())), sync=False)
