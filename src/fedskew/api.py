@@ -72,10 +72,12 @@ class Results:
         return pd.DataFrame(rows)
 
     def table(self) -> str:
-        """The comparison table ``fedskew run`` prints (mean +- std over seeds per label)."""
+        """The comparison table ``fedskew run`` prints (mean +- std over seeds per label), at most 120 characters
+        wide (every column: the report's results.md and results.csv)."""
         from fedskew.report import comparison_table, format_table, load_run
+        from fedskew.report.tables import TERMINAL_WIDTH
 
-        return format_table(comparison_table([load_run(p) for p in self.run_dirs]))
+        return format_table(comparison_table([load_run(p) for p in self.run_dirs]), max_width=TERMINAL_WIDTH)
 
 
 def _scalar(value: Any) -> bool:

@@ -18,6 +18,7 @@ from fedskew.report import (
     write_report,
     write_table,
 )
+from fedskew.report.tables import table_cells
 
 CURVES = {
     ("fedavg", 0): [0.10, 0.30, 0.20, 0.45, 0.50],
@@ -312,3 +313,24 @@ def test_client_plots_and_columns_come_with_a_per_client_evaluation(experiment: 
     fedavg = next(r for r in rows if r["label"] == "fedavg")
     assert fedavg["personal_worst10"] == pytest.approx(100 * (0.52 - 0.2), abs=0.01)  # mean of seeds' last
     assert fedavg["client_mean"] is None  # no global-model vector in these runs
+
+
+def test_the_terminal_table_fits_120_columns_and_counts_print_as_integers(experiment: Path) -> None:
+    rows = comparison_table([load_run(p) for p in find_runs([experiment])])
+    for row in rows:
+        row["label"] = "a label far longer than any terminal column should be, " + row["label"]
+    full = format_table(rows)
+    assert max(len(line) for line in full.splitlines()) > 120  # what a terminal got before
+    text = format_table(rows, max_width=120)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 120
+    assert lines[-1].endswith("more columns in results.md and results.csv)")
+    shortened = "a label far longer than any terminal column should be, "[:37] + "..."
+    assert shortened in text and len(shortened) == 40
+    single = comparison_table([load_run(experiment / "feddc_s0")])
+    single[0]["rounds_to_target"] = 5.0
+    headers, cells = table_cells(single)
+    assert cells[0][headers.index("rounds to target")] == "5"
+    single[0]["rounds_to_target"], single[0]["rounds_to_target_std"] = 2.5, 0.71
+    headers, cells = table_cells(single)
+    assert cells[0][headers.index("rounds to target")] == "2.5 ± 0.7"

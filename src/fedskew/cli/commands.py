@@ -23,9 +23,10 @@ def _data_dir(args: argparse.Namespace) -> str | None:
 def _print_table(paths: list[Path], group_by: list[str] | None = None, label: str = "") -> None:
     """Print the comparison table of the runs under ``paths``."""
     from fedskew.report import comparison_table, find_runs, format_table, load_run, separate_experiments
+    from fedskew.report.tables import TERMINAL_WIDTH
 
     runs = separate_experiments([load_run(p) for p in find_runs(paths)], group_by or (), label)
-    print(format_table(comparison_table(runs)))
+    print(format_table(comparison_table(runs), max_width=TERMINAL_WIDTH))
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -47,6 +47,11 @@ HEADERS = {
 }
 
 _DECIMALS = {"class_var": 5, "rounds_to_target": 1}
+_WHOLE = {"rounds_to_target"}
+"""Columns of counts: a whole mean prints as an integer (a mean over seeds may still be 2.5)."""
+TERMINAL_WIDTH = 120
+"""The widest table ``fedskew run`` and ``fedskew report`` print; results.md and results.csv hold every column."""
+_LABEL_WIDTH = 40
 PER_CLIENT = ("client_mean", "client_worst10", "personal_mean", "personal_worst10")
 """Per-client columns: mean and worst-10% client accuracy of the global and of the clients' own models."""
 _TEXT_COLUMNS = {"label", "algorithm"}
@@ -237,6 +242,8 @@ def table_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]
             return "-"
         if not isinstance(value, float):
             return str(value)
+        if key in _WHOLE and value.is_integer() and (std is None or std == 0):
+            return str(int(value)) + (" ± 0" if std is not None else "")  # a count: 5, not 5.0
         digits = _DECIMALS.get(key, 3 if key.startswith("mb_") else 2)
         return f"{value:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
 
@@ -244,9 +251,21 @@ def table_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]
     return headers, [[cell(row, k) for k in keys] for row in rows]
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
-    """The comparison table as aligned plain text, for printing in a terminal."""
+def format_table(rows: list[dict[str, Any]], max_width: int | None = None) -> str:
+    """The comparison table as aligned plain text, for printing in a terminal.
+
+    With ``max_width`` (``fedskew run`` and ``report`` print at :data:`TERMINAL_WIDTH`), labels longer than 40
+    characters are shortened with ``...`` and the rightmost columns that do not fit are left out, with a last
+    line saying how many and where they are (results.md, results.csv).
+    """
     headers, cells = table_cells(rows)
+    dropped = 0
+    if max_width is not None:
+        cells = [[_shorten(c, _LABEL_WIDTH) if h in _TEXT_COLUMNS else c for c, h in zip(row, headers, strict=True)]
+                 for row in cells]
+        while len(headers) > 3 and _width(headers, cells) > max_width:
+            headers, cells = headers[:-1], [row[:-1] for row in cells]
+            dropped += 1
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
 
     def line(items: list[str]) -> str:
@@ -257,7 +276,16 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         return "  ".join(padded).rstrip()
 
     rule = "  ".join("-" * w for w in widths)
-    return "\n".join([line(headers), rule, *(line(c) for c in cells)])
+    more = [f"({dropped} more column{'s' if dropped > 1 else ''} in results.md and results.csv)"] if dropped else []
+    return "\n".join([line(headers), rule, *(line(c) for c in cells), *more])
+
+
+def _width(headers: list[str], cells: list[list[str]]) -> int:
+    return sum(max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)) + 2 * (len(headers) - 1)
+
+
+def _shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def write_table(rows: list[dict[str, Any]], out_dir: Path) -> tuple[Path, Path]:
