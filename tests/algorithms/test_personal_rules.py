@@ -21,6 +21,7 @@ from fedskew.core.message import Message
 from fedskew.engine.round_loop import RoundLoop
 from tests.algorithms.test_baseline_rules import client_of, fed_info, filled, make, reply, server_of
 from tests.conftest import tiny_config
+from tests.plugin_module import MODEL, fresh_registries, write_plugin
 
 HEAD = {"classifier.weight", "classifier.bias"}
 
@@ -67,6 +68,21 @@ def test_the_head_is_the_models_declaration() -> None:
     with pytest.raises(ConfigError, match="declares no head"):
         head_keys(nn.Linear(2, 2))
     assert parameter_layers(fed.model.build())[-1] == ["classifier.weight", "classifier.bias"]
+
+
+def test_a_plugin_models_head_is_kept_by_the_client(tmp_path: Path) -> None:
+    """The plug-in's model (a FedModel written outside fedskew) works with a head/body method unchanged."""
+    plugin = write_plugin(tmp_path / "code")
+    with fresh_registries():
+        cfg = personal_config(rounds=2, algorithm={"name": "fedrep", "head_epochs": 1})
+        cfg["model"] = {"name": MODEL, "hidden": 12}
+        cfg["plugins"] = [str(plugin)]
+        sim = simulate(cfg, tmp_path / "r")
+        initial = sim.algorithm.init_model().state_dict()
+        final = sim.server.model.state_dict()
+        assert all(torch.equal(final[k], initial[k]) for k in HEAD)
+        assert all(set(s["head"]) == HEAD for s in sim.client_states.values())
+        assert all(a is not None for a in sim.records[-1]["personal_accuracy"])
 
 
 # ---- FedPer and FedRep: the head never travels -----------------------------------------------------------

@@ -79,7 +79,7 @@ class APFL(FedAvg):
 
     def own(self, client: ClientContext) -> tuple[dict[str, torch.Tensor], float]:
         """The client's v_i and alpha_i (w^0 and the configured ``alpha`` before it first trains)."""
-        v = client.state.get("local") or self.initial_state()
+        v = client.state.get("local") or {k: t.to(client.device) for k, t in self.initial_state().items()}
         alpha = client.state.get("alpha")
         return v, self.params.alpha if alpha is None else float(alpha)
 
