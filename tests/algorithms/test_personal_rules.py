@@ -16,6 +16,7 @@ from fedskew.algorithms.fedala import FedALA
 from fedskew.algorithms.perfedavg import meta_step
 from fedskew.algorithms.pfedme import moreau_pull, moreau_steps
 from fedskew.components.personal import head_keys, parameter_layers
+from fedskew.components.trainer import LocalConfig, train_local
 from fedskew.core.errors import ConfigError
 from fedskew.core.message import Message
 from fedskew.engine.round_loop import RoundLoop
@@ -211,6 +212,22 @@ def test_apfl_learns_alpha_within_bounds() -> None:
     assert alpha in (0.0, 1.0)  # a huge step is clipped to the bounds
 
 
+def test_apfl_raises_alpha_when_the_local_model_fits_the_client_better() -> None:
+    """v_i trained on the client's data, w the untrained global model: the gradient in alpha_i is negative
+    (mixing in more of v_i lowers the loss), so alpha_i grows (Eq. 10)."""
+    fed = fed_info(image_size=2)
+    algo = make("apfl", fed, lr=0.05, batch_size=4, alpha=0.25)
+    server = server_of(algo)
+    (_, msg), *_ = algo.configure(server)
+    client = client_of(fed, n=16)
+    fitted = fed.model.build()
+    fitted.load_state_dict(msg.arrays)
+    train_local(fitted, client.x, client.y, LocalConfig(epochs=50, batch_size=16, lr=0.5), torch.Generator())
+    client.state["local"] = {k: v.detach().clone() for k, v in fitted.state_dict().items()}
+    algo.client_step("train", msg, client)
+    assert client.state["alpha"] > 0.25
+
+
 # ---- pFedMe and Per-FedAvg on a toy quadratic --------------------------------------------------------------
 
 
@@ -239,6 +256,24 @@ def test_pfedme_inner_steps_and_local_update_by_hand() -> None:
     assert model.w.detach().tolist() == pytest.approx([1.68, -2.0], abs=1e-12)
     moreau_pull(anchor, [model.w.detach()], lam=1.0, lr=0.5)
     assert anchor[0].tolist() == pytest.approx([1.34, -2.0], abs=1e-12)
+
+
+def test_pfedme_client_sends_w_and_keeps_theta() -> None:
+    """R = K = 1 on one batch of all the data: theta = w - personal_lr g (no pull at the start, theta = w)
+    is kept, and w - lr lam (w - theta) = w - lr lam personal_lr g is sent, g = grad f(w^t)."""
+    fed = fed_info(image_size=2)
+    algo = make("pfedme", fed, batch_size=64, local_rounds=1, inner_steps=1, lr=0.01, personal_lr=0.1, lam=15.0)
+    server = server_of(algo)
+    (_, msg), *_ = algo.configure(server)
+    client = client_of(fed)
+    out = algo.client_step("train", msg, client)
+    model = fed.model.build()
+    model.load_state_dict(msg.arrays)
+    nn.functional.cross_entropy(model(client.x), client.y).backward()
+    for name, p in model.named_parameters():
+        w, g = p.detach(), p.grad
+        assert torch.allclose(client.state["personal"][name], w - 0.1 * g, atol=1e-6)
+        assert torch.allclose(out.arrays[name], w - 0.01 * 15.0 * 0.1 * g, atol=1e-6)
 
 
 def test_pfedme_server_step_by_hand() -> None:
