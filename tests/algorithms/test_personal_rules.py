@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+import fedskew.algorithms.fedala as fedala_module
 from fedskew.algorithms.base import ClientContext
 from fedskew.algorithms.fedala import FedALA
 from fedskew.algorithms.perfedavg import meta_step
@@ -345,3 +346,35 @@ def test_fedala_with_no_layers_is_fedavg(tmp_path: Path) -> None:
     assert not all(torch.equal(a[k], c[k]) for k in a)
     assert not any("weights" in s for s in ala0.client_states.values())
     assert any("weights" in s for s in ala1.client_states.values())
+
+
+@pytest.mark.parametrize(("threshold", "passes"), [(1e9, 3), (0.0, 5)])
+def test_fedala_start_phase_counts_passes_not_batches(
+    monkeypatch: pytest.MonkeyPatch, threshold: float, passes: int
+) -> None:
+    """The start phase tests the spread of one loss per pass over the sample (the authors' ALA.py): 12 of 16
+    samples in batches of 4 are 3 batches a pass; with num_pre_loss = 2 even a huge threshold needs 3 passes
+    (9 batches), and a threshold of 0 runs to max_init_epochs = 5 passes (15 batches)."""
+    calls: list[int] = []
+    original = fedala_module.batch_loss
+
+    def counting(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        calls.append(len(y))
+        return original(model, x, y)
+
+    monkeypatch.setattr(fedala_module, "batch_loss", counting)
+    fed = fed_info("mlp", image_size=2, hidden=(4,))
+    algo = make("fedala", fed, lr=0.1, batch_size=4, rand_percent=75, num_pre_loss=2, threshold=threshold,
+                max_init_epochs=5)
+    server = server_of(algo)
+    (_, msg), *_ = algo.configure(server)
+    client = client_of(fed, n=16)
+    algo.client_step("train", msg, client)  # round 1: no ALA
+    assert calls == []
+    client.round = 2
+    algo.client_step("train", Message(arrays={k: v + 0.5 for k, v in msg.arrays.items()}), client)
+    assert calls == [4] * (3 * passes)
+    calls.clear()
+    client.round = 3
+    algo.client_step("train", Message(arrays={k: v + 1.0 for k, v in msg.arrays.items()}), client)
+    assert calls == [4] * 3  # after the start phase: one pass

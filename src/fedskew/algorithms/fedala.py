@@ -10,21 +10,26 @@ with element-wise weights W_i in [0, 1] on the parameters of the top p = ``layer
 global model's values everywhere below (W = 1 there). W_i is learnt on a random ``rand_percent`` % of
 the client's training data (Eq. 6): after each batch, W_i <- clip(W_i - eta grad_theta_hat L * (theta -
 theta_i), 0, 1), with theta_hat_i recomputed from the new W_i. W_i starts at 1 and is kept in
-``client.state``; the client's first ALA trains it until the standard deviation of the last
-``num_pre_loss`` batch losses falls below ``threshold`` (capped at ``max_init_epochs`` epochs), later ones
-for one pass (Sec. 4.2, the start phase). A client without a local model yet (its first round) starts
-from theta, as the authors' code skips ALA while theta_i equals theta. Then it runs FedAvg's local
-training, keeps the result as theta_i and sends it; the server averages (FedAvg's, ``[algorithm.aggregation]``
-applies). With ``layers = 0`` ALA is off and the method is FedAvg, the local model overwritten (tested).
+``client.state``; the client's first ALA trains it until the standard deviation of the losses of the last
+``num_pre_loss`` passes over the sample (each pass's last batch loss, as the authors' ``ALA.py`` records
+them) falls below ``threshold`` (capped at ``max_init_epochs`` passes), later ones for one pass (the start
+phase). A client without a local model yet (its first round) starts from theta, as the authors' code skips
+ALA while theta_i equals theta. Then it runs FedAvg's local training, keeps the result as theta_i and sends
+it; the server averages (FedAvg's, ``[algorithm.aggregation]`` applies). With ``layers = 0`` ALA is off and
+the method is FedAvg, the local model overwritten (tested).
 
 "Layers" are the modules that hold parameters of their own (a convolution, a normalisation layer, a
 linear layer), counted from the output (:func:`~fedskew.components.personal.parameter_layers`); ALA acts
 on parameters, and buffers are the global model's (the authors' code leaves the local buffers instead).
 
-Defaults: ``eta = 1.0``, ``rand_percent = 80``, ``layers = 1`` (the paper's settings, Sec. 5: eta = 1,
-s = 80%, p = 1, ALA on the head); ``threshold = 0.1`` and ``num_pre_loss = 10`` (the authors' code, the start
-phase's convergence test); ``max_init_epochs = 100`` is fedskew's bound on that loop (the code has none).
-The local SGD settings are FedAvg's.
+Defaults (sources in docs/algorithms.md, "FedALA"): ``eta = 1.0`` (the authors' ``system/main.py`` and
+``run_me.sh``); ``rand_percent = 80`` and ``layers = 1`` (s = 80 and p = 1, the settings the authors'
+poster ``FedALAPoster.pdf`` states for applying ALA; the authors' ``layer_idx = 2`` counts parameter
+tensors, the last layer's weight and bias, which is p = 1 layer here); ``threshold = 0.01`` (the authors'
+README: "we set it to 0.01 in our paper by default"; their ``ALA.py`` defaults to 0.1);
+``num_pre_loss = 10`` (the authors' ``ALA.py``; the paper's value was not available here);
+``max_init_epochs = 100`` is fedskew's bound on that loop (the code has none). The local SGD settings
+are FedAvg's.
 
 Own model (:meth:`FedALA.personal_state`): theta_i, the client's model after its last local training (the
 personalised models Alg. 1 outputs); the global model before the client first trains.
@@ -50,11 +55,11 @@ class FedALA(FedAvg):
 
     @dataclass
     class Params(FedAvg.Params):
-        eta: float = 1.0  # the weights' learning rate (Zhang et al. 2023, Sec. 5)
-        rand_percent: int = 80  # s, the share of local data W_i is learnt on, in percent (Sec. 5)
-        layers: int = 1  # p, the top layers ALA acts on; 0: FedAvg (Sec. 5)
-        threshold: float = 0.1  # start phase: stop when the loss std is below this (authors' code)
-        num_pre_loss: int = 10  # ... over this many last batch losses (authors' code)
+        eta: float = 1.0  # the weights' learning rate (authors' system/main.py, line 97)
+        rand_percent: int = 80  # s, the share of local data W_i is learnt on, in percent (authors' poster)
+        layers: int = 1  # p, the top layers ALA acts on; 0: FedAvg (authors' poster: p = 1)
+        threshold: float = 0.01  # start phase: stop when the loss std is below this (authors' README, line 103)
+        num_pre_loss: int = 10  # ... over the losses of this many last passes (authors' ALA.py, line 20)
         max_init_epochs: int = 100  # fedskew's bound on the start phase (the code has none)
 
         def __post_init__(self) -> None:
@@ -91,6 +96,7 @@ class FedALA(FedAvg):
         n = client.num_samples
         sample = torch.randperm(n, generator=client.generator("ala"))[: int(p.rand_percent * n / 100)]
         losses: list[float] = []
+        last = 0.0
         with trainable(model, set(top)):
             for _ in range(p.max_init_epochs if start_phase else 1):
                 for idx in sample.split(p.batch_size):
@@ -101,7 +107,10 @@ class FedALA(FedAvg):
                         for k, g in zip(top, grads, strict=True):
                             weights[k] = torch.clamp(weights[k] - p.eta * g * diff[k], 0, 1)
                             named[k].copy_(local[k] + diff[k] * weights[k])
-                    losses.append(float(loss.detach()))
+                    last = float(loss.detach())
+                # One loss per pass over the sample, its last batch's (the authors' ALA.py, line 142): the
+                # start phase's test is on the last num_pre_loss passes, not batches.
+                losses.append(last)
                 recent = losses[-p.num_pre_loss:]
                 if len(losses) > p.num_pre_loss and statistics.pstdev(recent) < p.threshold:
                     break
