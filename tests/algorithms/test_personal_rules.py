@@ -183,6 +183,21 @@ def test_ditto_with_a_large_lambda_keeps_the_personal_model_at_the_global_one() 
     assert moved[100.0] < 0.01  # pulled hard, it is at w^t
 
 
+def test_ditto_personal_epochs_follow_local_epochs_when_unset() -> None:
+    """The authors' solver gives v_k as many steps as w: unset, personal_epochs is local_epochs."""
+    fed = fed_info(image_size=2)
+    personal = {}
+    for key, over in (("unset", {}), ("two", {"personal_epochs": 2}), ("one", {"personal_epochs": 1})):
+        algo = make("ditto", fed, lr=0.05, batch_size=4, local_epochs=2, **over)
+        server = server_of(algo, fill=0.5)
+        (_, msg), *_ = algo.configure(server)
+        client = client_of(fed, state={"personal": filled(server, -1.0)})
+        algo.client_step("train", msg, client)
+        personal[key] = client.state["personal"]
+    assert distance(personal["unset"], personal["two"]) == 0.0
+    assert distance(personal["unset"], personal["one"]) > 0.0
+
+
 # ---- APFL ----------------------------------------------------------------------------------------------
 
 

@@ -10,10 +10,14 @@ the seeded initial model w^0 (Alg. 1's input). lambda interpolates between local
 v_k never sees w, tested to equal ``local`` bit for bit) and the global model (lambda -> infinity:
 v_k -> w^t, tested).
 
-Defaults: ``lam = 0.1`` from the paper's grid lambda in {0.05, 0.1, 0.2, 0.5, 1, 2} (Appendix; the paper
-picks lambda per data set on validation data); ``personal_epochs = 1``, the same local work for v_k as for
-w (the paper's experiments run the same number of local iterations for both). The local SGD settings
-are FedAvg's.
+Defaults (sources in docs/algorithms.md, "Ditto"): ``lam = 1.0``, the fixed lambda the paper uses outside
+strong attacks ("a fixed relatively large lambda (lambda=1) for all other attacks"; per-device selection
+draws from {0.1, 1, 2} there, from {0.05, 0.1, 0.2} under strong attacks) and the one the authors' scripts
+run on clean data (litian96/ditto ``run_fashion_clean_ditto_lam1.sh``, ``run_vehicle_clean_ditto_lam1.sh``);
+``personal_epochs`` unset = ``local_epochs``: the authors' solver takes one personal step and one global
+step on the same mini-batch in each of its ``local_iters`` iterations (``flearn/trainers_MTL/ditto.py``
+lines 88-124), so v_k gets as much local work as w, on the same batches (here both draw from the client's
+``"train"`` stream). The local SGD settings are FedAvg's.
 
 Own model (:meth:`Ditto.personal_state`): v_k, from the client's last round (the initial model before it
 first trains), the model the paper evaluates ("personalized models"); the global accuracy is w's.
@@ -39,15 +43,18 @@ class Ditto(FedAvg):
 
     @dataclass
     class Params(FedAvg.Params):
-        # lambda of Eq. 2, from the paper's grid {0.05, 0.1, 0.2, 0.5, 1, 2}; 0 is local training.
-        lam: float = 0.1
-        # Epochs of SGD on v_k per round: the same local work as for w (Li et al. 2021, Sec. 5).
-        personal_epochs: int = 1
+        # lambda of Eq. 2; 0 is local training. 1: the paper's fixed lambda outside strong attacks, and the
+        # authors' clean-data scripts (litian96/ditto run_*_clean_ditto_lam1.sh).
+        lam: float = 1.0
+        # Epochs of SGD on v_k per round; None: local_epochs, the same local work as for w (the authors'
+        # solver alternates one v step and one w step on each batch, flearn/trainers_MTL/ditto.py 88-124).
+        personal_epochs: int | None = None
 
         def __post_init__(self) -> None:
             super().__post_init__()
             check(self.lam >= 0, "lam", self.lam, ">= 0")
-            check(self.personal_epochs >= 1, "personal_epochs", self.personal_epochs, "at least 1")
+            check(self.personal_epochs is None or self.personal_epochs >= 1, "personal_epochs",
+                  self.personal_epochs, "at least 1 (or unset: local_epochs)")
 
     params: Params
 
@@ -74,7 +81,8 @@ class Ditto(FedAvg):
         if p.lam > 0:
             anchor = {name: msg.arrays[name].detach() for name, _ in model.named_parameters()}
             terms.append(proximal_term(anchor, p.lam))
-        train_local(model, client.x, client.y, p.sgd(p.personal_epochs), client.generator("train"), terms)
+        epochs = p.local_epochs if p.personal_epochs is None else p.personal_epochs
+        train_local(model, client.x, client.y, p.sgd(epochs), client.generator("train"), terms)
         client.state["personal"] = state_to_arrays(model.state_dict())
         # w: FedAvg's local update from w^t, sent to the server.
         return self.local_train(msg, client)[1]
