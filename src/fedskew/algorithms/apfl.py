@@ -17,9 +17,15 @@ bit for bit with alpha = 0, where the personalised model is the global one). v_i
 initial model w^0 (Alg. 1's input). Normalisation buffers are mixed like parameters; v_i keeps those the
 mixture's forward passes update.
 
-Defaults: ``alpha = 0.25`` (alpha_i's start), the smallest of the paper's fixed alphas {0.25, 0.5, 0.75}
-(Sec. 6), ``adaptive = true`` (the paper's adaptive variant, the method's name), ``alpha_lr`` = ``lr``.
-The local SGD settings are FedAvg's.
+Defaults (sources in docs/algorithms.md, "APFL"): ``alpha = 0.5`` (alpha_i's start), the default of the
+authors' code (MLOPTPSU/FedTorch, ``fedtorch/parameters.py`` line 68) and its README's APFL command
+(``-pa 0.5``); ``adaptive = true``, alpha_i learnt at every step as above (the authors' code learns it
+only when asked, ``--fed_adaptive_alpha``, and then once a round, on the round's first batch, with an
+extra 0.02 alpha_i in the gradient: ``apfl.py`` lines 119-120, ``flow_utils.py`` lines 240-250);
+``alpha_lr`` = ``lr`` (that code steps alpha_i with the model's learning rate). The paper's own values
+were not available here. The local SGD settings are FedAvg's. The authors' code mixes the two models'
+outputs, alpha v_i(x) + (1 - alpha) w(x) (``fedtorch/comms/utils/eval.py`` lines 31-39); fedskew mixes the
+parameters, as Eq. 3 defines v_bar_i (the same for a linear model).
 
 Own model (:meth:`APFL.personal_state`): alpha_i v_i + (1 - alpha_i) w^t with the client's last v_i and
 alpha_i and the current global model (v_i = w^0 and alpha_i = ``alpha`` before it first trains), the
@@ -54,11 +60,11 @@ class APFL(FedAvg):
 
     @dataclass
     class Params(FedAvg.Params):
-        # alpha_i's initial value: the smallest of the paper's fixed alphas {0.25, 0.5, 0.75} (Sec. 6).
-        alpha: float = 0.25
+        # alpha_i's initial value: the authors' default (MLOPTPSU/FedTorch fedtorch/parameters.py, line 68).
+        alpha: float = 0.5
         # Learn alpha_i by its gradient (Eq. 10), the paper's adaptive APFL; false keeps it fixed.
         adaptive: bool = True
-        # Step size of alpha_i; None: the model's lr, as Alg. 1 uses one step size for all three updates.
+        # Step size of alpha_i; None: the model's lr, as the authors' code steps alpha_i (apfl.py, line 120).
         alpha_lr: float | None = None
 
         def __post_init__(self) -> None:
