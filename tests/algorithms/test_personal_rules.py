@@ -153,6 +153,21 @@ def test_fedbabu_never_updates_the_head_during_training(tmp_path: Path) -> None:
     assert any(not torch.equal(own[k], initial[k]) for k in HEAD)
 
 
+def test_fedbabu_fine_tunes_body_and_head_with_finetune_lr() -> None:
+    """One epoch, one batch of all 8 samples, no momentum: the own model is w - finetune_lr grad f(w), the
+    training lr playing no part (the authors' notebook fine-tunes at 1e-3 what it trained at 0.1)."""
+    fed = fed_info(image_size=2)
+    algo = make("fedbabu", fed, lr=0.3, batch_size=64, finetune_epochs=1, finetune_lr=0.05)
+    server = server_of(algo)
+    client = client_of(fed)
+    own = algo.personal_state(Message(arrays=server.model.state_dict()), client)
+    model = fed.model.build()
+    model.load_state_dict(server.model.state_dict())
+    nn.functional.cross_entropy(model(client.x), client.y).backward()
+    for name, p in model.named_parameters():
+        assert torch.allclose(own[name], p.detach() - 0.05 * p.grad, atol=1e-6)
+
+
 # ---- Ditto ---------------------------------------------------------------------------------------------
 
 

@@ -8,10 +8,13 @@ both sides build, it is never sent (the wire is FedPer's) and never changes (tes
 happens at evaluation: each client fine-tunes the whole global model, body and head, on its own
 training data (Sec. 4.3), and that fine-tuned model is the client's own.
 
-Defaults: ``finetune_epochs = 5``, the paper's fine-tuning epochs tau_f for its personalised accuracy
-(Sec. 4.3, Table 3 and after); the fine-tuning uses the method's local SGD settings (``lr``,
-``batch_size``, ``momentum``), as the paper fine-tunes with the training learning rate. ``local_epochs``
-and the SGD settings are FedAvg's (the paper studies tau in {1, 4, 10}).
+Defaults (sources in docs/algorithms.md, "FedBABU"; the paper's text was not available here):
+``finetune_epochs = 5`` (tau_f, the authors' code: ``--ft_ep`` default 5 in jhoon-oh/FedBABU
+``utils/options.py`` line 54, and ``personalization_epoch = 5`` in ``analysis.ipynb``, which fine-tunes
+body and head); ``finetune_lr = 0.001``, the learning rate of that fine-tuning in ``analysis.ipynb``
+(``'lr': 1e-3`` for body and head, while the scripts train with 0.1); the fine-tuning's batch size,
+momentum and weight decay are the method's local SGD settings, as in the notebook. ``local_epochs`` and
+the SGD settings are FedAvg's (the authors' scripts run tau in {1, 4, 10}).
 
 Own model (:meth:`FedBABU.personal_state`): the global model after ``finetune_epochs`` epochs of SGD on
 the client's training data, drawn from the client's ``"finetune"`` stream of the round and thrown away
@@ -22,7 +25,7 @@ without fine-tuning".
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -41,21 +44,26 @@ class FedBABU(FedPer):
     @dataclass
     class Params(FedPer.Params):
         # tau_f: epochs of fine-tuning (body and head) that make a client's own model from the global
-        # one (Oh et al. 2022, Sec. 4.3: the personalised accuracy after 5 epochs of fine-tuning).
+        # one (authors' code: jhoon-oh/FedBABU utils/options.py line 54, analysis.ipynb line 45).
         finetune_epochs: int = 5
+        # The fine-tuning's learning rate (authors' analysis.ipynb line 61: 1e-3 for body and head).
+        finetune_lr: float = 0.001
 
         def __post_init__(self) -> None:
             super().__post_init__()
             check(self.finetune_epochs >= 0, "finetune_epochs", self.finetune_epochs, "at least 0")
+            check(self.finetune_lr > 0, "finetune_lr", self.finetune_lr, "> 0")
 
     params: Params
 
     def personal_state(self, msg: Message, client: ClientContext) -> dict[str, torch.Tensor]:
-        """The global model fine-tuned, body and head, for ``finetune_epochs`` on the client's training data."""
+        """The global model fine-tuned, body and head, for ``finetune_epochs`` with ``finetune_lr`` on the
+        client's training data."""
         model = client.model(msg.arrays)
         p = self.params
         if p.finetune_epochs > 0 and client.num_samples > 0:
-            train_local(model, client.x, client.y, p.sgd(p.finetune_epochs), client.generator("finetune"))
+            config = replace(p.sgd(p.finetune_epochs), lr=p.finetune_lr)
+            train_local(model, client.x, client.y, config, client.generator("finetune"))
         return state_to_arrays(model.state_dict())
 
     def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
