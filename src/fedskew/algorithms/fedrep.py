@@ -9,8 +9,12 @@ fixed, updates the representation for tau = ``local_epochs`` epochs (lines 9-11)
 sample-weighted mean, ``[algorithm.aggregation]`` applies). The wire is FedPer's: the head never travels
 (tested). FedPer trains head and body together; FedRep alternates them, which is its whole difference.
 
-Defaults: ``head_epochs = 10`` and ``local_epochs = 1``, the paper's experiments (Sec. 5: 10 local epochs
-for the head, 1 for the representation). The local SGD settings are FedAvg's.
+Defaults (sources in docs/algorithms.md, "FedRep"; the paper's text was not available here):
+``head_epochs = 10``, the head's epochs in every one of the authors' scripts (lgcollins/FedRep
+``scripts/FedRep_*.sh``: ``--local_ep`` minus ``--local_rep_ep``, 11 - 1 or 15 - 5; the README says the
+scripts "recover the results from the paper"); ``local_epochs = 1`` is FedAvg's default and the
+representation's epochs in ``FedRep_cifar10_2shards.sh`` (the other scripts use 5). The local SGD settings
+are FedAvg's (the authors' code: SGD, lr 0.01, momentum 0.5, weight decay 1e-4 on weights, batch 10).
 
 Own model (:meth:`~fedskew.algorithms.fedper.FedPer.personal_state`): the current global representation
 with the client's own head (the seeded initial head before it first trains), as the paper evaluates.
@@ -34,8 +38,8 @@ class FedRep(FedPer):
 
     @dataclass
     class Params(FedPer.Params):
-        # tau_h: epochs of head updates per round, before the body's local_epochs (Collins et al. 2021,
-        # Sec. 5: 10 epochs for the head, 1 for the representation).
+        # tau_h: epochs of head updates per round, before the body's local_epochs (the authors' scripts,
+        # lgcollins/FedRep scripts/FedRep_*.sh: 10 head epochs in all of them).
         head_epochs: int = 10
 
         def __post_init__(self) -> None:
