@@ -14,13 +14,16 @@ from the received w^t, each on three independent batches D, D', D'' of ``batch_s
 It sends w (the wire is FedAvg's); the server averages the clients' models (weighted by sample counts as
 fedskew's FedAvg, where the paper writes the plain mean; ``[algorithm.aggregation]`` applies).
 
-Defaults (Sec. 5): ``alpha = 0.001``, ``beta = 0.001``, ``delta = 0.001`` (HF), ``local_steps = 10`` (tau);
-``variant = "fo"``, the cheaper of the two variants the paper reports (and the one PFLlib runs);
-``batch_size = 64`` is fedskew's shared default, not the paper's. Steps run in float32 whatever ``amp``.
+Defaults (docs/algorithms.md, "Per-FedAvg"): ``alpha = 0.001``, ``beta = 0.001``, ``delta = 0.001`` (HF),
+``local_steps = 10`` (tau) were written from memory of the paper's Sec. 5; no stored source confirms them
+(the pFedMe authors' re-implementation runs alpha 0.005, beta 0.001, 20 steps, batch 20 on MNIST).
+``variant = "fo"``, the cheaper of the paper's two variants; ``batch_size = 64`` is fedskew's shared
+default, not the paper's. Steps run in float32 whatever ``amp``.
 
 Own model (:meth:`PerFedAvg.personal_state`): the global model after one step of SGD with step alpha on
 one batch of the client's training data (from its ``"adapt"`` stream of the round), the paper's evaluation
-("the performance of the model after one step of local adaptation").
+("one step of local stochastic gradient descent is performed during test time", Sec. 5, as quoted in
+CharlieDinh/pFedMe#14).
 """
 
 from __future__ import annotations
@@ -84,11 +87,11 @@ class PerFedAvg(Algorithm):
     @dataclass
     class Params(Algorithm.Params):
         batch_size: int = 64  # |D| = |D'| = |D''| (fedskew's shared default)
-        alpha: float = 0.001  # the adaptation step (Fallah et al. 2020, Sec. 5)
-        beta: float = 0.001  # the meta-step (Sec. 5)
-        local_steps: int = 10  # tau, meta-steps per round (Sec. 5)
-        variant: Literal["fo", "hf"] = "fo"  # first-order, or Hessian-free (Sec. 5 reports both)
-        delta: float = 0.001  # the HF finite-difference step (Sec. 5)
+        alpha: float = 0.001  # the adaptation step (unverified: no stored source gives the paper's value)
+        beta: float = 0.001  # the meta-step (pFedMe's re-implementation also uses 0.001)
+        local_steps: int = 10  # tau, meta-steps per round (unverified)
+        variant: Literal["fo", "hf"] = "fo"  # first-order, or Hessian-free (the paper reports both)
+        delta: float = 0.001  # the HF finite-difference step (unverified)
         # How the clients' models are averaged ([algorithm.aggregation]).
         aggregation: Aggregation = field(default_factory=Aggregation)
 

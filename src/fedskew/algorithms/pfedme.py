@@ -16,9 +16,13 @@ the clients' models weighted by sample counts p_i as in the authors' code (the p
 mean); ``[algorithm.aggregation]`` applies to that mean. Normalisation buffers are theta's (only theta
 sees data; the code sends them so) and take the plain mean.
 
-Defaults: the authors' MNIST command (README of CharlieDinh/pFedMe, the paper's Sec. 5 settings):
-``lr = 0.005`` (eta), ``personal_lr = 0.1``, ``lam = 15``, ``beta = 1``, ``inner_steps = 5`` (K),
-``local_rounds = 20`` (R), ``batch_size = 20`` (|D|).
+Defaults (sources in docs/algorithms.md, "pFedMe"): the authors' command for MNIST with the
+multinomial logistic model (CharlieDinh/pFedMe ``README.md`` line 42): ``lr = 0.005`` (eta),
+``personal_lr = 0.1``, ``lam = 15``, ``beta = 1``, ``local_rounds = 20`` (R, ``--local_epochs``),
+``batch_size = 20`` (|D|), and ``inner_steps = 5`` (K; ``main.py`` line 77 and README line 62). The
+paper's own text was not available here. The authors' inner step also shrinks theta by 0.001 theta
+(``pFedMeOptimizer``'s ``mu``, ``FLAlgorithms/optimizers/fedoptimizer.py`` lines 50 and 64), a weight
+decay Eq. 7 does not have; fedskew leaves it out.
 
 Differences: Alg. 1 has every client compute its local update each round and the sampled ones send it;
 here only the sampled clients compute (the global model is the same; the unsampled clients' theta_i
@@ -81,12 +85,12 @@ class PFedMe(Algorithm):
 
     @dataclass
     class Params(Algorithm.Params):
-        batch_size: int = 20  # |D|, one batch per local round (authors' MNIST command)
+        batch_size: int = 20  # |D|, one batch per local round (authors' MNIST command, README line 42)
         lr: float = 0.005  # eta, the local model's step (Eq. 8)
         personal_lr: float = 0.1  # the inner solver's step (Eq. 7)
         lam: float = 15.0  # lambda, the Moreau envelope's regularisation
         beta: float = 1.0  # the server's step (Alg. 1 line 10); 1: the clients' mean
-        inner_steps: int = 5  # K, gradient steps per inner problem
+        inner_steps: int = 5  # K, gradient steps per inner problem (authors' main.py, line 77)
         local_rounds: int = 20  # R, local rounds (one batch each) per round
         # How the clients' models are averaged before the beta step ([algorithm.aggregation]).
         aggregation: Aggregation = field(default_factory=Aggregation)
