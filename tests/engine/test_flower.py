@@ -268,10 +268,14 @@ def _deploy_on_two_nodes(cfg: dict[str, Any], tmp_path: Path) -> tuple[Path, Fak
     return run_dir, grid
 
 
-@pytest.mark.parametrize("algorithm", ["fedbn", "local"])
+PERSONAL = ["fedper", "fedrep", "fedbabu", "ditto", "apfl", "pfedme", "perfedavg", "fedala"]
+
+
+@pytest.mark.parametrize("algorithm", ["fedbn", "local", *PERSONAL])
 def test_per_client_evaluation_over_flower_equals_simulation(probe: str, tmp_path: Path, algorithm: str) -> None:
     """The ``evaluate`` task on the nodes (one reading shard files with the clients' test splits): the
-    simulator's per-client metrics, and the nodes keep the clients' own models (``local``) between rounds."""
+    simulator's per-client metrics, and the nodes keep the clients' own models (``local``, the personalised
+    methods' heads, personal models, mixing weights) between rounds."""
     cfg = tiny_config(rounds=3, eval_every=2, algorithm={"name": algorithm, "clients_per_round": 4},
                       partition={"client_test_fraction": 0.25}, eval={"personalized_epochs": 1})
     run_dir, _ = _deploy_on_two_nodes(cfg, tmp_path)

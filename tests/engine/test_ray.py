@@ -33,8 +33,9 @@ needs_ray = pytest.mark.skipif(
     importlib.util.find_spec("ray") is None, reason="Ray is optional: pip install 'fedskew[ray]'"
 )
 
-# FedAvg, and SCAFFOLD: its clients keep a control variate c_i in their state between rounds.
-ALGORITHMS = [{"name": "fedavg"}, {"name": "scaffold"}]
+# FedAvg, SCAFFOLD: its clients keep a control variate c_i in their state between rounds, and Ditto:
+# they keep a personal model.
+ALGORITHMS = [{"name": "fedavg"}, {"name": "scaffold"}, {"name": "ditto"}]
 
 
 @pytest.fixture(scope="module")

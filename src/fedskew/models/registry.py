@@ -48,11 +48,17 @@ class FedModel(nn.Module):
     ----------
     embed_dim
         Width of the embedding, ``classifier.in_features``.
+    head_modules
+        Names of the submodules that form the model's head, the layers the personalised methods keep on
+        each client (FedPer, FedRep) or freeze (FedBABU); the rest is the body (:mod:`fedskew.components.personal`).
+        Default: the last linear layer. A model widens it by naming more submodules (FedPer's paper keeps
+        up to its last two layers personal).
     """
 
     features: nn.Module
     classifier: nn.Linear
     embed_dim: int
+    head_modules: tuple[str, ...] = ("classifier",)
 
     def __init__(self, features: nn.Module, classifier: nn.Linear) -> None:
         super().__init__()
