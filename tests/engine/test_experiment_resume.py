@@ -76,6 +76,6 @@ def test_label_applies_after_only(tmp_path: Path) -> None:
     assert main(["run", str(config), "rounds=1", "algorithm.lr=0.2", "--only", "FedAvg", "--label",
                  "{label}, lr={algorithm.lr}", "--out", str(out), "--no-progress"]) == 0
     runs = sorted(p.name for p in out.iterdir() if p.name != "report")
-    assert runs == ["FedAvg, lr=0.2-seed0", "FedAvg, lr=0.2-seed1"]
-    summary = json.loads((out / "FedAvg, lr=0.2-seed0" / "summary.json").read_text())
+    assert runs == ["FedAvg_lr_0.2-seed0", "FedAvg_lr_0.2-seed1"]  # shell-safe folders; the label keeps its text
+    summary = json.loads((out / "FedAvg_lr_0.2-seed0" / "summary.json").read_text())
     assert summary["label"] == "FedAvg, lr=0.2"

@@ -36,10 +36,10 @@ from typing import ClassVar, Literal
 import torch
 from torch import nn
 
-from fedskew.algorithms.base import Algorithm, ClientContext, Replies, ServerContext, register_algorithm
-from fedskew.components.aggregate import Aggregation, robust_average
+from fedskew.algorithms.base import ClientContext, Replies, ServerContext, register_algorithm
+from fedskew.algorithms.model_server import ModelAveragingServer
+from fedskew.components.aggregate import Aggregation
 from fedskew.components.personal import batch_loss, batch_stream, gradients
-from fedskew.components.selection import uniform_sample
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import check
 
@@ -81,11 +81,11 @@ def meta_step(
 
 
 @register_algorithm("perfedavg")
-class PerFedAvg(Algorithm):
+class PerFedAvg(ModelAveragingServer):
     """MAML-style FedAvg: the global model is trained to be good after one local step."""
 
     @dataclass
-    class Params(Algorithm.Params):
+    class Params(ModelAveragingServer.Params):
         batch_size: int = 64  # |D| = |D'| = |D''| (fedskew's shared default)
         alpha: float = 0.001  # the adaptation step (unverified: no stored source gives the paper's value)
         beta: float = 0.001  # the meta-step (pFedMe's re-implementation also uses 0.001)
@@ -107,27 +107,10 @@ class PerFedAvg(Algorithm):
     params: Params
 
     # ---- server ------------------------------------------------------------------------------
-    def configure(self, server: ServerContext) -> list[tuple[int, Message]]:
-        msg = Message(arrays=state_to_arrays(server.model.state_dict()))
-        clients = uniform_sample(self.fed.num_clients, self.params.clients_per_round, server.rng("select"))
-        return [(cid, msg) for cid in clients]
-
-    def reply_spec(self, task: str, server: ServerContext) -> dict[str, tuple[tuple[int, ...], torch.dtype]] | None:
-        """A ``train`` reply is a full model state dict of the global model's shapes and dtypes."""
-        if task != "train":
-            return None
-        return {k: (tuple(v.shape), v.dtype) for k, v in server.model.state_dict().items()}
-
     def aggregate(self, server: ServerContext, replies: Replies) -> None:
-        if not replies:
-            return
-        states = [m.arrays for _, m in replies]
-        old = server.model.state_dict()
-        mean, rejected = robust_average(states, [m.metrics["num_samples"] for _, m in replies],
-                                        {k: old[k] for k in states[0]}, self.params.aggregation)
-        for i, reason in rejected:
-            server.reject(replies[i][0], reason)
-        server.model.load_state_dict(mean)
+        got = self.averaged(server, replies)
+        if got is not None:
+            server.model.load_state_dict(got[0])
 
     # ---- client ------------------------------------------------------------------------------
     def personal_state(self, msg: Message, client: ClientContext) -> dict[str, torch.Tensor]:

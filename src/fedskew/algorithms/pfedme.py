@@ -42,10 +42,10 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from fedskew.algorithms.base import Algorithm, ClientContext, Replies, ServerContext, register_algorithm
-from fedskew.components.aggregate import Aggregation, robust_average
+from fedskew.algorithms.base import ClientContext, Replies, ServerContext, register_algorithm
+from fedskew.algorithms.model_server import ModelAveragingServer
+from fedskew.components.aggregate import Aggregation
 from fedskew.components.personal import batch_loss, batch_stream
-from fedskew.components.selection import uniform_sample
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import check
 
@@ -80,11 +80,11 @@ def moreau_pull(local: list[torch.Tensor], theta: list[torch.Tensor], lam: float
 
 
 @register_algorithm("pfedme")
-class PFedMe(Algorithm):
+class PFedMe(ModelAveragingServer):
     """Bi-level personalisation: each client's theta_i solves a Moreau envelope around its local w."""
 
     @dataclass
-    class Params(Algorithm.Params):
+    class Params(ModelAveragingServer.Params):
         batch_size: int = 20  # |D|, one batch per local round (authors' MNIST command, README line 42)
         lr: float = 0.005  # eta, the local model's step (Eq. 8)
         personal_lr: float = 0.1  # the inner solver's step (Eq. 7)
@@ -108,26 +108,11 @@ class PFedMe(Algorithm):
     params: Params
 
     # ---- server ------------------------------------------------------------------------------
-    def configure(self, server: ServerContext) -> list[tuple[int, Message]]:
-        msg = Message(arrays=state_to_arrays(server.model.state_dict()))
-        clients = uniform_sample(self.fed.num_clients, self.params.clients_per_round, server.rng("select"))
-        return [(cid, msg) for cid in clients]
-
-    def reply_spec(self, task: str, server: ServerContext) -> dict[str, tuple[tuple[int, ...], torch.dtype]] | None:
-        """A ``train`` reply is a full model state dict of the global model's shapes and dtypes."""
-        if task != "train":
-            return None
-        return {k: (tuple(v.shape), v.dtype) for k, v in server.model.state_dict().items()}
-
     def aggregate(self, server: ServerContext, replies: Replies) -> None:
-        if not replies:
+        got = self.averaged(server, replies)
+        if got is None:
             return
-        states = [m.arrays for _, m in replies]
-        old = server.model.state_dict()
-        mean, rejected = robust_average(states, [m.metrics["num_samples"] for _, m in replies],
-                                        {k: old[k] for k in states[0]}, self.params.aggregation)
-        for i, reason in rejected:
-            server.reject(replies[i][0], reason)
+        mean, old = got
         b = self.params.beta
         server.model.load_state_dict(
             {k: (1 - b) * old[k] + b * v if v.is_floating_point() else v for k, v in mean.items()}
