@@ -270,7 +270,7 @@ def test_a_run_recorded_with_nan_resumes(tmp_path: Path) -> None:
     res = fedskew("run", str(cfg), "faults.attack=nan", "--out", "o", "--no-progress", cwd=tmp_path)
     assert res.code == 0, res.err
     run = tmp_path / "o" / "fedavg-seed0"
-    assert "attack = nan" in (run / "config.toml").read_text()
+    assert 'attack = "nan"' in (run / "config.toml").read_text()  # the full record stores the word
     res = fedskew("run", "--resume", str(run), "rounds=2", "--no-progress", cwd=tmp_path)
     assert res.code == 0, res.err
     assert rounds_of(run) == [1, 2]
@@ -455,3 +455,13 @@ def test_a_run_whose_wind_down_hangs_still_ends_within_the_grace_period(tmp_path
     err = proc.stderr.read() if proc.stderr else ""
     assert "Traceback" not in err and err.count("fedskew: terminated") == 1, err
     assert int(load_checkpoint(run / "checkpoints")["round"]) >= 1
+
+
+def test_recorded_configs_compare_nan_equal_to_nan() -> None:
+    """A record written before configs were stored in full keeps ``attack = nan`` as a float NaN."""
+    from fedskew.config.files import same_value
+
+    nan = float("nan")
+    assert same_value({"faults": {"attack": nan}}, {"faults": {"attack": nan}})
+    assert same_value([1, nan], [1, nan]) and not same_value([1, nan], [1, 2.0])
+    assert not same_value(nan, 0.0) and not same_value({"a": nan}, {"b": nan})

@@ -372,6 +372,8 @@ def full_config(cfg: dict[str, Any]) -> dict[str, Any]:
         out[section] = dataclasses.asdict(getattr(typed, section))
     for key, value in cfg.items():  # anything the typed tree does not hold stays as written
         out.setdefault(key, value)
+    if not out.get("plugins"):
+        out.pop("plugins", None)  # no code to import: no key (a record names plug-ins only where there are some)
     return _plain(out)
 
 

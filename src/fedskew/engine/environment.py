@@ -9,6 +9,7 @@ by the running versions).
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import logging
 import platform
@@ -39,12 +40,18 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+def _version() -> str:
+    """fedskew's installed version (the package's metadata: no import of the package's top)."""
+    try:
+        return importlib.metadata.version("fedskew")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown"
+
+
 def environment(device: torch.device) -> dict[str, Any]:
     """The versions and the device this process computes with."""
-    from fedskew import __version__
-
     return {
-        "fedskew": __version__, "python": platform.python_version(), "torch": str(torch.__version__),
+        "fedskew": _version(), "python": platform.python_version(), "torch": str(torch.__version__),
         "numpy": np.__version__, "device": device_name(device),
     }
 
