@@ -76,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue a run folder from its last checkpoint; without RUN_DIR (CONFIG --out DIR --resume): "
                         "continue the experiment in DIR (finished runs kept, interrupted ones resumed)")
     r.add_argument("--only", nargs="+", metavar="LABEL",
-                   help="run only the variants with these labels (put overrides before --only)")
+                   help="run only the variants with these labels (every word after it is a label: put "
+                        "overrides before --only)")
     r.add_argument("--force", action="store_true", help="overwrite runs already in --out")
     r.add_argument("--label", help="label of the runs (after --only) in tables and plots; {label} is each "
                                    "variant's own label and {KEY} a config value, e.g. "
@@ -172,6 +173,34 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+TRAILING = {"run": "overrides", "partition": "overrides", "deploy": "overrides", "condense": "items",
+            "report": "runs", "audit": "runs"}
+"""Each command's trailing list of positionals: where words met after an option go (``key=value`` overrides,
+or more run folders for ``report`` and ``audit``)."""
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse a command line, taking ``key=value`` overrides (and a command's other trailing words) anywhere
+    among the options: ``fedskew run exp.toml --import x.py rounds=1``, ``fedskew deploy init app exp.toml
+    --label X rounds=2``.
+
+    argparse fills a list positional from one run of words only, so words after an option come back
+    unrecognised; they are appended, in order, to the command's list (:data:`TRAILING`). ``run`` takes only
+    ``key=value`` words there (a second config file is an error), and anything starting with ``-`` stays an
+    unrecognised option. ``--only LABEL ...`` still takes every word after it as a label.
+    """
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    dest = TRAILING.get(args.command)
+    unknown = [w for w in extra if w.startswith("-") or dest is None
+               or (dest in ("overrides", "items") and "=" not in w)]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if extra:
+        setattr(args, dest, [*(getattr(args, dest) or []), *extra])  # type: ignore[arg-type]
+    return args
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread so that a run stops and cleans up exactly as after Ctrl-C."""
 
@@ -261,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     (exit 143) stop a run the same way: its worker processes end and it can continue from its last
     checkpoint.
     """
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     # Ctrl-C as Python handles it, plus the watchdog; a SIGINT this process was started to ignore stays ignored.
