@@ -129,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--data-dir", help=data_help)
     au.add_argument("--max-images", type=int, default=2000, help="images sampled per run (default 2000)")
     au.add_argument("--epochs", type=int, default=50, help="epochs of the attacked model (default 50)")
+    au.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_import(au)
     au.set_defaults(func=cmd_audit)
 

@@ -147,7 +147,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 def cmd_audit(args: argparse.Namespace) -> int:
     from fedskew.audit import AUDIT_LEGEND, audit, format_audit
 
-    results = audit([Path(p) for p in args.runs], _data_dir(args), args.max_images, args.epochs)
+    results = audit([Path(p) for p in args.runs], _data_dir(args), args.max_images, args.epochs,
+                    progress=not args.no_progress)
     print(format_audit(results))
     print("\n" + AUDIT_LEGEND)
     from fedskew.report import write_report
