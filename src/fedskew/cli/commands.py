@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -129,10 +130,21 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         folder = write_app(
             Path(args.folder), config, overrides, label=args.label, force=args.force, imports=args.imports
         )
+        from fedskew.config import parse_overrides, read_config, resolve
+
+        cfg = resolve(read_config(config), parse_overrides(overrides), where=str(config or "default"),
+                      imports=args.imports)[0].config
+        nodes = int(cfg["partition"]["num_clients"])
+        bin_dir = Path(sys.executable).parent
+        flwr = bin_dir / "flwr"
+        path = "" if os.environ.get("VIRTUAL_ENV") else f'PATH="{bin_dir}:$PATH" '  # flwr starts flower-superlink
         print(f"Flower App: {folder}\n"
-              f"start the SuperLink (bound to this machine; others reach it through an SSH tunnel, see "
-              f"docs/deploy.md):\n  {superlink_command()}\n"
-              f"run it with: flwr run {folder} <superlink-connection>")
+              f"run it on Flower's local simulation ({nodes} simulated SuperNodes, one per partition):\n"
+              f"  {path}{flwr if flwr.exists() else 'flwr'} run {shlex.quote(str(folder))} --stream "
+              f"--federation-config 'num-supernodes={nodes}'\n"
+              f"or in production: start the SuperLink (bound to this machine; others reach it through an SSH "
+              f"tunnel, see docs/deploy.md):\n  {superlink_command()}\n"
+              f"then: flwr run {shlex.quote(str(folder))} <superlink-connection>")
         return 0
     from fedskew.config import parse_overrides, read_config, resolve
 
