@@ -108,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--label", default="", metavar="TEMPLATE",
                     help="relabel the runs: {label} is a run's own label, {KEY} its value of a config key, e.g. "
                          "--label '{label}, KL {algorithm.kl_reduction}' (as fedskew run --label)")
+    rp.add_argument("--format", choices=["png", "pdf", "svg"], default="png",
+                    help="file format of the figures (default png; a pdf figure also gets the png copy that "
+                         "report.html shows)")
+    rp.add_argument("--dpi", type=int, default=150, help="resolution of raster figures, 50 to 1200 (default 150)")
     _add_import(rp)
     rp.set_defaults(func=cmd_report)
 

@@ -23,9 +23,16 @@ def _data_dir(args: argparse.Namespace) -> str | None:
 
 def _print_table(paths: list[Path], group_by: list[str] | None = None, label: str = "") -> None:
     """Print the comparison table of the runs under ``paths``."""
-    from fedskew.report import comparison_table, find_runs, format_table, load_run, separate_experiments
+    from fedskew.report import (
+        comparison_table,
+        find_runs,
+        format_table,
+        in_config_order,
+        load_run,
+        separate_experiments,
+    )
 
-    runs = separate_experiments([load_run(p) for p in find_runs(paths)], group_by or (), label)
+    runs = separate_experiments(in_config_order([load_run(p) for p in find_runs(paths)]), group_by or (), label)
     print(format_table(comparison_table(runs)))
 
 
@@ -114,7 +121,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     paths = [Path(p) for p in args.runs]
     group_by = [key.strip() for item in args.group_by or [] for key in item.split(",") if key.strip()]
-    html = write_report(paths, Path(args.out) if args.out else None, group_by, args.label)
+    html = write_report(paths, Path(args.out) if args.out else None, group_by, args.label, args.format, args.dpi)
     _print_table(paths, group_by, args.label)
     print(f"\nreport: {html}")
     return 0

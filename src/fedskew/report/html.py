@@ -9,6 +9,7 @@ of runs, without the code or data that produced them.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import json
 import os
@@ -18,7 +19,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from fedskew.report.plots import experiment_title, plot_clients, plot_curves, synthetic_grids
+from fedskew.config.variants import expand_label
+from fedskew.report.order import in_config_order
+from fedskew.report.plots import DEFAULT_DPI, check_format, experiment_title, plot_clients, plot_curves, synthetic_grids
 from fedskew.report.tables import comparison_table, separate_experiments, table_cells, table_keys, write_table
 from fedskew.runs import AUDIT_FILE, RunData, find_runs, load_run
 
@@ -178,12 +181,27 @@ def _audit_section(runs: list[RunData], out: Path) -> str:
     )
 
 
+def _kinds(plain: list[RunData], grouped: list[RunData]) -> dict[str, tuple[str, str]]:
+    """Each grouped label's (method, setting): the label before ``--group-by`` and what grouping added."""
+    return {g.label: (p.label, g.label[len(p.label):].strip(" ()")) for p, g in zip(plain, grouped, strict=True)}
+
+
+def _figure_html(img: Path) -> str:
+    """A figure of the page: SVG and PNG files inlined as they are, a PDF figure by its PNG copy."""
+    shown = img.with_suffix(".png") if img.suffix == ".pdf" else img
+    mime = "image/svg+xml" if shown.suffix == ".svg" else "image/png"
+    data = base64.b64encode(shown.read_bytes()).decode("ascii")
+    return (f'<figure><img alt="{html.escape(img.stem)}" src="data:{mime};base64,{data}"><figcaption>'
+            f"{html.escape(caption(img.stem))} <code>{html.escape(img.name)}</code></figcaption></figure>")
+
+
 def write_report(paths: Sequence[Path], out_dir: Path | None = None, group_by: Sequence[str] = (),
-                 label: str = "") -> Path:
+                 label: str = "", fmt: str = "png", dpi: int = DEFAULT_DPI) -> Path:
     """Build the full report for the runs found under ``paths``.
 
     Writes ``results.md``, ``results.csv``, the plots and a self-contained ``report.html`` (plots
-    inlined as base64 PNG, so the page can be mailed or attached to an issue on its own).
+    inlined, so the page can be mailed or attached to an issue on its own). Runs, table rows and curves
+    follow the config's order (:func:`fedskew.report.order.in_config_order`).
 
     Parameters
     ----------
@@ -198,27 +216,32 @@ def write_report(paths: Sequence[Path], out_dir: Path | None = None, group_by: S
     label
         A label template for the runs (``"{label}, KL {algorithm.kl_reduction}"``, see
         :func:`separate_experiments`); empty keeps the runs' own labels.
+    fmt, dpi
+        The figures' format (``png``, ``pdf`` or ``svg``; a PDF figure also gets a PNG copy, which the
+        page shows) and the resolution of raster figures.
 
     Returns
     -------
     Path
         The HTML file.
     """
+    check_format(fmt, dpi)
     run_paths = find_runs(paths)
-    runs = separate_experiments([load_run(p) for p in run_paths], group_by, label)
+    loaded = in_config_order([load_run(p) for p in run_paths])
+    runs = separate_experiments(loaded, group_by, label)
+    kinds = None
+    if group_by:  # colour = method, line style = the grouped setting
+        kinds = _kinds([dataclasses.replace(r, label=expand_label(label, r.label, r.config)) if label else r
+                        for r in loaded], runs)
     root = Path(os.path.commonpath([str(p.resolve()) for p in run_paths]))
     out = Path(out_dir) if out_dir is not None else root / "report"
     rows = comparison_table(runs)
     write_table(rows, out)
-    images = plot_curves(runs, out) + plot_clients(runs, out) + synthetic_grids(runs, out)
+    images = (plot_curves(runs, out, fmt, dpi, kinds) + plot_clients(runs, out, fmt, dpi, kinds)
+              + synthetic_grids(runs, out, fmt=fmt, dpi=dpi))
     headers, cells = table_cells(rows)
     keys = table_keys(rows)
-    figures = "".join(
-        f'<figure><img alt="{html.escape(img.stem)}" src="data:image/png;base64,'
-        f'{base64.b64encode(img.read_bytes()).decode("ascii")}"><figcaption>{html.escape(caption(img.stem))} '
-        f"<code>{html.escape(img.name)}</code></figcaption></figure>"
-        for img in images
-    )
+    figures = "".join(_figure_html(img) for img in images)
     title = experiment_title(runs)
     page = (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>fedskew report</title>'
