@@ -11,9 +11,11 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # PyTorch first, pinned: on this machine torch==2.13.0 is a local CPU wheel; an open range would pull a
 # multi-GB CUDA build from PyPI.
-.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q "torch==2.13.0"
+# --no-compile: no byte-compiling of every module at install time (PyTorch alone has thousands); Python
+# compiles the modules a run imports, once, when it first imports them.
+.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q --no-compile "torch==2.13.0"
 stamp=.venv/.fedskew-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  .venv/bin/python -m pip install -q -e ".[dev]"
+  .venv/bin/python -m pip install -q --no-compile -e ".[dev]"
   touch "$stamp"
 fi
