@@ -31,7 +31,7 @@ def figures(monkeypatch: pytest.MonkeyPatch) -> dict[str, Figure]:
     original = plots_module._save
 
     def spy(fig: Figure, path: Path, fmt: str = "png", dpi: int = 150) -> Path:
-        saved[path.stem] = fig
+        saved[path.name] = fig
         return original(fig, path, fmt, dpi)
 
     monkeypatch.setattr(plots_module, "_save", spy)
@@ -75,6 +75,8 @@ def test_group_by_gives_colour_to_the_method_and_line_style_to_the_setting(tmp_p
                 "alpha = 0.1", f"alpha = {alpha}"))
             _relabel(folder, method)
     write_report([tmp_path], group_by=["partition.alpha"])
+    # one heat map per label: "alpha=0.1" and "alpha=0.5" are not cut at the dot into one file name
+    assert len(list((tmp_path / "report").glob("per_class_*.png"))) == 4
     lines = {line.get_label(): line for line in figures["accuracy"].axes[0].get_lines()}
     a, b = lines["FedAvg (partition.alpha=0.1)"], lines["FedAvg (partition.alpha=0.5)"]
     c, d = lines["FedProx (partition.alpha=0.1)"], lines["FedProx (partition.alpha=0.5)"]

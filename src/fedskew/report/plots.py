@@ -140,14 +140,14 @@ def check_format(fmt: str, dpi: int) -> None:
 
 
 def _save(fig: Figure, path: Path, fmt: str = "png", dpi: int = DEFAULT_DPI) -> Path:
-    """Write ``fig`` as ``path`` with the suffix of ``fmt``, tight bounding box (nothing clipped); a PDF figure
-    also gets a PNG copy, which report.html shows (a page cannot show a PDF inline). Returns the file written
-    in ``fmt``."""
+    """Write ``fig`` as ``path`` (a name without suffix) plus the suffix of ``fmt``, with a tight bounding box
+    (nothing clipped); a PDF figure also gets a PNG copy, which report.html shows (a page cannot show a PDF
+    inline). Returns the file written in ``fmt``."""
     from fedskew.condense.grids import save_figure
 
-    out = save_figure(fig, path.with_suffix(f".{fmt}"), dpi)
+    out = save_figure(fig, path.parent / f"{path.name}.{fmt}", dpi)  # not with_suffix: "alpha_0.1" has a dot
     if fmt == "pdf":
-        save_figure(fig, path.with_suffix(".png"), dpi)
+        save_figure(fig, path.parent / f"{path.name}.png", dpi)
     return out
 
 
