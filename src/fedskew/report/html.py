@@ -154,6 +154,7 @@ def _runs_section(runs: list[RunData], root: Path, out: Path) -> str:
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
 table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
+table { display: block; max-width: 100%; overflow-x: auto; }  /* a wide table scrolls, the page keeps its width */
 th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
 th:first-child, td:first-child { text-align: left; }
 th { background: #f2f2f2; }

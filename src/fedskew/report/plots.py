@@ -87,11 +87,11 @@ def line_styles(labels: Sequence[str], kinds: Mapping[str, tuple[str, str]] | No
             method, setting = kinds.get(label, (label, ""))
             m, k = methods.index(method), settings.index(setting)
             styles[label] = {"color": colors(m % 10), "linestyle": LINE_STYLES[k % len(LINE_STYLES)],
-                             "marker": MARKERS[m % len(MARKERS)]}
+                             "marker": MARKERS[m % len(MARKERS)], "hollow": k % 2 == 1}
     else:
         for i, label in enumerate(labels):
             styles[label] = {"color": colors(i % 10), "linestyle": LINE_STYLES[i % len(LINE_STYLES)],
-                             "marker": MARKERS[i % len(MARKERS)]}
+                             "marker": MARKERS[i % len(MARKERS)], "hollow": i % 2 == 1}
     for i, label in enumerate(labels):
         styles[label]["order"] = i
     return styles
@@ -105,8 +105,11 @@ def _line_with_band(ax: Axes, x: np.ndarray, stack: np.ndarray, style: Mapping[s
     step = max(1, math.ceil(len(x) / 10))
     order = int(style.get("order", 0))
     offset = (order * max(1, step // max(n_labels, 1))) % step
+    # Later curves thinner, with smaller markers: where curves coincide, the earlier ones show round them.
+    width, size = max(2.6 - 0.35 * order, 0.9), max(8.0 - 0.8 * order, 3.5)
     ax.plot(x, mean, color=style["color"], linestyle=style["linestyle"], marker=style["marker"],
-            markevery=(offset, step), markersize=5, linewidth=1.6, markerfacecolor="none" if order % 2 else None,
+            markevery=(offset, step), markersize=size, linewidth=width,
+            markerfacecolor="none" if style.get("hollow") else style["color"],
             label=label if len(stack) == 1 else f"{label} (n={len(stack)})")
     if std is not None:
         ax.fill_between(x, mean - std, mean + std, color=style["color"], alpha=0.15, linewidth=0)
@@ -413,7 +416,8 @@ def synthetic_grids(runs: list[RunData], out_dir: Path, per_class: int = 10, fmt
         slug = _unique_slug(label, used)
         names = group[0].summary.get("class_names")
         sent = files[-1].stem.rpartition("_")[2].lstrip("0") or "0"  # round_0030.safetensors: round 30
+        scale = max(2, round(32 / int(images.shape[2])))  # about 32 pixels an image: 8x8 digits drawn 4x
         fig = labelled_grid_figure(images[keep], labels[keep], names if isinstance(names, list) else None,
-                                   title=_wrap(f"{label}: images sent in round {sent}", 60))
+                                   title=_wrap(f"{label}: images sent in round {sent}", 60), scale=scale)
         written.append(_save(fig, Path(out_dir) / f"synthetic_{slug}", fmt, dpi))
     return written
