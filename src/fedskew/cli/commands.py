@@ -145,8 +145,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         bin_dir = Path(sys.executable).parent
         flwr = bin_dir / "flwr"
         path = "" if os.environ.get("VIRTUAL_ENV") else f'PATH="{bin_dir}:$PATH" '  # flwr starts flower-superlink
+        install = "" if flwr.exists() else " (Flower is not installed: pip install -e '.[flower]' in fedskew's clone)"
         print(f"Flower App: {folder}\n"
-              f"run it on Flower's local simulation ({nodes} simulated SuperNodes, one per partition):\n"
+              f"run it on Flower's local simulation ({nodes} simulated SuperNodes, one per partition){install}:\n"
               f"  {path}{flwr if flwr.exists() else 'flwr'} run {shlex.quote(str(folder))} --stream "
               f"--federation-config 'num-supernodes={nodes}'\n"
               f"or in production: start the SuperLink (bound to this machine; others reach it through an SSH "
