@@ -73,3 +73,16 @@ def test_a_terminal_gets_tqdm_and_no_progress_gets_nothing(monkeypatch: pytest.M
     assert progress_bar(total=1, file=io.StringIO()).disable
     monkeypatch.setenv(ENV, "bar")
     assert isinstance(progress_bar(total=1, file=io.StringIO()), tqdm)
+
+
+def test_the_round_loops_calls_resumed_at_round_10() -> None:
+    """The calls the engine's round loop makes (docs: where the engine should call progress_bar)."""
+    log = io.StringIO()
+    bar = progress_bar(total=12, initial=10, desc="FedAvg", unit="round", enabled=True, leave=False, every_s=0,
+                       file=log)
+    with bar:
+        for acc in (0.5, 0.625):
+            bar.set_postfix(acc=f"{100 * acc:.1f}%")
+            bar.update(1)
+    assert [line.split(" (")[0] for line in log.getvalue().splitlines()] == [
+        "FedAvg: 11/12 round, acc=50.0%", "FedAvg: 12/12 round, acc=62.5%"]
