@@ -159,3 +159,15 @@ def test_runs_are_reported_in_the_config_order(tmp_path: Path) -> None:
     assert rows == ["Zeta", "Alpha", "Mid"]
     page = (tmp_path / "report" / "report.html").read_text()
     assert page.index(">Zeta<") < page.index(">Alpha<") < page.index(">Mid<")
+
+
+def test_fedskew_report_shows_its_progress_in_plain_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 36, point 8: stderr is no terminal here, so one plain line when the figures are done."""
+    monkeypatch.delenv("FEDSKEW_PROGRESS", raising=False)
+    _write_run(tmp_path / "runs" / "a", "fedavg", 0, [0.1, 0.2, 0.3])
+    assert main(["report", str(tmp_path / "runs")]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("report of 1 run(s): 3/3 step, image grids (") and "\r" not in err
+    assert main(["report", str(tmp_path / "runs"), "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""

@@ -112,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="file format of the figures (default png; a pdf figure also gets the png copy that "
                          "report.html shows)")
     rp.add_argument("--dpi", type=int, default=150, help="resolution of raster figures, 50 to 1200 (default 150)")
+    rp.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_import(rp)
     rp.set_defaults(func=cmd_report)
 

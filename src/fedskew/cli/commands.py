@@ -121,7 +121,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     paths = [Path(p) for p in args.runs]
     group_by = [key.strip() for item in args.group_by or [] for key in item.split(",") if key.strip()]
-    html = write_report(paths, Path(args.out) if args.out else None, group_by, args.label, args.format, args.dpi)
+    html = write_report(paths, Path(args.out) if args.out else None, group_by, args.label, args.format, args.dpi,
+                        progress=not args.no_progress)
     _print_table(paths, group_by, args.label)
     print(f"\nreport: {html}")
     return 0

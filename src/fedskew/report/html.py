@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import quote
 
 from fedskew.config.variants import expand_label
+from fedskew.progress import progress_bar
 from fedskew.report.order import in_config_order
 from fedskew.report.plots import DEFAULT_DPI, check_format, experiment_title, plot_clients, plot_curves, synthetic_grids
 from fedskew.report.tables import comparison_table, separate_experiments, table_cells, table_keys, write_table
@@ -197,7 +198,7 @@ def _figure_html(img: Path) -> str:
 
 
 def write_report(paths: Sequence[Path], out_dir: Path | None = None, group_by: Sequence[str] = (),
-                 label: str = "", fmt: str = "png", dpi: int = DEFAULT_DPI) -> Path:
+                 label: str = "", fmt: str = "png", dpi: int = DEFAULT_DPI, progress: bool = False) -> Path:
     """Build the full report for the runs found under ``paths``.
 
     Writes ``results.md``, ``results.csv``, the plots and a self-contained ``report.html`` (plots
@@ -220,6 +221,9 @@ def write_report(paths: Sequence[Path], out_dir: Path | None = None, group_by: S
     fmt, dpi
         The figures' format (``png``, ``pdf`` or ``svg``; a PDF figure also gets a PNG copy, which the
         page shows) and the resolution of raster figures.
+    progress
+        A progress bar of the figures on standard error (:func:`fedskew.progress.progress_bar`: plain lines
+        where it is not a terminal); ``fedskew report`` shows it.
 
     Returns
     -------
@@ -238,8 +242,16 @@ def write_report(paths: Sequence[Path], out_dir: Path | None = None, group_by: S
     out = Path(out_dir) if out_dir is not None else root / "report"
     rows = comparison_table(runs)
     write_table(rows, out)
-    images = (plot_curves(runs, out, fmt, dpi, kinds) + plot_clients(runs, out, fmt, dpi, kinds)
-              + synthetic_grids(runs, out, fmt=fmt, dpi=dpi))
+    with progress_bar(total=3, desc=f"report of {len(runs)} run(s)", unit="step", enabled=progress) as bar:
+        bar.set_postfix_str("curves")
+        images = plot_curves(runs, out, fmt, dpi, kinds)
+        bar.update(1)
+        bar.set_postfix_str("per-client plots")
+        images += plot_clients(runs, out, fmt, dpi, kinds)
+        bar.update(1)
+        bar.set_postfix_str("image grids")
+        images += synthetic_grids(runs, out, fmt=fmt, dpi=dpi)
+        bar.update(1)
     headers, cells = table_cells(rows)
     keys = table_keys(rows)
     figures = "".join(_figure_html(img) for img in images)
