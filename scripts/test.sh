@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Set up (if needed), then lint, type-check and run the test suite.
+# Set up (if needed), install the optional extras the tests exercise, then lint, type-check and run the suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-# The Ray engine's tests run on a real local cluster: install the optional extra fedskew[ray] here, so CI
-# runs them (they skip only where Ray is missing). Ray does not depend on torch, so the pinned one stays.
-.venv/bin/python -c "import ray" 2>/dev/null || .venv/bin/python -m pip install -q -e ".[ray]"
-# The trackers' tests run W&B (offline) and MLflow (a file store) for real: install the trackers extra.
-.venv/bin/python -c "import wandb, mlflow, pandas" 2>/dev/null || .venv/bin/python -m pip install -q -e ".[trackers]"
+# The tests run real Flower processes (and Flower's local simulation), a real local Ray cluster, the
+# TensorBoard writer, Hugging Face datasets and the trackers (W&B offline, MLflow's file store): install
+# those extras here so CI runs them (they skip only where an extra is missing). None of them depends on
+# torch, so the pinned one stays.
+stamp=.venv/.fedskew-test-extras
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/python -m pip install -q -e ".[dev,flower,ray,tensorboard,huggingface,trackers]"
+  touch "$stamp"
+fi
 # Tests that read real datasets look here; with ../shared/datasets present they fail if it is not set.
 if [ -z "${FEDSKEW_DATA:-}" ] && [ -d ../shared/datasets ]; then
   export FEDSKEW_DATA="$(cd ../shared/datasets && pwd)"

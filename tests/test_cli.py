@@ -144,3 +144,48 @@ def test_only_names_unknown_labels_and_catches_a_misplaced_override(capsys: pyte
     line = _err(capsys, ["run", str(cfg_file), "--out", out, "--no-progress", "--only", "fedavg", "rounds=2"])
     assert "'rounds=2'" in line and "overrides go before --only" in line
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "dest", "expected"),
+    [
+        (["run", "exp.toml", "--import", "x.py", "rounds=1"], "overrides", ["rounds=1"]),
+        (["run", "exp.toml", "a=1", "--out", "d", "b=2", "--no-progress", "c=3"], "overrides", ["a=1", "b=2", "c=3"]),
+        (["run", "exp.toml", "--only", "FedAvg", "--out", "d", "rounds=2"], "overrides", ["rounds=2"]),
+        (["deploy", "init", "my-app", "exp.toml", "--label", "X", "rounds=2"], "overrides", ["rounds=2"]),
+        (["partition", "exp.toml", "--out", "p.png", "partition.alpha=1"], "overrides", ["partition.alpha=1"]),
+        (["condense", "--ipc", "3", "method=dc", "--no-progress", "eval.epochs=2"], "items",
+         ["method=dc", "eval.epochs=2"]),
+        (["report", "runs/a", "--out", "o", "runs/b"], "runs", ["runs/a", "runs/b"]),
+    ],
+)
+def test_overrides_anywhere_among_the_options(argv: list[str], dest: str, expected: list[str]) -> None:
+    """Words after an option used to be 'unrecognized arguments' (issue 36, point 2)."""
+    from fedskew.cli import parse_args
+
+    assert getattr(parse_args(argv), dest) == expected
+
+
+def test_only_overrides_and_options_may_follow_an_option(capsys: pytest.CaptureFixture[str]) -> None:
+    from fedskew.cli import parse_args
+
+    for argv, word in ((["run", "a.toml", "--out", "d", "b.toml"], "b.toml"),
+                       (["run", "--out", "d", "--bogus"], "--bogus"), (["list", "rounds=1"], "rounds=1")):
+        with pytest.raises(SystemExit) as e:
+            parse_args(argv)
+        assert e.value.code == 2
+        assert f"unrecognized arguments: {word}" in capsys.readouterr().err
+
+
+def test_an_override_after_the_options_is_applied(tmp_path: Path, cfg_file: Path) -> None:
+    """`fedskew run exp.toml --out DIR --no-progress rounds=2` runs two rounds; `--out DIR --resume rounds=3`
+    (the override read as --resume's value) then extends the experiment, and an override after
+    `--resume --no-progress` does too."""
+    out = tmp_path / "o"
+    assert main(["run", str(cfg_file), "--out", str(out), "--no-progress", "rounds=2"]) == 0
+    metrics = out / "fedavg-seed0" / "metrics.jsonl"
+    assert len(metrics.read_text().splitlines()) == 2
+    assert main(["run", str(cfg_file), "--out", str(out), "--resume", "rounds=3", "--no-progress"]) == 0
+    assert len(metrics.read_text().splitlines()) == 3
+    assert main(["run", str(cfg_file), "--out", str(out), "--resume", "--no-progress", "rounds=4"]) == 0
+    assert len(metrics.read_text().splitlines()) == 4

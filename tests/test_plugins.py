@@ -205,7 +205,7 @@ def test_deploy_init_packs_the_plugin_and_the_app_imports_it(tmp_path: Path) -> 
     assert "PLUGINS = ['plugins/my_plugin.py', 'plugins/my_plugin_2.py']" in (app / "fedskew_app.py").read_text()
     pyproject = (app / "pyproject.toml").read_text()
     assert 'serverapp = "fedskew_app:serverapp"' in pyproject and 'clientapp = "fedskew_app:clientapp"' in pyproject
-    build = pytest.importorskip("flwr.cli.build", reason="Flower is optional: pip install 'fedskew[flower]'")
+    build = pytest.importorskip("flwr.cli.build", reason="Flower is optional: pip install -e '.[flower]'")
     from flwr.cli.config_utils import load_and_validate
 
     load_and_validate(app / "pyproject.toml")  # as `flwr run` checks it: the components are found

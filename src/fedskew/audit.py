@@ -23,6 +23,7 @@ from fedskew.core.seeding import seeded_init, torch_generator
 from fedskew.engine.federation import Federation, build_federation
 from fedskew.metrics.privacy import auc, nearest_neighbours, ssim
 from fedskew.plugins import load_plugins
+from fedskew.progress import progress_bar
 from fedskew.runs import AUDIT_FILE, find_runs, run_config_path, synthetic_dir, synthetic_files
 
 
@@ -84,8 +85,11 @@ def _heldout_like(fed: Federation, labels: torch.Tensor, g: torch.Generator) -> 
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
 
 
-def audit_run(run_dir: Path, data_dir: str | None = None, max_images: int = 2000, epochs: int = 50) -> AuditResult:
-    """Measure one run; see the module docstring."""
+def audit_run(run_dir: Path, data_dir: str | None = None, max_images: int = 2000, epochs: int = 50,
+              progress: bool = True) -> AuditResult:
+    """Measure one run; see the module docstring. ``progress``: a bar on standard error (plain lines when it is
+    not a terminal, :func:`fedskew.progress.progress_bar`), one step per sending client, the training of the
+    attacked model and the membership inference."""
     cfg_path = run_config_path(run_dir)
     cfg: dict[str, Any] = tomllib.loads(cfg_path.read_text())
     images, labels, clients, rounds = load_synthetic(run_dir)
@@ -95,11 +99,19 @@ def audit_run(run_dir: Path, data_dir: str | None = None, max_images: int = 2000
     if len(images) > max_images:
         keep = torch.randperm(len(images), generator=g)[:max_images]
         images, labels, clients = images[keep], labels[keep], clients[keep]
-    syn = images.float() / 255.0
+    senders = clients.unique().tolist()
+    with progress_bar(total=len(senders) + 2, desc=f"audit {run_dir.name}", unit="step", enabled=progress) as bar:
+        return _measure(cfg, fed, g, images, labels, clients, senders, rounds, epochs, max_images, bar)
 
+
+def _measure(cfg: dict[str, Any], fed: Federation, g: torch.Generator, images: torch.Tensor, labels: torch.Tensor,
+             clients: torch.Tensor, senders: list[int], rounds: int, epochs: int, max_images: int,
+             bar: Any) -> AuditResult:
+    syn = images.float() / 255.0
     # Nearest real training image of the sending client, for synthetic and held-out images.
     syn_d, syn_s, ho_d, ho_s = [], [], [], []
-    for k in clients.unique().tolist():
+    bar.set_postfix_str("nearest real images")
+    for k in senders:
         sel = clients == k
         x_k, _ = fed.client_data(int(k))
         real = _pixels(x_k, fed)
@@ -112,6 +124,7 @@ def audit_run(run_dir: Path, data_dir: str | None = None, max_images: int = 2000
             d2, i2 = nearest_neighbours(ho, real)
             ho_d.append(d2)
             ho_s.append(ssim(ho, real[i2]))
+        bar.update(1)
     sd, hd = torch.cat(syn_d), torch.cat(ho_d)
 
     # Membership inference: loss threshold on a model trained only on the synthetic images.
@@ -119,8 +132,10 @@ def audit_run(run_dir: Path, data_dir: str | None = None, max_images: int = 2000
     std = torch.tensor(fed.info.std).view(1, -1, 1, 1)
     x_syn = (syn - mean) / std
     model = seeded_init(fed.info.model.build, int(cfg["seed"]), "audit-model")
+    bar.set_postfix_str(f"training the attacked model ({epochs} epochs)")
     train_local(model, x_syn, labels, LocalConfig(epochs=epochs, batch_size=256, lr=0.01, momentum=0.9), g)
-    senders = clients.unique().tolist()
+    bar.update(1)
+    bar.set_postfix_str("membership inference")
     member_idx = torch.cat([torch.arange(fed.offsets[k], fed.offsets[k + 1]) for k in senders])
     if len(member_idx) > max_images:
         member_idx = member_idx[torch.randperm(len(member_idx), generator=g)[:max_images]]
@@ -131,6 +146,7 @@ def audit_run(run_dir: Path, data_dir: str | None = None, max_images: int = 2000
         m_loss = F.cross_entropy(model(fed.x[member_idx]), members_y, reduction="none")
         n_loss = F.cross_entropy(model(fed.x_test[non_idx]), fed.y_test[non_idx], reduction="none")
     mia = auc(-m_loss.numpy(), -n_loss.numpy())
+    bar.update(1)
 
     ho_med = float(hd.median())
     return AuditResult(
@@ -149,14 +165,14 @@ def audit_run(run_dir: Path, data_dir: str | None = None, max_images: int = 2000
 
 
 def audit(
-    paths: list[Path], data_dir: str | None = None, max_images: int = 2000, epochs: int = 50
+    paths: list[Path], data_dir: str | None = None, max_images: int = 2000, epochs: int = 50, progress: bool = True
 ) -> list[AuditResult]:
     """Audit every run folder under ``paths`` that holds synthetic images; writes ``audit.json`` in each."""
     results = []
     for run in find_runs(paths):
         if not synthetic_dir(run).exists():
             continue
-        res = audit_run(run, data_dir, max_images, epochs)
+        res = audit_run(run, data_dir, max_images, epochs, progress)
         (run / AUDIT_FILE).write_text(json.dumps(asdict(res), indent=2) + "\n")
         results.append(res)
     if not results:

@@ -136,3 +136,23 @@ def test_a_settings_file_and_overrides_equal_the_flags(tmp_path: Path, capsys: p
         assert main(["condense", *bad, "--out", str(tmp_path / "bad"), "--no-progress"]) != 0
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0]
+
+
+def test_the_grid_names_each_row_by_its_class(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """grid.png had no row labels (issue 36, point 1): each row now carries its class's name."""
+    from matplotlib.figure import Figure
+
+    from fedskew.condense import grids
+
+    drawn: list[Figure] = []
+    original = grids.labelled_grid_figure
+
+    def spy(*args: Any, **kwargs: Any) -> Figure:
+        drawn.append(original(*args, **kwargs))
+        return drawn[-1]
+
+    monkeypatch.setattr(grids, "labelled_grid_figure", spy)
+    out, _ = _run(tmp_path, "random")
+    (fig,) = drawn
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == [str(c) for c in range(10)]  # digits' names
+    assert (out / "grid.png").is_file()

@@ -33,7 +33,7 @@ def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def hf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The ``datasets`` package, its cache in ``tmp_path`` (it read ``$HF_DATASETS_CACHE`` on import)."""
-    reason = "Hugging Face datasets is optional: pip install 'fedskew[huggingface]'"
+    reason = "Hugging Face datasets is optional: pip install -e '.[huggingface]'"
     datasets = pytest.importorskip("datasets", reason=reason)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
     return datasets
@@ -285,7 +285,8 @@ def test_without_datasets_validating_or_loading_says_how_to_install_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "datasets", None)  # what Python does for a package that is not installed
-    install = r"^dataset 'huggingface' needs the datasets package: pip install 'fedskew\[huggingface\]'$"
+    install = (r"^dataset 'huggingface' needs the datasets package: pip install -e '\.\[huggingface\]' "
+               r"in fedskew's clone$")
     with pytest.raises(FedskewError, match=install):
         DATASETS.build_params("huggingface", {"path": "x"}, "dataset.")
     with pytest.raises(FedskewError, match=install):

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("flwr", reason="Flower is optional: pip install 'fedskew[flower]'")
+pytest.importorskip("flwr", reason="Flower is optional: pip install -e '.[flower]'")
 
 from flwr.app import Message as FlowerMessage
 

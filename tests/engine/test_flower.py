@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-pytest.importorskip("flwr", reason="Flower is optional: pip install 'fedskew[flower]'")
+pytest.importorskip("flwr", reason="Flower is optional: pip install -e '.[flower]'")
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, RecordDict
 from flwr.app import Message as FlowerMessage

@@ -99,7 +99,12 @@ def test_fedskew_audit_puts_its_table_in_the_report(tmp_path: Path, capsys: pyte
     _run_with_synthetic(runs, "copies")
     _run_with_synthetic(runs, "noise")
     assert main(["audit", str(runs), "--epochs", "2"]) == 0
-    assert "MIA AUC" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "MIA AUC" in captured.out
+    # Progress (issue 36, point 8): stderr is no terminal here, so plain lines, one per run at least.
+    progress = [line for line in captured.err.splitlines() if line.startswith("audit ")]
+    assert [line.split(":")[0] for line in progress] == ["audit copies", "audit noise"]
+    assert all(" 5/5 step" in line for line in progress) and "\r" not in captured.err
     table = (runs / "report" / "audit.md").read_text()
     assert table.count("\n") == 4  # header, rule, one row per audited run
     page = (runs / "report" / "report.html").read_text()

@@ -76,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue a run folder from its last checkpoint; without RUN_DIR (CONFIG --out DIR --resume): "
                         "continue the experiment in DIR (finished runs kept, interrupted ones resumed)")
     r.add_argument("--only", nargs="+", metavar="LABEL",
-                   help="run only the variants with these labels (put overrides before --only)")
+                   help="run only the variants with these labels (every word after it is a label: put "
+                        "overrides before --only)")
     r.add_argument("--force", action="store_true", help="overwrite runs already in --out")
     r.add_argument("--label", help="label of the runs (after --only) in tables and plots; {label} is each "
                                    "variant's own label and {KEY} a config value, e.g. "
@@ -107,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--label", default="", metavar="TEMPLATE",
                     help="relabel the runs: {label} is a run's own label, {KEY} its value of a config key, e.g. "
                          "--label '{label}, KL {algorithm.kl_reduction}' (as fedskew run --label)")
+    rp.add_argument("--format", choices=["png", "pdf", "svg"], default="png",
+                    help="file format of the figures (default png; a pdf figure also gets the png copy that "
+                         "report.html shows)")
+    rp.add_argument("--dpi", type=int, default=150, help="resolution of raster figures, 50 to 1200 (default 150)")
+    rp.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_import(rp)
     rp.set_defaults(func=cmd_report)
 
@@ -128,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--data-dir", help=data_help)
     au.add_argument("--max-images", type=int, default=2000, help="images sampled per run (default 2000)")
     au.add_argument("--epochs", type=int, default=50, help="epochs of the attacked model (default 50)")
+    au.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_import(au)
     au.set_defaults(func=cmd_audit)
 
@@ -170,6 +177,34 @@ def build_parser() -> argparse.ArgumentParser:
     _add_import(ls)
     ls.set_defaults(func=cmd_list)
     return p
+
+
+TRAILING = {"run": "overrides", "partition": "overrides", "deploy": "overrides", "condense": "items",
+            "report": "runs", "audit": "runs"}
+"""Each command's trailing list of positionals: where words met after an option go (``key=value`` overrides,
+or more run folders for ``report`` and ``audit``)."""
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse a command line, taking ``key=value`` overrides (and a command's other trailing words) anywhere
+    among the options: ``fedskew run exp.toml --import x.py rounds=1``, ``fedskew deploy init app exp.toml
+    --label X rounds=2``.
+
+    argparse fills a list positional from one run of words only, so words after an option come back
+    unrecognised; they are appended, in order, to the command's list (:data:`TRAILING`). ``run`` takes only
+    ``key=value`` words there (a second config file is an error), and anything starting with ``-`` stays an
+    unrecognised option. ``--only LABEL ...`` still takes every word after it as a label.
+    """
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    dest = TRAILING.get(args.command)
+    unknown = [w for w in extra if w.startswith("-") or dest is None
+               or (dest in ("overrides", "items") and "=" not in w)]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if extra:
+        setattr(args, dest, [*(getattr(args, dest) or []), *extra])  # type: ignore[arg-type]
+    return args
 
 
 class Terminated(KeyboardInterrupt):
@@ -261,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     (exit 143) stop a run the same way: its worker processes end and it can continue from its last
     checkpoint.
     """
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     # Ctrl-C as Python handles it, plus the watchdog; a SIGINT this process was started to ignore stays ignored.

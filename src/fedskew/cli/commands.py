@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,10 +23,17 @@ def _data_dir(args: argparse.Namespace) -> str | None:
 
 def _print_table(paths: list[Path], group_by: list[str] | None = None, label: str = "") -> None:
     """Print the comparison table of the runs under ``paths``."""
-    from fedskew.report import comparison_table, find_runs, format_table, load_run, separate_experiments
+    from fedskew.report import (
+        comparison_table,
+        find_runs,
+        format_table,
+        in_config_order,
+        load_run,
+        separate_experiments,
+    )
     from fedskew.report.tables import TERMINAL_WIDTH
 
-    runs = separate_experiments([load_run(p) for p in find_runs(paths)], group_by or (), label)
+    runs = separate_experiments(in_config_order([load_run(p) for p in find_runs(paths)]), group_by or (), label)
     print(format_table(comparison_table(runs), max_width=TERMINAL_WIDTH))
 
 
@@ -117,7 +125,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     paths = [Path(p) for p in args.runs]
     group_by = [key.strip() for item in args.group_by or [] for key in item.split(",") if key.strip()]
-    html = write_report(paths, Path(args.out) if args.out else None, group_by, args.label)
+    html = write_report(paths, Path(args.out) if args.out else None, group_by, args.label, args.format, args.dpi,
+                        progress=not args.no_progress)
     _print_table(paths, group_by, args.label)
     print(f"\nreport: {html}")
     return 0
@@ -133,10 +142,22 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         folder = write_app(
             Path(args.folder), config, overrides, label=args.label, force=args.force, imports=args.imports
         )
+        from fedskew.config import parse_overrides, read_config, resolve
+
+        cfg = resolve(read_config(config), parse_overrides(overrides), where=str(config or "default"),
+                      imports=args.imports)[0].config
+        nodes = int(cfg["partition"]["num_clients"])
+        bin_dir = Path(sys.executable).parent
+        flwr = bin_dir / "flwr"
+        path = "" if os.environ.get("VIRTUAL_ENV") else f'PATH="{bin_dir}:$PATH" '  # flwr starts flower-superlink
+        install = "" if flwr.exists() else " (Flower is not installed: pip install -e '.[flower]' in fedskew's clone)"
         print(f"Flower App: {folder}\n"
-              f"start the SuperLink (bound to this machine; others reach it through an SSH tunnel, see "
-              f"docs/deploy.md):\n  {superlink_command()}\n"
-              f"run it with: flwr run {folder} <superlink-connection>")
+              f"run it on Flower's local simulation ({nodes} simulated SuperNodes, one per partition){install}:\n"
+              f"  {path}{flwr if flwr.exists() else 'flwr'} run {shlex.quote(str(folder))} --stream "
+              f"--federation-config 'num-supernodes={nodes}'\n"
+              f"or in production: start the SuperLink (bound to this machine; others reach it through an SSH "
+              f"tunnel, see docs/deploy.md):\n  {superlink_command()}\n"
+              f"then: flwr run {shlex.quote(str(folder))} <superlink-connection>")
         return 0
     from fedskew.config import parse_overrides, read_config, resolve
 
@@ -151,7 +172,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 def cmd_audit(args: argparse.Namespace) -> int:
     from fedskew.audit import AUDIT_LEGEND, audit, format_audit
 
-    results = audit([Path(p) for p in args.runs], _data_dir(args), args.max_images, args.epochs)
+    results = audit([Path(p) for p in args.runs], _data_dir(args), args.max_images, args.epochs,
+                    progress=not args.no_progress)
     print(format_audit(results))
     print("\n" + AUDIT_LEGEND)
     from fedskew.report import write_report

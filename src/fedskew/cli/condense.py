@@ -13,7 +13,7 @@ Files written to ``--out``:
   learns them, ``soft_labels`` (float32); the metadata holds the normalisation ``mean`` and ``std``
   (JSON lists) that :func:`load_set` needs to map the pixels back to the training space, and the
   dataset, method and ipc;
-- ``grid.png``: the images, one row per class;
+- ``grid.png``: the images, one row per class, each row named by its class;
 - ``result.json``: method, ipc, iterations, condensation seconds, seconds per iteration, test accuracy.
 
 Method settings default to the published ones (DC: Zhao, Mopuri & Bilen, ICLR 2021; DM: Zhao &
@@ -299,7 +299,7 @@ def _settings(args: argparse.Namespace) -> MethodSettings:
 
 def cmd_condense(args: argparse.Namespace, data_dir: str | None) -> int:
     """Run ``fedskew condense`` (see the module docstring); returns the exit code."""
-    from fedskew.condense.grids import save_image_grid
+    from fedskew.condense.grids import labelled_grid_figure, save_figure
     from fedskew.data import load_dataset
     from fedskew.models import create_model
 
@@ -338,7 +338,10 @@ def cmd_condense(args: argparse.Namespace, data_dir: str | None) -> int:
         eval_seconds = time.perf_counter() - start
     info = {"dataset": args.dataset, "method": args.method, "ipc": args.ipc}
     save_set(out / "synthetic.safetensors", u, ds.mean, ds.std, info)
-    save_image_grid(u.images, u.labels, out / "grid.png")
+    names = [str(c) for c in ds.classes] or None
+    grid = labelled_grid_figure(u.images, u.labels, names, title=f"{args.dataset}, {args.method}, ipc {args.ipc}",
+                                scale=max(2, round(32 / int(u.images.shape[2]))))
+    save_figure(grid, out / "grid.png")
     result = {
         **info,
         "seed": args.seed,

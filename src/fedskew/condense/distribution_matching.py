@@ -36,7 +36,6 @@ from typing import ClassVar
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from fedskew.condense.augment import DSAConfig, apply_dsa, sample_dsa_params
 from fedskew.condense.synthetic import (
@@ -57,6 +56,7 @@ from fedskew.condense.synthetic import (
 from fedskew.core.device import Precision
 from fedskew.core.errors import ConfigError, DataError
 from fedskew.models.layout import as_model_format, is_channels_last, use_channels_last
+from fedskew.progress import progress_bar
 
 ModelSampler = Callable[[int, torch.Generator], nn.Module]
 """``sampler(step, generator)`` returns the network used at matching step ``step``."""
@@ -277,7 +277,7 @@ def distribution_matching(
         Added to L_DM at every step, called as ``extra_loss(model, syn)`` with the step's network and
         the current set (its images require grad), e.g. FedAF's ``lambda_loc * sum_c SWD``.
     progress
-        Show a tqdm bar on stderr.
+        Show a progress bar on stderr (plain lines when it is not a terminal).
 
     Returns
     -------
@@ -299,7 +299,7 @@ def distribution_matching(
     syn_indices = [torch.nonzero(labels == c).flatten() for c in classes]
     images = init_set.images.detach().to(device).clone().to(torch.float32).requires_grad_(True)
     optimizer = torch.optim.SGD([images], lr=cfg.image_lr, momentum=cfg.momentum)
-    bar = tqdm(range(cfg.iterations), desc="distribution matching", disable=not progress)
+    bar = progress_bar(range(cfg.iterations), desc="distribution matching", enabled=progress)
     for step in bar:
         model = model_sampler(step, generator)
         if model_device(model) != device:

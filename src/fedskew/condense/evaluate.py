@@ -20,13 +20,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm import tqdm
 
 from fedskew.condense.augment import DSAConfig, dsa
 from fedskew.condense.synthetic import ModelFactory, SyntheticSet, check_data, fresh_model
 from fedskew.core.errors import ConfigError, DataError
 from fedskew.models.evaluation import evaluate_model
 from fedskew.models.layout import shuffled_batches
+from fedskew.progress import progress_bar
 
 
 @dataclass
@@ -95,7 +95,7 @@ def train_with_protocol(
     cfg, generator
         Settings; shuffling and augmentation draws.
     progress
-        Show a tqdm bar on stderr.
+        Show a progress bar on stderr (plain lines when it is not a terminal).
 
     Returns
     -------
@@ -106,7 +106,7 @@ def train_with_protocol(
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     x, y, soft = syn.images.detach(), syn.labels, syn.soft_labels
     last = float("nan")
-    for epoch in tqdm(range(cfg.epochs), desc="evaluation training", disable=not progress):
+    for epoch in progress_bar(range(cfg.epochs), desc="evaluation training", unit="epoch", enabled=progress):
         if epoch == cfg.epochs // 2:
             for group in optimizer.param_groups:
                 group["lr"] = cfg.lr * cfg.lr_decay
@@ -143,7 +143,7 @@ def evaluate_synthetic(
     cfg, generator
         Training settings; the only source of randomness (initial weights, shuffling, augmentation).
     progress
-        Show a tqdm bar for the training.
+        Show a progress bar for the training (plain lines when stderr is not a terminal).
 
     Returns
     -------

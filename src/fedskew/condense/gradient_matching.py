@@ -41,7 +41,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
-from tqdm import tqdm
 
 from fedskew.condense.augment import DSAConfig, apply_dsa, dsa, sample_dsa_params
 from fedskew.condense.synthetic import (
@@ -58,6 +57,7 @@ from fedskew.condense.synthetic import (
 from fedskew.core.device import Precision
 from fedskew.core.errors import ConfigError
 from fedskew.models.layout import as_model_format, is_channels_last, use_channels_last
+from fedskew.progress import progress_bar
 
 DISTANCES = ("dc", "cosine")
 _EPS = 1e-12
@@ -240,7 +240,7 @@ def gradient_matching(
     generator
         The only source of randomness: same seed, same result.
     progress
-        Show a tqdm bar on stderr.
+        Show a progress bar on stderr (plain lines when it is not a terminal).
     batched_ok
         Compute the synthetic side for all classes at once when there are two or more classes and
         every layer of the network allows it (:func:`batchable`; the default; same result up to float
@@ -261,7 +261,7 @@ def gradient_matching(
     optimizer = torch.optim.SGD([images], lr=cfg.image_lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     targets = [torch.full((cfg.ipc,), c, dtype=torch.int64, device=device) for c in classes]
     net_precision = Precision(device, cfg.amp)  # the inner loop's own scaler (another optimiser)
-    bar = tqdm(range(cfg.iterations), desc="gradient matching", disable=not progress)
+    bar = progress_bar(range(cfg.iterations), desc="gradient matching", enabled=progress)
     for _ in bar:
         net = use_channels_last(fresh_model(model_factory, generator, device))
         cl = is_channels_last(net)

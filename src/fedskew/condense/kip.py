@@ -37,11 +37,11 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm import tqdm
 
 from fedskew.condense.synthetic import INITS, SynthesisOptions, SyntheticSet, check_data, start_set
 from fedskew.core.device import Precision
 from fedskew.core.errors import ConfigError, DataError
+from fedskew.progress import progress_bar
 
 Kernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``kernel(x1, x2)`` returns the (n1, n2) kernel matrix of two image batches."""
@@ -290,7 +290,7 @@ def kip(
     generator
         The only source of randomness.
     progress
-        Show a tqdm bar on stderr.
+        Show a progress bar on stderr (plain lines when it is not a terminal).
     start
         The support set to start from, normalised images of the real images' shape with labels in
         ``[0, num_classes)``; ``None`` (default): ``cfg.ipc`` images of every class present, initialised
@@ -320,7 +320,7 @@ def kip(
     y_s = centered_one_hot(syn.labels, num_classes).requires_grad_(cfg.learn_labels)
     targets = centered_one_hot(y_real, num_classes)
     optimizer = torch.optim.Adam([x_s, y_s] if cfg.learn_labels else [x_s], lr=cfg.lr)
-    bar = tqdm(range(cfg.iterations), desc="KIP", disable=not progress)
+    bar = progress_bar(range(cfg.iterations), desc="KIP", enabled=progress)
     for _ in bar:
         idx = torch.randperm(x_real.shape[0], generator=generator)[: cfg.target_batch].to(device)
         kernel = _step_kernel(cfg, x_real.shape[1], generator, device)

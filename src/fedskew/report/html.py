@@ -9,6 +9,7 @@ of runs, without the code or data that produced them.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import json
 import os
@@ -18,7 +19,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from fedskew.report.plots import experiment_title, plot_clients, plot_curves, synthetic_grids
+from fedskew.config.variants import expand_label
+from fedskew.progress import progress_bar
+from fedskew.report.order import in_config_order
+from fedskew.report.plots import DEFAULT_DPI, check_format, experiment_title, plot_clients, plot_curves, synthetic_grids
 from fedskew.report.tables import comparison_table, separate_experiments, table_cells, table_keys, write_table
 from fedskew.runs import AUDIT_FILE, RunData, find_runs, load_run
 
@@ -151,6 +155,7 @@ def _runs_section(runs: list[RunData], root: Path, out: Path) -> str:
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
 table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
+table { display: block; max-width: 100%; overflow-x: auto; }  /* a wide table scrolls, the page keeps its width */
 th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
 th:first-child, td:first-child { text-align: left; }
 th { background: #f2f2f2; }
@@ -178,12 +183,27 @@ def _audit_section(runs: list[RunData], out: Path) -> str:
     )
 
 
+def _kinds(plain: list[RunData], grouped: list[RunData]) -> dict[str, tuple[str, str]]:
+    """Each grouped label's (method, setting): the label before ``--group-by`` and what grouping added."""
+    return {g.label: (p.label, g.label[len(p.label):].strip(" ()")) for p, g in zip(plain, grouped, strict=True)}
+
+
+def _figure_html(img: Path) -> str:
+    """A figure of the page: SVG and PNG files inlined as they are, a PDF figure by its PNG copy."""
+    shown = img.with_suffix(".png") if img.suffix == ".pdf" else img
+    mime = "image/svg+xml" if shown.suffix == ".svg" else "image/png"
+    data = base64.b64encode(shown.read_bytes()).decode("ascii")
+    return (f'<figure><img alt="{html.escape(img.stem)}" src="data:{mime};base64,{data}"><figcaption>'
+            f"{html.escape(caption(img.stem))} <code>{html.escape(img.name)}</code></figcaption></figure>")
+
+
 def write_report(paths: Sequence[Path], out_dir: Path | None = None, group_by: Sequence[str] = (),
-                 label: str = "") -> Path:
+                 label: str = "", fmt: str = "png", dpi: int = DEFAULT_DPI, progress: bool = False) -> Path:
     """Build the full report for the runs found under ``paths``.
 
     Writes ``results.md``, ``results.csv``, the plots and a self-contained ``report.html`` (plots
-    inlined as base64 PNG, so the page can be mailed or attached to an issue on its own).
+    inlined, so the page can be mailed or attached to an issue on its own). Runs, table rows and curves
+    follow the config's order (:func:`fedskew.report.order.in_config_order`).
 
     Parameters
     ----------
@@ -198,27 +218,43 @@ def write_report(paths: Sequence[Path], out_dir: Path | None = None, group_by: S
     label
         A label template for the runs (``"{label}, KL {algorithm.kl_reduction}"``, see
         :func:`separate_experiments`); empty keeps the runs' own labels.
+    fmt, dpi
+        The figures' format (``png``, ``pdf`` or ``svg``; a PDF figure also gets a PNG copy, which the
+        page shows) and the resolution of raster figures.
+    progress
+        A progress bar of the figures on standard error (:func:`fedskew.progress.progress_bar`: plain lines
+        where it is not a terminal); ``fedskew report`` shows it.
 
     Returns
     -------
     Path
         The HTML file.
     """
+    check_format(fmt, dpi)
     run_paths = find_runs(paths)
-    runs = separate_experiments([load_run(p) for p in run_paths], group_by, label)
+    loaded = in_config_order([load_run(p) for p in run_paths])
+    runs = separate_experiments(loaded, group_by, label)
+    kinds = None
+    if group_by:  # colour = method, line style = the grouped setting
+        kinds = _kinds([dataclasses.replace(r, label=expand_label(label, r.label, r.config)) if label else r
+                        for r in loaded], runs)
     root = Path(os.path.commonpath([str(p.resolve()) for p in run_paths]))
     out = Path(out_dir) if out_dir is not None else root / "report"
     rows = comparison_table(runs)
     write_table(rows, out)
-    images = plot_curves(runs, out) + plot_clients(runs, out) + synthetic_grids(runs, out)
+    with progress_bar(total=3, desc=f"report of {len(runs)} run(s)", unit="step", enabled=progress) as bar:
+        bar.set_postfix_str("curves")
+        images = plot_curves(runs, out, fmt, dpi, kinds)
+        bar.update(1)
+        bar.set_postfix_str("per-client plots")
+        images += plot_clients(runs, out, fmt, dpi, kinds)
+        bar.update(1)
+        bar.set_postfix_str("image grids")
+        images += synthetic_grids(runs, out, fmt=fmt, dpi=dpi)
+        bar.update(1)
     headers, cells = table_cells(rows)
     keys = table_keys(rows)
-    figures = "".join(
-        f'<figure><img alt="{html.escape(img.stem)}" src="data:image/png;base64,'
-        f'{base64.b64encode(img.read_bytes()).decode("ascii")}"><figcaption>{html.escape(caption(img.stem))} '
-        f"<code>{html.escape(img.name)}</code></figcaption></figure>"
-        for img in images
-    )
+    figures = "".join(_figure_html(img) for img in images)
     title = experiment_title(runs)
     page = (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>fedskew report</title>'

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import re
+import textwrap
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,11 +63,56 @@ def _mean_and_std(stack: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     return mean, (stack.std(axis=0, ddof=1) if len(stack) > 1 else None)
 
 
-def _line_with_band(ax: Axes, x: np.ndarray, stack: np.ndarray, color: Any, label: str) -> None:
+LINE_STYLES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
+"""Line styles in order of use (solid, dashed, dash-dot, dotted, dash-dot-dot, sparse dots)."""
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+"""Marker shapes in order of use."""
+
+
+def line_styles(labels: Sequence[str], kinds: Mapping[str, tuple[str, str]] | None = None) -> dict[str, dict[str, Any]]:
+    """Colour, line style and marker of each label's curve, so that every curve can be told apart in colour,
+    in grey and where two curves are identical (different dashes and markers at different points).
+
+    Without ``kinds``: label ``i`` gets colour ``i``, line style ``i`` and marker ``i`` (cycling). With
+    ``kinds`` (label -> (method, setting), from ``--group-by``): colour and marker follow the method, line
+    style the grouped setting, so "FedAvg (alpha=0.1)" and "FedAvg (alpha=0.5)" share a colour and differ in
+    dashes, and "FedProx (alpha=0.1)" shares FedAvg's dashes in another colour. Colours are tab10's.
+    """
+    colors = colormaps["tab10"]
+    styles: dict[str, dict[str, Any]] = {}
+    if kinds:
+        methods = list(dict.fromkeys(kinds.get(label, (label, ""))[0] for label in labels))
+        settings = list(dict.fromkeys(kinds.get(label, (label, ""))[1] for label in labels))
+        for label in labels:
+            method, setting = kinds.get(label, (label, ""))
+            m, k = methods.index(method), settings.index(setting)
+            styles[label] = {"color": colors(m % 10), "linestyle": LINE_STYLES[k % len(LINE_STYLES)],
+                             "marker": MARKERS[m % len(MARKERS)], "hollow": k % 2 == 1}
+    else:
+        for i, label in enumerate(labels):
+            styles[label] = {"color": colors(i % 10), "linestyle": LINE_STYLES[i % len(LINE_STYLES)],
+                             "marker": MARKERS[i % len(MARKERS)], "hollow": i % 2 == 1}
+    for i, label in enumerate(labels):
+        styles[label]["order"] = i
+    return styles
+
+
+def _line_with_band(ax: Axes, x: np.ndarray, stack: np.ndarray, style: Mapping[str, Any], label: str,
+                    n_labels: int = 1) -> None:
+    """The mean curve with its markers (about ten a curve, staggered between labels so that identical curves
+    show every label's markers) and, for several seeds, a ±1 std band."""
     mean, std = _mean_and_std(stack)
-    ax.plot(x, mean, color=color, label=label if len(stack) == 1 else f"{label} (n={len(stack)})")
+    step = max(1, math.ceil(len(x) / 10))
+    order = int(style.get("order", 0))
+    offset = (order * max(1, step // max(n_labels, 1))) % step
+    # Later curves thinner, with smaller markers: where curves coincide, the earlier ones show round them.
+    width, size = max(2.6 - 0.35 * order, 0.9), max(8.0 - 0.8 * order, 3.5)
+    ax.plot(x, mean, color=style["color"], linestyle=style["linestyle"], marker=style["marker"],
+            markevery=(offset, step), markersize=size, linewidth=width,
+            markerfacecolor="none" if style.get("hollow") else style["color"],
+            label=label if len(stack) == 1 else f"{label} (n={len(stack)})")
     if std is not None:
-        ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
+        ax.fill_between(x, mean - std, mean + std, color=style["color"], alpha=0.15, linewidth=0)
 
 
 def _slug(label: str) -> str:
@@ -81,9 +128,35 @@ def _unique_slug(label: str, used: set[str]) -> str:
     return slug
 
 
-def _save(fig: Figure, path: Path) -> Path:
-    fig.savefig(path, dpi=100)
-    return path
+FORMATS = ("png", "pdf", "svg")
+"""Figure formats of the report (``fedskew report --format``)."""
+DEFAULT_DPI = 150
+"""Resolution of raster figures (PNG, and the PNG copy the page shows of a PDF figure)."""
+
+
+def check_format(fmt: str, dpi: int) -> None:
+    """Refuse a figure format other than :data:`FORMATS` and a resolution outside [50, 1200] dpi."""
+    if fmt not in FORMATS:
+        raise FedskewError(f"figure format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if isinstance(dpi, bool) or not isinstance(dpi, int) or not 50 <= dpi <= 1200:
+        raise FedskewError(f"dpi must be an integer in [50, 1200], got {dpi!r}")
+
+
+def _save(fig: Figure, path: Path, fmt: str = "png", dpi: int = DEFAULT_DPI) -> Path:
+    """Write ``fig`` as ``path`` (a name without suffix) plus the suffix of ``fmt``, with a tight bounding box
+    (nothing clipped); a PDF figure also gets a PNG copy, which report.html shows (a page cannot show a PDF
+    inline). Returns the file written in ``fmt``."""
+    from fedskew.condense.grids import save_figure
+
+    out = save_figure(fig, path.parent / f"{path.name}.{fmt}", dpi)  # not with_suffix: "alpha_0.1" has a dot
+    if fmt == "pdf":
+        save_figure(fig, path.parent / f"{path.name}.png", dpi)
+    return out
+
+
+def _wrap(text: str, width: int = 75) -> str:
+    """``text`` on lines of at most ``width`` characters (titles that would run past the figure's edges)."""
+    return "\n".join(textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False)) or text
 
 
 BAND = "shaded: mean ± 1 sample std over seeds"
@@ -117,16 +190,24 @@ def experiment_title(runs: list[RunData]) -> str:
 
 
 def _finish(ax: Axes, title: str, n_max: int) -> None:
-    """Grid, legend (saying what the band is when some label has several seeds) and title."""
+    """Grid, legend (beside the axes from five labels on, so it hides no curve; saying what the band is when
+    some label has several seeds) and the title, wrapped to the figure's width."""
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize="small", title=BAND if n_max > 1 else None, title_fontsize="x-small")
+    handles = ax.get_legend_handles_labels()[0]
+    if handles:
+        band = BAND if n_max > 1 else None
+        if len(handles) > 4:
+            ax.legend(fontsize="small", title=band, title_fontsize="x-small", loc="upper left",
+                      bbox_to_anchor=(1.01, 1.0))
+        else:
+            ax.legend(fontsize="small", title=band, title_fontsize="x-small")
     if title:
-        ax.set_title(title, fontsize="medium")
+        ax.set_title(_wrap(title), fontsize="medium")
 
 
-def plot_curves(runs: list[RunData], out_dir: Path) -> list[Path]:
-    """Write the comparison plots into ``out_dir``.
+def plot_curves(runs: list[RunData], out_dir: Path, fmt: str = "png", dpi: int = DEFAULT_DPI,
+                kinds: Mapping[str, tuple[str, str]] | None = None) -> list[Path]:
+    """Write the comparison plots into ``out_dir``, as ``fmt`` files (png, pdf or svg) at ``dpi``.
 
     Writes ``accuracy.png`` (test accuracy per round), ``class_variance.png`` (per-round class
     variance), ``bytes.png`` (accuracy against cumulative traffic in all directions, the fair axis
@@ -134,51 +215,54 @@ def plot_curves(runs: list[RunData], out_dir: Path) -> list[Path]:
     is a horizontal line at its best accuracy) and, for each label with per-class accuracies,
     ``per_class_<label>.png`` (a classes x rounds heatmap, classes by name, that shows which classes a
     method forgets from round to round). Seeds are drawn as their mean with a +-1 std band, which the
-    legend says. Titles name the dataset and the partition.
+    legend says. Titles name the dataset and the partition. Each label's curve has its own colour, line
+    style and markers (:func:`line_styles`; with ``kinds``, from ``--group-by``, colour = method and line
+    style = the grouped setting), so identical curves stay visible and the figures read in grey.
 
     Figures are built with the object-oriented Agg API (no pyplot), so no global backend or figure
     registry is touched and nothing is left open.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    check_format(fmt, dpi)
     groups = group_runs(runs)
-    colors = colormaps["tab10"]
+    styles = line_styles(list(groups), kinds)
     title = experiment_title(runs)
     n_max = max((len(g) for g in groups.values()), default=1)
     curves = [
-        ("accuracy.png", "round", "test accuracy (%)", _accuracy),
-        ("class_variance.png", "round", "class variance (fractions squared)", _class_variance),
+        ("accuracy", "round", "test accuracy (%)", _accuracy),
+        ("class_variance", "round", "class variance (fractions squared)", _class_variance),
     ]
     written = []
     for name, xlabel, ylabel, values in curves:
         fig = Figure(figsize=(7, 4.5), layout="constrained")
         ax = fig.add_subplot()
-        for i, (label, group) in enumerate(groups.items()):
+        for label, group in groups.items():
             x, stack = _aligned(group, values)
             if x.size:
-                _line_with_band(ax, x, stack, colors(i % 10), label)
+                _line_with_band(ax, x, stack, styles[label], label, len(groups))
         ax.set(xlabel=xlabel, ylabel=ylabel)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         _finish(ax, title, n_max)
-        written.append(_save(fig, out_dir / name))
+        written.append(_save(fig, out_dir / name, fmt, dpi))
 
     fig = Figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.add_subplot()
-    for i, (label, group) in enumerate(groups.items()):
+    for label, group in groups.items():
         x_acc, acc = _aligned(group, _accuracy)
         if not x_acc.size:
             continue
         if all(run.summary.get("algorithm") == "centralized" for run in group):
             best = acc.max(axis=1).mean()  # data sent once, not per round: a reference, not a curve
-            ax.axhline(best, color=colors(i % 10), linestyle="--", linewidth=1,
+            ax.axhline(best, color=styles[label]["color"], linestyle="--", linewidth=1,
                        label=f"{label}: best {best:.1f}% (data sent once)")
             continue
         x_mb, mb = _aligned(group, _cumulative_mb)
         # traffic up to and including each evaluated round
-        _line_with_band(ax, mb[:, np.isin(x_mb, x_acc)].mean(axis=0), acc, colors(i % 10), label)
+        _line_with_band(ax, mb[:, np.isin(x_mb, x_acc)].mean(axis=0), acc, styles[label], label, len(groups))
     ax.set(xlabel="cumulative traffic, all directions (MB)", ylabel="test accuracy (%)")
     _finish(ax, title, n_max)
-    written.append(_save(fig, out_dir / "bytes.png"))
+    written.append(_save(fig, out_dir / "bytes", fmt, dpi))
 
     cmap = colormaps["viridis"].with_extremes(bad="lightgrey")
     used: set[str] = set()
@@ -200,15 +284,17 @@ def plot_curves(runs: list[RunData], out_dir: Path) -> list[Path]:
             extent=(rounds[0] - 0.5, rounds[-1] + 0.5, -0.5, stack.shape[1] - 0.5),
         )
         fig.colorbar(image, ax=ax, label="accuracy (%)")
-        ax.set(xlabel="round", ylabel="class", title=f"per-class accuracy: {label}" + (f" ({title})" if title else ""))
-        ax.title.set_fontsize("medium")
+        ax.set(xlabel="round", ylabel="class")
+        # the label on a line of its own, the experiment below it, both wrapped: nothing runs past the edges
+        ax.set_title(_wrap(f"per-class accuracy: {label}", 70) + (f"\n{_wrap(title, 80)}" if title else ""),
+                     fontsize="medium")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         names = group[0].summary.get("class_names")
         if isinstance(names, list) and len(names) == stack.shape[1]:
             ax.set_yticks(range(len(names)), [str(n) for n in names], fontsize="small" if len(names) <= 20 else 5)
         else:
             ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        written.append(_save(fig, out_dir / f"per_class_{slug}.png"))
+        written.append(_save(fig, out_dir / f"per_class_{slug}", fmt, dpi))
     return written
 
 
@@ -224,14 +310,16 @@ def _last_vector(run: RunData, key: str) -> list[float]:
     return []
 
 
-def plot_clients(runs: list[RunData], out_dir: Path) -> list[Path]:
-    """Plots of the per-client evaluation, for runs that have one (none otherwise).
+def plot_clients(runs: list[RunData], out_dir: Path, fmt: str = "png", dpi: int = DEFAULT_DPI,
+                 kinds: Mapping[str, tuple[str, str]] | None = None) -> list[Path]:
+    """Plots of the per-client evaluation, for runs that have one (none otherwise), as ``fmt`` files at ``dpi``.
 
     ``client_accuracy.png``: the distribution of the clients' accuracies on their own test splits in the
     last evaluated round, one box per label (the clients of all its seeds pooled; the box spans the middle
     half, whiskers 1.5 IQR, the diamond is the mean), for the global model and for each client's own model.
     ``client_curves.png``: mean and worst-10% client accuracy of the clients' own models per round.
     """
+    check_format(fmt, dpi)
     groups = group_runs(runs)
     panels = [
         (key, what, {label: [a for run in group for a in _last_vector(run, key)] for label, group in groups.items()})
@@ -253,14 +341,14 @@ def plot_clients(runs: list[RunData], out_dir: Path) -> list[Path]:
         ax.grid(alpha=0.3, axis="y")
     axes[0].set_ylabel("accuracy on the client's own test split (%)")
     title = experiment_title(runs)
-    fig.suptitle("per-client accuracy, last evaluated round (clients of all seeds)" + (f"\n{title}" if title else ""),
-                 fontsize="medium")
-    written = [_save(fig, out_dir / "client_accuracy.png")]
+    fig.suptitle("per-client accuracy, last evaluated round (clients of all seeds)"
+                 + (f"\n{_wrap(title)}" if title else ""), fontsize="medium")
+    written = [_save(fig, out_dir / "client_accuracy", fmt, dpi)]
 
-    colors = colormaps["tab10"]
+    styles = line_styles(list(groups), kinds)
     fig = Figure(figsize=(10, 4.5), layout="constrained")
     ax = fig.add_subplot()
-    for i, (label, group) in enumerate(groups.items()):
+    for label, group in groups.items():
         for stat, style in (("mean", "-"), ("worst10", "--")):
             x, stack = _aligned(group, lambda run, k=f"personal_accuracy_{stat}": {
                 r["round"]: float(r[k]) * 100 for r in run.records if is_number(r.get(k))
@@ -268,14 +356,15 @@ def plot_clients(runs: list[RunData], out_dir: Path) -> list[Path]:
             if x.size:
                 mean, _ = _mean_and_std(stack)
                 which = "mean" if stat == "mean" else "worst 10%"
-                ax.plot(x, mean, style, color=colors(i % 10), label=f"{label}, {which}")
+                ax.plot(x, mean, style, color=styles[label]["color"], marker=styles[label]["marker"],
+                        markevery=max(1, len(x) // 10), markersize=4, label=f"{label}, {which}")
     ax.set(xlabel="round", ylabel="client accuracy, own model (%)",
-           title="clients' own models, mean over seeds" + (f"\n{title}" if title else ""))
+           title="clients' own models, mean over seeds" + (f"\n{_wrap(title, 100)}" if title else ""))
     ax.title.set_fontsize("medium")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    written.append(_save(fig, out_dir / "client_curves.png"))
+    written.append(_save(fig, out_dir / "client_curves", fmt, dpi))
     return written
 
 
@@ -295,10 +384,13 @@ def _per_class_stack(group: list[RunData]) -> tuple[np.ndarray, np.ndarray]:
     return np.array(common), mean
 
 
-def synthetic_grids(runs: list[RunData], out_dir: Path, per_class: int = 10) -> list[Path]:
-    """``synthetic_<label>.png``: the condensed images each run's clients sent in its last round.
+def synthetic_grids(runs: list[RunData], out_dir: Path, per_class: int = 10, fmt: str = "png",
+                    dpi: int = DEFAULT_DPI) -> list[Path]:
+    """``synthetic_<label>.<fmt>``: the condensed images each run's clients sent in its last round.
 
-    One row per class, at most ``per_class`` images a row (the first ones sent), from the run's
+    One row per class sent, named by the class (the dataset's class names where the run recorded them;
+    a label-skewed federation may send fewer classes than it has), at most ``per_class`` images a row
+    (the first ones sent), from the run's
     ``artifacts/synthetic/`` (FedDC, FedDC+, FedDM, FedAF and HFLDD save them); the papers' Fig. 7 view.
     The first seed of a label stands for it. Runs without synthetic data get no grid.
     """
@@ -306,8 +398,9 @@ def synthetic_grids(runs: list[RunData], out_dir: Path, per_class: int = 10) -> 
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from fedskew.condense.grids import save_image_grid
+    from fedskew.condense.grids import labelled_grid_figure
 
+    check_format(fmt, dpi)
     written: list[Path] = []
     used: set[str] = set()
     for label, group in group_runs(runs).items():
@@ -321,5 +414,10 @@ def synthetic_grids(runs: list[RunData], out_dir: Path, per_class: int = 10) -> 
             raise FedskewError(f"cannot read synthetic images {files[-1]}: {e}") from None
         keep = torch.cat([torch.nonzero(labels == c).flatten()[:per_class] for c in torch.unique(labels)])
         slug = _unique_slug(label, used)
-        written.append(save_image_grid(images[keep], labels[keep], out_dir / f"synthetic_{slug}.png"))
+        names = group[0].summary.get("class_names")
+        sent = files[-1].stem.rpartition("_")[2].lstrip("0") or "0"  # round_0030.safetensors: round 30
+        scale = max(2, round(32 / int(images.shape[2])))  # about 32 pixels an image: 8x8 digits drawn 4x
+        fig = labelled_grid_figure(images[keep], labels[keep], names if isinstance(names, list) else None,
+                                   title=_wrap(f"{label}: images sent in round {sent}", 60), scale=scale)
+        written.append(_save(fig, Path(out_dir) / f"synthetic_{slug}", fmt, dpi))
     return written

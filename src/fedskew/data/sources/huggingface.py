@@ -1,4 +1,5 @@
-"""Hugging Face ``datasets`` as a source: ``huggingface`` (optional extra ``pip install 'fedskew[huggingface]'``).
+"""Hugging Face ``datasets`` as a source: ``huggingface`` (optional extra: ``pip install -e '.[huggingface]'``
+in fedskew's clone).
 
 It reads a folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``, a folder of data
 files that ``datasets.load_dataset`` reads (parquet, arrow, an image folder ...), or a dataset that
@@ -33,7 +34,8 @@ from fedskew.data.sources.images import _guess_channels, decode_all
 
 __all__ = ["MISSING_DATASETS", "HuggingFaceParams"]
 
-MISSING_DATASETS = "dataset 'huggingface' needs the datasets package: pip install 'fedskew[huggingface]'"
+MISSING_DATASETS = ("dataset 'huggingface' needs the datasets package: pip install -e '.[huggingface]' in "
+                    "fedskew's clone")
 
 _NAME = "huggingface"
 _SAVED_MARKERS = ("dataset_dict.json", "state.json")  # what save_to_disk writes (DatasetDict, Dataset)
