@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 from tqdm import tqdm
@@ -86,3 +87,16 @@ def test_the_round_loops_calls_resumed_at_round_10() -> None:
             bar.update(1)
     assert [line.split(" (")[0] for line in log.getvalue().splitlines()] == [
         "FedAvg: 11/12 round, acc=50.0%", "FedAvg: 12/12 round, acc=62.5%"]
+
+
+def test_a_run_into_a_log_file_writes_plain_lines(tmp_path: Path) -> None:
+    """``fedskew run ... 2> log``: no carriage returns or escape codes, a line per run's end and per 10 s."""
+    from tests.cli_process import fedskew, write_config
+
+    cfg = write_config(tmp_path / "c.toml", rounds=3, seeds=[0, 1])
+    res = fedskew("run", str(cfg), "--out", "o", cwd=tmp_path)  # stderr is a pipe, as a log file
+    assert res.code == 0, res.err
+    assert "\r" not in res.err and "\x1b" not in res.err
+    lines = res.err.splitlines()
+    assert sum(line.startswith("fedavg: 3/3 round") for line in lines) == 2  # each run's last line
+    assert any(line.startswith("o: 2/2 run") for line in lines)  # the experiment's

@@ -3,7 +3,7 @@
 A module fixture starts a head node and a second node on this machine (:mod:`tests.engine.ray_cluster`,
 one CPU each, so a round's jobs must spread over both), and runs join it through ``ray.address``; one
 test lets the engine start and stop its own local instance. The tests skip only where Ray is not
-installed (``pip install 'fedskew[ray]'``; scripts/test.sh installs it); the missing-Ray error is tested
+installed (``pip install -e '.[ray]'``; scripts/test.sh installs it); the missing-Ray error is tested
 everywhere.
 """
 
@@ -30,7 +30,7 @@ from tests.engine.ray_cluster import LocalRayCluster, auth_env, free_port
 from tests.plugin_module import fresh_registries, plugin_config, write_plugin
 
 needs_ray = pytest.mark.skipif(
-    importlib.util.find_spec("ray") is None, reason="Ray is optional: pip install 'fedskew[ray]'"
+    importlib.util.find_spec("ray") is None, reason="Ray is optional: pip install -e '.[ray]'"
 )
 
 # FedAvg, SCAFFOLD: its clients keep a control variate c_i in their state between rounds, and Ditto:
@@ -123,4 +123,5 @@ def test_missing_ray_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     loop = RoundLoop(tiny_config(engine="ray"), tmp_path / "run", progress=False)
     with pytest.raises(FedskewError) as e:
         loop.run()
-    assert str(e.value) == MISSING_RAY == "engine 'ray' needs Ray: pip install 'fedskew[ray]'"
+    assert str(e.value) == MISSING_RAY == ("engine 'ray' needs Ray: pip install ray (from a clone: "
+                                           "pip install -e '.[ray]')")

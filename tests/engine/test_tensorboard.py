@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import sys
 import tomllib
 from pathlib import Path
@@ -28,7 +29,8 @@ from tests.conftest import tiny_config
 
 FEDDM: dict[str, Any] = {"name": "feddm", "condense_iterations": 3, "ipc": 2,
                          "server": {"epochs": 2, "batch_size": 16, "lr": 0.1}}
-MISSING = "logging.tensorboard = true needs TensorBoard, which is not installed: pip install 'fedskew[tensorboard]'"
+MISSING = ("logging.tensorboard = true needs TensorBoard, which is not installed: pip install tensorboard (from a "
+           "clone: pip install -e '.[tensorboard]')")
 
 
 def _config(tensorboard: bool, **over: Any) -> dict[str, Any]:
@@ -174,7 +176,7 @@ def test_without_tensorboard_a_run_asking_for_it_is_refused_before_it_starts(
     with pytest.raises(ConfigError) as e:
         validate(tiny_config(logging={"tensorboard": True}))
     assert str(e.value) == MISSING
-    with pytest.raises(ConfigError, match="pip install 'fedskew\\[tensorboard\\]'"):
+    with pytest.raises(ConfigError, match=re.escape("pip install -e '.[tensorboard]'")):
         RoundLoop(tiny_config(logging={"tensorboard": True}), tmp_path / "direct", progress=False).run()
     cfg = tiny_config(rounds=1)
     cfg.pop("label")

@@ -208,7 +208,10 @@ class EvalParams:
               self.personalized_batch_size, "an integer >= 1 (or absent: the method's batch_size)")
 
 
-MISSING_TENSORBOARD = "tensorboard = true needs TensorBoard, which is not installed: pip install 'fedskew[tensorboard]'"
+MISSING_TENSORBOARD = (
+    "tensorboard = true needs TensorBoard, which is not installed: pip install tensorboard (from a clone: "
+    "pip install -e '.[tensorboard]')"
+)
 """Why a run with ``logging.tensorboard = true`` is refused where TensorBoard is missing (after ``logging.``)."""
 
 

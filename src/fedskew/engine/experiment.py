@@ -9,8 +9,6 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from fedskew.config import RunSpec, dump, validate
 from fedskew.config.files import flat_keys, read_toml, same_value, set_dotted
 from fedskew.config.schema import comparable_config, full_config
@@ -19,6 +17,7 @@ from fedskew.core.errors import ConfigError
 from fedskew.engine.checkpoint import RESUMABLE, check_resume, load_checkpoint
 from fedskew.engine.federation import Federation, build_federation
 from fedskew.engine.round_loop import RoundLoop, RunResult
+from fedskew.progress import progress_bar
 from fedskew.runs import (
     CHECKPOINT_FILE,
     CHECKPOINTS_DIR,
@@ -117,8 +116,8 @@ def run_experiment(
     with ExitStack() as held:
         for run_dir in folders:
             held.enter_context(locked_run_folder(run_dir))
-        bar = held.enter_context(tqdm(
-            total=len(runs), desc=parent.name or "experiment", unit="run", disable=not progress or len(runs) < 2,
+        bar = held.enter_context(progress_bar(  # a bar in a terminal, plain lines in a log file
+            total=len(runs), desc=parent.name or "experiment", unit="run", enabled=progress and len(runs) >= 2,
         ))
         for spec, run_dir, state in zip(runs, folders, states, strict=True):
             cfg = spec.config

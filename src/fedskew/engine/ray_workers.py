@@ -41,7 +41,7 @@ from fedskew.plugins import load_plugins, loaded_plugins
 
 log = logging.getLogger("fedskew")
 
-MISSING_RAY = "engine 'ray' needs Ray: pip install 'fedskew[ray]'"
+MISSING_RAY = "engine 'ray' needs Ray: pip install ray (from a clone: pip install -e '.[ray]')"
 _TENSORS = ("x", "y", "x_test", "y_test", "x_client_test", "y_client_test")  # the last two may be None
 
 

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from tqdm.auto import tqdm
 
 from fedskew.algorithms.base import ALGORITHMS, Algorithm, Replies, ServerContext
 from fedskew.config.schema import EvalParams, Faults, LoggingParams, RayParams, check_evaluable
@@ -55,6 +54,7 @@ from fedskew.engine.workers import ClientJob, Workers, default_workers, worker_d
 from fedskew.metrics import Ledger, class_variance, summarize_run
 from fedskew.models.evaluation import EVAL_CHUNK, EvalCounts, chunk_bounds
 from fedskew.plugins import load_plugins
+from fedskew.progress import progress_bar
 from fedskew.runs import ARTIFACTS_DIR, CHECKPOINTS_DIR, METRICS_FILE, MODEL_FILE, SUMMARY_FILE, TIMING_FILE
 
 log = logging.getLogger("fedskew")
@@ -359,9 +359,9 @@ class RoundLoop:
                 with use_compute(self.compute):
                     self.algorithm.setup(self.server)
             self._rewrite_metrics(records)
-            bar = tqdm(
+            bar = progress_bar(  # a bar in a terminal; in a log file a plain line every 10 s, no escape codes
                 total=rounds, initial=self.round, desc=f"{cfg.get('label', cfg['algorithm']['name'])}",
-                unit="round", disable=not self.progress, leave=False,
+                unit="round", enabled=self.progress, leave=False,
             )
             with bar, open(self.run_dir / TIMING_FILE, "a") as timing:
                 while self.round < rounds:
