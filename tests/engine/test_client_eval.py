@@ -187,3 +187,21 @@ def test_an_impossible_evaluation_reply_is_rejected(tmp_path: Path) -> None:
                 {**good, "personal_correct": 0.5}, {"num_test": float(n), "global_correct": 1.0}):
         reason = loop.client_eval.check(Message(metrics=bad), n)
         assert reason is not None and "\n" not in reason
+
+
+def test_clients_that_never_trained_are_counted_every_evaluated_round(tmp_path: Path) -> None:
+    """Issue 37, point 2: every client is evaluated, and the record says how many never trained yet."""
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config(rounds=3, partition={"client_test_fraction": 0.2},
+                      algorithm={"name": "ditto", "clients_per_round": 2})
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.toml").write_text(dump(cfg))
+    records = RoundLoop(cfg, run, progress=False).run().records
+    seen: set[int] = set()
+    for rec in records:
+        seen.update(rec["clients"])
+        assert rec["untrained_clients"] == 6 - len(seen)
+        assert sum(a is not None for a in rec["personal_accuracy"]) == 6  # the untrained ones too
+    assert records[0]["untrained_clients"] == 4

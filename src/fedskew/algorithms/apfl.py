@@ -58,6 +58,8 @@ def mixture(v: dict[str, torch.Tensor], w: dict[str, torch.Tensor], alpha: float
 class APFL(FedAvg):
     """FedAvg for the global model; each client learns a local model and how much of it to mix in."""
 
+    own_model = "the mixture of the client's local and the global model"
+
     @dataclass
     class Params(FedAvg.Params):
         # alpha_i's initial value: the authors' default (MLOPTPSU/FedTorch fedtorch/parameters.py, line 68).

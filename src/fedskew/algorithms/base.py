@@ -206,6 +206,9 @@ class Algorithm:
 
     name: ClassVar[str] = ""
     has_global_model: ClassVar[bool] = True
+    own_model: ClassVar[str] = "the global model"
+    """What this method evaluates as a client's own model (``personal_accuracy``), in a few words for the report
+    and docs/configuration.md; a method that overrides :meth:`personal_state` says what it returns."""
     """False for methods without one (``local``): the engine then evaluates only the clients' own models."""
 
     @dataclass

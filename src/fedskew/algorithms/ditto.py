@@ -41,6 +41,8 @@ from fedskew.core.params import check
 class Ditto(FedAvg):
     """FedAvg for the global model, plus a personal model per client pulled towards it."""
 
+    own_model = "the personal model v_k"
+
     @dataclass
     class Params(FedAvg.Params):
         # lambda of Eq. 2; 0 is local training. 1: the paper's fixed lambda outside strong attacks, and the

@@ -53,6 +53,8 @@ from fedskew.core.params import check
 class FedALA(FedAvg):
     """FedAvg whose clients start from an adaptive, element-wise mix of their local and the global model."""
 
+    own_model = "the client's model after its last local training"
+
     @dataclass
     class Params(FedAvg.Params):
         eta: float = 1.0  # the weights' learning rate (authors' system/main.py, line 97)

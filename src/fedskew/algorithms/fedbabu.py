@@ -41,6 +41,8 @@ from fedskew.core.params import check
 class FedBABU(FedPer):
     """Body-only federated training with a frozen random head; fine-tuning of the whole model per client."""
 
+    own_model = "the global model fine-tuned on the client's data"
+
     @dataclass
     class Params(FedPer.Params):
         # tau_f: epochs of fine-tuning (body and head) that make a client's own model from the global

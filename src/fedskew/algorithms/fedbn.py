@@ -50,6 +50,8 @@ def without(state: dict[str, V], keys: set[str]) -> dict[str, V]:
 class FedBN(FedAvg):
     """FedAvg with client-local normalisation layers."""
 
+    own_model = "the shared layers with the client's normalisation layers"
+
     _init_norm: dict[str, torch.Tensor] | None = None
 
     # ---- server ------------------------------------------------------------------------------

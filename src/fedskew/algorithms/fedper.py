@@ -30,6 +30,8 @@ from fedskew.core.message import Message, state_to_arrays
 class FedPer(FedAvg):
     """FedAvg on the body; each client keeps its own head. No parameters beyond FedAvg's."""
 
+    own_model = "the global body with the client's head"
+
     _init_head: dict[str, torch.Tensor] | None = None
 
     # ---- server ------------------------------------------------------------------------------

@@ -36,6 +36,8 @@ from fedskew.core.params import check
 class FedRep(FedPer):
     """Alternating updates: the client's head with the body fixed, then the body with the head fixed."""
 
+    own_model = "the global body with the client's head"
+
     @dataclass
     class Params(FedPer.Params):
         # tau_h: epochs of head updates per round, before the body's local_epochs (the authors' scripts,

@@ -25,6 +25,8 @@ from fedskew.core.message import Message, state_to_arrays
 class Local(FedAvg):
     """Each client trains alone; no communication, no global model."""
 
+    own_model = "the client's model"
+
     has_global_model: ClassVar[bool] = False
 
     @dataclass

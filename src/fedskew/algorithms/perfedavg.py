@@ -84,6 +84,8 @@ def meta_step(
 class PerFedAvg(ModelAveragingServer):
     """MAML-style FedAvg: the global model is trained to be good after one local step."""
 
+    own_model = "the global model after one step on the client's data"
+
     @dataclass
     class Params(ModelAveragingServer.Params):
         batch_size: int = 64  # |D| = |D'| = |D''| (fedskew's shared default)

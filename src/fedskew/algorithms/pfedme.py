@@ -83,6 +83,8 @@ def moreau_pull(local: list[torch.Tensor], theta: list[torch.Tensor], lam: float
 class PFedMe(ModelAveragingServer):
     """Bi-level personalisation: each client's theta_i solves a Moreau envelope around its local w."""
 
+    own_model = "theta_i from the client's last round"
+
     @dataclass
     class Params(ModelAveragingServer.Params):
         batch_size: int = 20  # |D|, one batch per local round (authors' MNIST command, README line 42)

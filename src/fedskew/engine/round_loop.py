@@ -138,6 +138,7 @@ class RoundLoop:
         self._workers: Workers | RayWorkers | None = None
         self._wire_cache: dict[int, tuple[Message, Message]] = {}
         self._sample_claims: dict[int, float] = {}
+        self._trained: set[int] = set()  # clients that took part in a round so far (for ``untrained_clients``)
         self._tensorboard = TensorBoardLog(None)  # off until run() opens the run's
         self._trackers: list[Tracker] = []  # W&B, MLflow: opened by run()
         self.compute = Compute(
@@ -351,6 +352,7 @@ class RoundLoop:
             )
             if resume:
                 records = self._restore()
+                self._trained = {int(c) for r in records for c in r.get("clients", [])}
                 with use_compute(self.compute):
                     self.algorithm.restore(self.server)
             else:
@@ -433,6 +435,10 @@ class RoundLoop:
         rec["failed"] = list(self._round_failed)
         rec["rejected"] = list(self._round_rejected)
         rec["samples"] = int(server.metrics.pop("samples", self._round_samples))
+        self._trained.update(rec["clients"])
+        if self.fed.has_client_test:  # clients evaluated on a model they never trained: counted, not hidden
+            tested = [cid for cid, n in enumerate(self.client_eval.sizes) if n > 0]
+            rec["untrained_clients"] = sum(cid not in self._trained for cid in tested) if evaluate else None
         for k, v in server.metrics.items():
             rec[k] = v
         return rec, t_eval

@@ -85,7 +85,7 @@ def _quiet_writer_threads() -> None:
 
 
 GROUPS = (("eval/", ("accuracy", "loss", "class_variance", "client_", "personal_")), ("comm/", ("bytes_",)),
-          ("clients/", ("samples", "clients", "failed", "rejected")))
+          ("clients/", ("samples", "clients", "failed", "rejected", "untrained_clients")))
 """TensorBoard sections by record key prefix: evaluation, communication, participation; an algorithm's own
 figures go under ``algorithm/`` and the per-class accuracies under ``per_class/``."""
 COUNTED = {"clients": "clients/took_part", "failed": "clients/failed", "rejected": "clients/rejected"}

@@ -56,7 +56,7 @@ def _html_table(headers: Sequence[str], cells: Iterable[Sequence[object]],
 
 HIGHER_IS_BETTER = {"final_acc", "best_acc", "client_mean", "client_worst10", "personal_mean", "personal_worst10"}
 """Table columns where the largest value is best (``acc@<round>`` too); see :data:`LOWER_IS_BETTER`."""
-LOWER_IS_BETTER = {"class_var", "class_std_pp", "rounds_to_target", "mb_to_target"}
+LOWER_IS_BETTER = {"class_var", "class_std_pp", "rounds_to_target", "mb_to_target", "worse_than_local"}
 """Where the smallest is best. Drops are negative points, so the best is the largest (closest to 0)."""
 
 
@@ -84,9 +84,12 @@ CAPTIONS = {
                       "the global model serves the classes; FedDC's class variance.",
     "bytes": "Test accuracy against the cumulative traffic, all directions (MB): the fair axis when methods "
              "send different amounts a round. Centralised training, which sends its data once, is a dashed line.",
-    "client_accuracy": "Each client's accuracy on its own test split in the last evaluated round, one box per "
+    "client_accuracy": "Each client's accuracy on its own test split in the last evaluated round, one row per "
                        "method (clients of all seeds pooled; the box spans the middle half, the diamond is the "
-                       "mean): for the global model and for each client's own model.",
+                       "mean): the global model (blue) and each client's own model (orange), every client "
+                       "counted. Each row names what the method evaluates as a client's own model and how many "
+                       "clients had never trained; the table's \"clients worse than local\" is the share of "
+                       "clients whose own model is worse than local training's (same seed and client).",
     "client_curves": "Mean (solid) and worst-10% (dashed) client accuracy of the clients' own models per round.",
     "per_class": "Per-class test accuracy per round (mean over seeds): which classes a method forgets and "
                  "relearns from round to round.",

@@ -310,6 +310,23 @@ def _last_vector(run: RunData, key: str) -> list[float]:
     return []
 
 
+def _own_label(group: list[RunData]) -> str:
+    """A method's label with what it evaluates as a client's own model (the algorithm's ``own_model``), and how
+    many of its clients had never trained when last evaluated."""
+    from fedskew.algorithms.base import ALGORITHMS
+
+    run = group[0]
+    name = str(run.summary.get("algorithm", ""))
+    own = getattr(ALGORITHMS.get(name), "own_model", "") if name in ALGORITHMS else ""
+    epochs = (run.config.get("eval") or {}).get("personalized_epochs", 0)
+    if own and isinstance(epochs, int) and epochs > 0:
+        own += f", fine-tuned {epochs} epoch{'s' if epochs > 1 else ''}"
+    untrained = [r.get("untrained_clients") for run in group for r in run.records[-1:]]
+    never = sum(int(u) for u in untrained if is_number(u))
+    text = run.label + (f"\nown: {_wrap(own, 40)}" if own else "")
+    return text + (f"\n{never} client{'s' if never != 1 else ''} never trained" if never else "")
+
+
 def plot_clients(runs: list[RunData], out_dir: Path, fmt: str = "png", dpi: int = DEFAULT_DPI,
                  kinds: Mapping[str, tuple[str, str]] | None = None) -> list[Path]:
     """Plots of the per-client evaluation, for runs that have one (none otherwise), as ``fmt`` files at ``dpi``.
@@ -321,25 +338,34 @@ def plot_clients(runs: list[RunData], out_dir: Path, fmt: str = "png", dpi: int 
     """
     check_format(fmt, dpi)
     groups = group_runs(runs)
-    panels = [
-        (key, what, {label: [a for run in group for a in _last_vector(run, key)] for label, group in groups.items()})
-        for key, what in CLIENT_VECTORS
-    ]
-    panels = [(key, what, data) for key, what, data in panels if any(data.values())]
-    if not panels:
+    data = {key: {label: [a for run in group for a in _last_vector(run, key)] for label, group in groups.items()}
+            for key, _ in CLIENT_VECTORS}
+    labels = [label for label in groups if any(data[key][label] for key, _ in CLIENT_VECTORS)]
+    if not labels:
         return []
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    fig = Figure(figsize=(max(5.0, 1.1 * len(groups) * len(panels) + 2), 4.5), layout="constrained")
-    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
-    for ax, (_, what, data) in zip(axes, panels, strict=True):
-        labels = [label for label, values in data.items() if values]
-        ax.boxplot([data[label] for label in labels], showmeans=True, widths=0.6,
-                   meanprops={"marker": "D", "markerfacecolor": "white", "markeredgecolor": "black"})
-        ax.set_xticks(range(1, len(labels) + 1), labels, rotation=20, ha="right")
-        ax.set(title=what, ylim=(-2, 102))
-        ax.grid(alpha=0.3, axis="y")
-    axes[0].set_ylabel("accuracy on the client's own test split (%)")
+    # One row per method (readable with a dozen), the global model's box and the own model's box side by side.
+    fig = Figure(figsize=(10, 1.2 + 0.55 * len(labels) * len(CLIENT_VECTORS)), layout="constrained")
+    ax = fig.add_subplot()
+    colours = {"client_accuracy": "#9ecae1", "personal_accuracy": "#fdae6b"}
+    offsets = {"client_accuracy": 0.2, "personal_accuracy": -0.2}
+    rows = list(range(len(labels), 0, -1))  # the first label on top
+    for key, what in CLIENT_VECTORS:
+        shown = [(row, data[key][label]) for row, label in zip(rows, labels, strict=True) if data[key][label]]
+        if not shown:
+            continue
+        box = ax.boxplot([values for _, values in shown], positions=[row + offsets[key] for row, _ in shown],
+                         orientation="horizontal", widths=0.34, showmeans=True, patch_artist=True,
+                         meanprops={"marker": "D", "markerfacecolor": "white", "markeredgecolor": "black",
+                                    "markersize": 5})
+        for patch in box["boxes"]:
+            patch.set_facecolor(colours[key])
+        box["boxes"][0].set_label(what)
+    ax.set_yticks(rows, [_own_label(groups[label]) for label in labels], fontsize="small")
+    ax.set(xlabel="accuracy on the client's own test split (%)", xlim=(-2, 102))
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=2, fontsize="small", frameon=False)
     title = experiment_title(runs)
     fig.suptitle("per-client accuracy, last evaluated round (clients of all seeds)"
                  + (f"\n{_wrap(title)}" if title else ""), fontsize="medium")

@@ -42,12 +42,14 @@ HEADERS = {
     "client_worst10": "worst-10% clients % (global)",
     "personal_mean": "clients % (own)",
     "personal_worst10": "worst-10% clients % (own)",
+    "worse_than_local": "clients worse than local %",
+    "untrained": "clients never trained",
     "rounds_to_target": "rounds to target",
     "mb_to_target": "MB to target",
 }
 
 _DECIMALS = {"class_var": 5, "rounds_to_target": 1}
-_WHOLE = {"rounds_to_target"}
+_WHOLE = {"rounds_to_target", "untrained"}
 """Columns of counts: a whole mean prints as an integer (a mean over seeds may still be 2.5)."""
 TERMINAL_WIDTH = 120
 """The widest table ``fedskew run`` and ``fedskew report`` print; results.md and results.csv hold every column."""
@@ -189,6 +191,8 @@ def comparison_table(runs: list[RunData]) -> list[dict[str, Any]]:
         {int(r) for run in runs for r in (run.summary.get("accuracy_at") or {})},
     )
     with_target = any(run.summary.get("rounds_to_target") is not None for run in runs)
+    local = {run.summary.get("seed"): _client_vector(run, "personal_accuracy") for run in runs
+             if run.summary.get("algorithm") == "local"}
     rows = []
     for label, group in group_runs(runs).items():
         summaries = [run.summary for run in group]
@@ -210,6 +214,9 @@ def comparison_table(runs: list[RunData]) -> list[dict[str, Any]]:
             row[key], row[f"{key}_std"] = _mean_std((s.get(key) for s in summaries), 100, 2)
         for key in PER_CLIENT:  # the per-client evaluation's last round (partition.client_test_fraction)
             row[key], row[f"{key}_std"] = _mean_std((s.get(f"{key}_final") for s in summaries), 100, 2)
+        row["worse_than_local"] = _worse_than_local(group, local)
+        row["untrained"], row["untrained_std"] = _mean_std((_last_number(run, "untrained_clients") for run in group),
+                                                           1, 1)
         row["class_var"], row["class_var_std"] = _mean_std((s["mean_class_variance"] for s in summaries), 1, 5)
         row["class_std_pp"], row["class_std_pp_std"] = _mean_std((_class_std_pp(run) for run in group), 1, 2)
         for d in DIRECTIONS:
@@ -224,6 +231,38 @@ def comparison_table(runs: list[RunData]) -> list[dict[str, Any]]:
             )
         rows.append(row)
     return rows
+
+
+def _client_vector(run: RunData, key: str) -> list[float | None]:
+    """The per-client accuracies of ``key`` (a fraction or None per client) in the run's last round that has them."""
+    for r in reversed(run.records):
+        if isinstance(r.get(key), list):
+            return [float(a) if is_number(a) else None for a in r[key]]
+    return []
+
+
+def _last_number(run: RunData, key: str) -> float | None:
+    """The value of ``key`` in the run's last round that has one."""
+    for r in reversed(run.records):
+        if is_number(r.get(key)):
+            return float(r[key])
+    return None
+
+
+def _worse_than_local(group: list[RunData], local: dict[Any, list[float | None]]) -> float | None:
+    """Percent of the clients whose own model this method makes worse than ``local``'s (the same seed and client,
+    last evaluated round; clients of all seeds pooled), or None without a ``local`` run to compare with."""
+    worse = compared = 0
+    for run in group:
+        theirs = local.get(run.summary.get("seed"))
+        if not theirs or run.summary.get("algorithm") == "local":
+            continue
+        ours = _client_vector(run, "personal_accuracy")
+        for a, b in zip(ours, theirs, strict=False):
+            if a is not None and b is not None:
+                compared += 1
+                worse += a < b - 1e-12
+    return round(100 * worse / compared, 1) if compared else None
 
 
 def table_keys(rows: list[dict[str, Any]]) -> list[str]:
