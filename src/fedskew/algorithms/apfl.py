@@ -76,14 +76,7 @@ class APFL(FedAvg):
 
     params: Params
 
-    _init_state: dict[str, torch.Tensor] | None = None
     _mix_models: dict[str, nn.Module] | None = None
-
-    def initial_state(self) -> dict[str, torch.Tensor]:
-        """The seeded initial model w^0, every client's first v_i (built once per process)."""
-        if self._init_state is None:
-            self._init_state = state_to_arrays(self.init_model().state_dict())
-        return self._init_state
 
     def own(self, client: ClientContext) -> tuple[dict[str, torch.Tensor], float]:
         """The client's v_i and alpha_i (w^0 and the configured ``alpha`` before it first trains)."""

@@ -18,7 +18,7 @@ import torch
 
 from fedskew.components.trainer import LocalConfig, train_local
 from fedskew.core.errors import ConfigError
-from fedskew.core.message import Message
+from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import check, next_checks
 from fedskew.core.registry import Registry
 from fedskew.core.seeding import numpy_rng, seeded_init, torch_generator
@@ -227,6 +227,15 @@ class Algorithm:
     def init_model(self) -> torch.nn.Module:
         """The initial global model (seeded, identical on every engine)."""
         return seeded_init(self.fed.model.build, self.fed.seed, "global-init")
+
+    _init_state: dict[str, torch.Tensor] | None = None
+
+    def initial_state(self) -> dict[str, torch.Tensor]:
+        """The initial global model's state dict, built once per process: the model a client starts from
+        before it first trains (``local``'s, Ditto's and APFL's own model, MOON's previous model)."""
+        if self._init_state is None:
+            self._init_state = state_to_arrays(self.init_model().state_dict())
+        return self._init_state
 
     def setup(self, server: ServerContext) -> None:
         """One-time phase before round 1 (clustering, a census ...). Default: nothing."""

@@ -60,14 +60,6 @@ class Ditto(FedAvg):
 
     params: Params
 
-    _init_state: dict[str, torch.Tensor] | None = None
-
-    def initial_state(self) -> dict[str, torch.Tensor]:
-        """The seeded initial model w^0, every client's first v_k (built once per process)."""
-        if self._init_state is None:
-            self._init_state = state_to_arrays(self.init_model().state_dict())
-        return self._init_state
-
     def personal_state(self, msg: Message, client: ClientContext) -> dict[str, torch.Tensor]:
         """The client's personal model v_k (w^0 before it first trains)."""
         return dict(client.state.get("personal") or self.initial_state())

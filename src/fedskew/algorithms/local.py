@@ -18,7 +18,7 @@ import torch
 
 from fedskew.algorithms.base import ClientContext, ServerContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
-from fedskew.core.message import Message, state_to_arrays
+from fedskew.core.message import Message
 
 
 @register_algorithm("local")
@@ -35,8 +35,6 @@ class Local(FedAvg):
 
     params: Params
 
-    _init_state: dict[str, torch.Tensor] | None = None
-
     # ---- server ------------------------------------------------------------------------------
     def round(self, server: ServerContext) -> None:
         """The round's clients train their own models; nothing is sent or received but the sample counts."""
@@ -47,12 +45,6 @@ class Local(FedAvg):
         return {} if task == "train" else None
 
     # ---- client ------------------------------------------------------------------------------
-    def initial_state(self) -> dict[str, torch.Tensor]:
-        """The seeded initial model, every client's starting point (built once per process)."""
-        if self._init_state is None:
-            self._init_state = state_to_arrays(self.init_model().state_dict())
-        return self._init_state
-
     def personal_state(self, msg: Message, client: ClientContext) -> dict[str, torch.Tensor]:
         """The client's own model (the initial model before it first trains)."""
         return dict(client.state.get("model") or self.initial_state())

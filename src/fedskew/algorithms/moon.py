@@ -22,8 +22,6 @@ import copy
 from dataclasses import dataclass
 from typing import cast
 
-import torch
-
 from fedskew.algorithms.base import ClientContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.terms import FeatureTap, contrastive_term
@@ -56,13 +54,6 @@ class Moon(FedAvg):
             check(self.temperature > 0, "temperature", self.temperature, "> 0")
 
     params: Params
-    _init_state: dict[str, torch.Tensor] | None = None
-
-    def initial_state(self) -> dict[str, torch.Tensor]:
-        """The seeded initial model's state dict, the previous model of a client that never trained."""
-        if self._init_state is None:
-            self._init_state = state_to_arrays(self.init_model().state_dict())
-        return self._init_state
 
     def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
         if task != "train":
