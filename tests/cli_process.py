@@ -86,3 +86,20 @@ def write_config(path: Path, **over: Any) -> Path:
         cfg["seeds"] = [0]
     path.write_text(dump(cfg))
     return path
+
+
+def small_disk(tmp_path: Path, size: str) -> Path:
+    """A folder ``tmp_path/disk`` where a tmpfs of ``size`` can be mounted in a private mount namespace
+    (``unshare --mount``); the test is skipped where that is not possible (no unshare, no privilege)."""
+    import shutil
+
+    import pytest
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["unshare", "--mount", "mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a file system here")
+    return disk

@@ -32,7 +32,7 @@ from fedskew.core.message import Message
 from fedskew.engine.checkpoint import load_checkpoint, save_checkpoint
 from fedskew.engine.replies import Undecodable, check_reply, decode_reply, encode_reply
 from fedskew.runs import LOCK_FILE
-from tests.cli_process import fedskew, one_error, snapshot, write_config
+from tests.cli_process import fedskew, one_error, small_disk, snapshot, write_config
 from tests.conftest import tiny_config
 from tests.engine.test_run_folders import LONG, alive, children, rounds_of, start, started, wait_for  # noqa: F401
 
@@ -81,13 +81,7 @@ def test_a_checkpoint_write_cut_off_part_way_is_one_line_and_the_run_resumes(two
 def test_a_disk_that_fills_in_the_middle_of_a_checkpoint_is_one_line(two_rounds: Path, tmp_path: Path) -> None:
     """A real small tmpfs, filled until 8 KiB are free: the next checkpoint (12 KiB) runs out of space part-way,
     and so does the resume that is tried while the disk is still full."""
-    if shutil.which("unshare") is None:
-        pytest.skip("no unshare")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["unshare", "--mount", "mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a file system here")
+    disk = small_disk(tmp_path, "1m")
     run = disk / "o" / "fedavg-seed0"
     kept = tmp_path / "kept"
     script = (

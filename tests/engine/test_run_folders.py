@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -22,7 +21,7 @@ import torch
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.engine.checkpoint import load_checkpoint
 from fedskew.runs import LOCK_FILE, check_folder_name, describe_os_error, locked_run_folder
-from tests.cli_process import command, environment, fedskew, one_error, snapshot, write_config
+from tests.cli_process import command, environment, fedskew, one_error, small_disk, snapshot, write_config
 
 LONG = 100_000
 """Rounds of a run that is stopped (killed, terminated) long before it ends."""
@@ -194,13 +193,7 @@ def test_a_full_disk_is_one_line_and_the_last_checkpoint_survives(two_rounds: Pa
 
 def test_a_disk_that_fills_during_a_run_is_one_line(tmp_path: Path) -> None:
     """A real small file system (tmpfs of 64 KiB in a private mount namespace) fills up during the run."""
-    if shutil.which("unshare") is None:
-        pytest.skip("no unshare")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["unshare", "--mount", "mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a file system here")
+    disk = small_disk(tmp_path, "64k")
     cfg = write_config(tmp_path / "long.toml", rounds=2000)
     copy = tmp_path / "copy"
     script = (f'mount -t tmpfs -o size=64k tmpfs {disk} && "$@"; code=$?; cp -r {disk}/o {copy}; exit $code')
