@@ -205,9 +205,10 @@ CASES: list[Case] = [
          (f"{RULES}::test_a_disk_that_fills_in_the_middle_of_a_checkpoint_is_one_line",
           f"{RULES}::test_save_checkpoint_reports_a_failed_write_as_an_os_error")),
     Case(REPLY, "`num_samples = \"12\"` or `True`, an unencodable metric, a reply that is not a Message: rejected as "
-                "that client's, with workers = 1 and 2, records identical across worker counts",
+                "that client's, with workers = 1 and 2 and on a Ray cluster, records identical across engines",
          (f"{RULES}::test_a_broken_reply_is_that_clients_rejection_with_any_number_of_workers",
-          f"{RULES}::test_encoding_and_decoding_never_raise_on_what_a_client_sends")),
+          f"{RULES}::test_encoding_and_decoding_never_raise_on_what_a_client_sends",
+          "tests/engine/test_ray.py::test_a_broken_reply_on_the_cluster_is_that_clients_rejection")),
     Case(PLUGIN, "a plug-in calling `sys.exit(0)`, raising `SystemExit(3)` or `KeyboardInterrupt` on import: one line "
                  "naming it, exit 2, nothing written",
          (f"{RULES}::test_a_plugin_that_exits_or_interrupts_on_import_is_one_line_naming_it",)),

@@ -10,6 +10,7 @@ everywhere.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import sys
@@ -125,3 +126,23 @@ def test_missing_ray_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         loop.run()
     assert str(e.value) == MISSING_RAY == ("engine 'ray' needs Ray: pip install ray (from a clone: "
                                            "pip install -e '.[ray]')")
+
+
+@needs_ray
+@pytest.mark.parametrize("kind", ["string", "bool"])
+def test_a_broken_reply_on_the_cluster_is_that_clients_rejection(tmp_path: Path, cluster: LocalRayCluster,
+                                                                 kind: str) -> None:
+    """Issue 35, rule 2, on the Ray path: a client whose ``num_samples`` is ``"12"`` or ``True`` once ended the run
+    ("undecodable message"); it is rejected with the inline engine's reason and the records are identical."""
+    from tests.engine.test_failure_rules import BAD_REPLY
+
+    plugin = tmp_path / "bad_reply.py"
+    plugin.write_text(BAD_REPLY)
+    with fresh_registries():
+        base = tiny_config(workers=1, plugins=[str(plugin)])
+        base["algorithm"] = {**base["algorithm"], "name": "bad_reply", "kind": kind, "clients_per_round": 6}
+        inline = _run(base, tmp_path / "inline")
+        on_ray = _run({**base, "engine": "ray", "ray": {"address": cluster.address}}, tmp_path / "ray")
+    assert on_ray == inline
+    records = [json.loads(line) for line in on_ray.decode().splitlines()]
+    assert all([cid for cid, _ in r["rejected"]] == [0] for r in records)
