@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     data_help = "folder laid out like shared/datasets (default: $FEDSKEW_DATA, else ~/.cache/fedskew/data)"
     r = sub.add_parser("run", help="run an experiment (default: the built-in default experiment)")
     r.add_argument("config", nargs="?", help="TOML config file or built-in config name (default: default)")
-    r.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rounds=5 partition.alpha=0.5")
+    r.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rounds=5 partition.alpha=0.5; a list where "
+                                                "a key takes one value is a grid: 'partition.alpha=[0.1,0.5]'")
     r.add_argument("--out", help="experiment folder (default: runs/<name>, numbered if taken)")
     r.add_argument("--data-dir", help=data_help)
     r.add_argument("--resume", metavar="RUN_DIR", nargs="?", const="",
