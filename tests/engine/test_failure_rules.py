@@ -32,12 +32,29 @@ from fedskew.core.message import Message
 from fedskew.engine.checkpoint import load_checkpoint, save_checkpoint
 from fedskew.engine.replies import Undecodable, check_reply, decode_reply, encode_reply
 from fedskew.runs import LOCK_FILE
-from tests.cli_process import fedskew, one_error, small_disk, snapshot, write_config
+from tests.cli_process import Result, fedskew, one_error, small_disk, snapshot, write_config
 from tests.conftest import tiny_config
 from tests.engine.test_run_folders import LONG, alive, children, rounds_of, start, started, wait_for  # noqa: F401
 
 TRIALS = int(os.environ.get("FEDSKEW_SIGTERM_TRIALS", "3"))
 """SIGTERM trials of rule 9 (``benchmarks/integrity.py`` runs 20)."""
+
+
+@pytest.fixture
+def inline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Any:
+    """``fedskew ARGS`` run in this process (for input refused before anything runs: no interpreter start-up),
+    in ``tmp_path``; returns the exit code and the output as :func:`fedskew` does."""
+    from fedskew.cli import main
+
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args: str) -> Result:
+        capsys.readouterr()
+        code = main(list(args))
+        out = capsys.readouterr()
+        return Result(code, out.out, out.err)
+
+    return run
 
 
 @pytest.fixture
@@ -216,7 +233,7 @@ def test_a_plugin_that_exits_or_interrupts_on_import_is_one_line_naming_it(tmp_p
                                                                           shown: str) -> None:
     plugin = tmp_path / "quits.py"
     plugin.write_text(body)
-    res = fedskew("run", "rounds=1", "--import", str(plugin), "--no-progress", cwd=tmp_path)
+    res = fedskew("run", "rounds=1", "--import", str(plugin), "--no-progress", cwd=tmp_path)  # a real process
     line = one_error(res)
     assert f"plugin {str(plugin)!r} failed: {shown}" in line
     assert not (tmp_path / "runs").exists()
@@ -234,17 +251,18 @@ def test_a_plugin_that_exits_or_interrupts_on_import_is_one_line_naming_it(tmp_p
     ("{at_rounds}", "{at_rounds} is a list, not a single value"),
     ("{algorithm.nope}", "{algorithm.nope} is not a key of the run's config"),
 ])
-def test_a_bad_label_is_one_line_before_anything_is_written(tmp_path: Path, label: str, needle: str) -> None:
+def test_a_bad_label_is_one_line_before_anything_is_written(tmp_path: Path, inline: Any, label: str,
+                                                            needle: str) -> None:
     cfg = write_config(tmp_path / "c.toml", rounds=1)
-    res = fedskew("run", str(cfg), "--label", label, "--no-progress", cwd=tmp_path)
+    res = inline("run", str(cfg), "--label", label, "--no-progress")
     assert needle in one_error(res)
     assert not (tmp_path / "runs").exists()
 
 
-def test_a_bad_label_in_the_config_file_is_refused_too(tmp_path: Path) -> None:
+def test_a_bad_label_in_the_config_file_is_refused_too(tmp_path: Path, inline: Any) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(dump(tiny_config(rounds=1, label="two\nlines")))
-    assert "label must be 1 to 100 characters" in one_error(fedskew("run", str(cfg), cwd=tmp_path))
+    assert "label must be 1 to 100 characters" in one_error(inline("run", str(cfg)))
 
 
 @pytest.mark.parametrize("key, needle", [
@@ -252,9 +270,9 @@ def test_a_bad_label_in_the_config_file_is_refused_too(tmp_path: Path) -> None:
     ("dataset", "--group-by 'dataset' is a table, not a single value"),
     ("at_rounds", "--group-by 'at_rounds' is a list"),
 ])
-def test_report_group_by_refuses_what_label_refuses(two_rounds: Path, tmp_path: Path, key: str, needle: str) -> None:
+def test_report_group_by_refuses_what_label_refuses(two_rounds: Path, inline: Any, key: str, needle: str) -> None:
     before = snapshot(two_rounds.parent)
-    assert needle in one_error(fedskew("report", str(two_rounds.parent), "--group-by", key, cwd=tmp_path))
+    assert needle in one_error(inline("report", str(two_rounds.parent), "--group-by", key))
     assert snapshot(two_rounds.parent) == before
 
 
@@ -365,17 +383,17 @@ def test_tensorboard_where_a_file_stands_is_one_line(tmp_path: Path) -> None:
     (["eval.personalized_epochs=1000000", "partition.client_test_fraction=0.2"], "personalized_epochs must be"),
     (["algorithm.clients_per_round=50"], "algorithm.clients_per_round = 50 is more than partition.num_clients = 6"),
 ])
-def test_sizes_beyond_memory_are_one_line_before_anything_runs(tmp_path: Path, overrides: list[str],
+def test_sizes_beyond_memory_are_one_line_before_anything_runs(tmp_path: Path, inline: Any, overrides: list[str],
                                                                needle: str) -> None:
     cfg = write_config(tmp_path / "c.toml", rounds=1)
     start_time = time.monotonic()
-    assert needle in one_error(fedskew("run", str(cfg), *overrides, "--no-progress", cwd=tmp_path))
+    assert needle in one_error(inline("run", str(cfg), *overrides, "--no-progress"))
     assert time.monotonic() - start_time < 60  # refused up front, not after an allocation
     assert not (tmp_path / "runs").exists()
 
 
-def test_condense_bounds_its_sizes(tmp_path: Path) -> None:
-    assert "--ipc must be at most 10_000" in one_error(fedskew("condense", "--ipc", "100000000", cwd=tmp_path))
+def test_condense_bounds_its_sizes(inline: Any) -> None:
+    assert "--ipc must be at most 10_000" in one_error(inline("condense", "--ipc", "100000000"))
 
 
 def test_a_plugin_parameter_class_is_bounded_by_the_same_names() -> None:
