@@ -50,6 +50,9 @@ IMPORT_HELP = (
 )
 
 
+OVERRIDES_HELP = "dotted overrides, e.g. rounds=5 partition.alpha=0.5, anywhere among the options"
+
+
 def _add_import(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE_OR_FILE",
                         help=IMPORT_HELP)
@@ -69,8 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     data_help = "folder laid out like shared/datasets (default: $FEDSKEW_DATA, else ~/.cache/fedskew/data)"
     r = sub.add_parser("run", help="run an experiment (default: the built-in default experiment)")
     r.add_argument("config", nargs="?", help="TOML config file or built-in config name (default: default)")
-    r.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rounds=5 partition.alpha=0.5; a list where "
-                                                "a key takes one value is a grid: 'partition.alpha=[0.1,0.5]'")
+    r.add_argument("overrides", nargs="*", help=OVERRIDES_HELP + "; a list where a key takes one value is a grid: "
+                                                "'partition.alpha=[0.1,0.5]'")
     r.add_argument("--out", help="experiment folder (default: runs/<name>, numbered if taken)")
     r.add_argument("--data-dir", help=data_help)
     r.add_argument("--resume", metavar="RUN_DIR", nargs="?", const="",
@@ -89,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pa = sub.add_parser("partition", help="print per-client class counts and save a bubble plot or heat map")
     pa.add_argument("config", help="TOML config file or built-in config name")
-    pa.add_argument("overrides", nargs="*", help="dotted overrides, e.g. partition.alpha=0.5")
+    pa.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
     pa.add_argument("--out", help="PNG path (default: partition-<name>.png)")
     pa.add_argument("--style", choices=["auto", "bubble", "heatmap"], default="auto",
                     help="bubbles per client and class, or a heat map (auto: a heat map from 100 clients on)")
@@ -121,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("action", choices=["init", "shards"], help="init: app folder for `flwr run`; shards: data files")
     de.add_argument("folder", help="the app folder (init) or the shard folder (shards)")
     de.add_argument("config", nargs="?", help="TOML config file or built-in config name (default: default)")
-    de.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rounds=5 partition.alpha=0.5")
+    de.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
     de.add_argument("--data-dir", help=data_help)
     de.add_argument("--label", default="", help="init: the variant to run when the config has several")
     de.add_argument("--force", action="store_true", help="overwrite an existing app folder")
