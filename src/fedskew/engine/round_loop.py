@@ -139,6 +139,7 @@ class RoundLoop:
         self._wire_cache: dict[int, tuple[Message, Message]] = {}
         self._sample_claims: dict[int, float] = {}
         self._trained: set[int] = set()  # clients that took part in a round so far (for ``untrained_clients``)
+        self._tested = {cid for cid, n in enumerate(self.client_eval.sizes) if n > 0}  # clients with a test split
         self._tensorboard = TensorBoardLog(None)  # off until run() opens the run's
         self._trackers: list[Tracker] = []  # W&B, MLflow: opened by run()
         self.compute = Compute(
@@ -334,7 +335,8 @@ class RoundLoop:
         workers = int(cfg.get("workers", 1)) or default_workers(spec)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         records: list[dict[str, Any]] = []
-        self._tensorboard = TensorBoardLog.for_run(cfg, self.run_dir, self.fed.class_names, resume)
+        logging_params = build_params(LoggingParams, cfg.get("logging", {}), prefix="logging.")
+        self._tensorboard = TensorBoardLog.for_run(cfg, self.run_dir, self.fed.class_names, resume, logging_params)
         record_environment(self.run_dir, self.device, resume)
         if cfg.get("engine", "local") == "ray":  # Ray runs as many jobs at once as its resources allow
             ray = build_params(RayParams, cfg.get("ray", {}), prefix="ray.")
@@ -347,9 +349,7 @@ class RoundLoop:
                 worker_devices(spec),
             )
         try:
-            self._trackers = open_trackers(
-                cfg, build_params(LoggingParams, cfg.get("logging", {}), prefix="logging."), self.run_dir
-            )
+            self._trackers = open_trackers(cfg, logging_params, self.run_dir)
             if resume:
                 records = self._restore()
                 self._trained = {int(c) for r in records for c in r.get("clients", [])}
@@ -437,8 +437,7 @@ class RoundLoop:
         rec["samples"] = int(server.metrics.pop("samples", self._round_samples))
         self._trained.update(rec["clients"])
         if self.fed.has_client_test:  # clients evaluated on a model they never trained: counted, not hidden
-            tested = [cid for cid, n in enumerate(self.client_eval.sizes) if n > 0]
-            rec["untrained_clients"] = sum(cid not in self._trained for cid in tested) if evaluate else None
+            rec["untrained_clients"] = len(self._tested - self._trained) if evaluate else None
         for k, v in server.metrics.items():
             rec[k] = v
         return rec, t_eval

@@ -104,6 +104,24 @@ def tensorboard_tag(key: str) -> str:
     return "algorithm/" + key
 
 
+def grouped_scalars(rec: dict[str, Any], class_names: Sequence[str] = ()) -> dict[str, float]:
+    """A round record's numbers under their grouped names (:func:`tensorboard_tag`), the lists of :data:`COUNTED`
+    as how many they hold, and the per-class accuracies as ``per_class/<class name>`` (the class's index where
+    ``class_names`` does not fit; a class the test set lacks has none): what TensorBoard and the trackers log."""
+    out: dict[str, float] = {}
+    for key, value in rec.items():
+        if key != "round" and isinstance(value, int | float) and not isinstance(value, bool):
+            out[tensorboard_tag(key)] = float(value)
+        elif key in COUNTED and isinstance(value, list):
+            out[COUNTED[key]] = float(len(value))
+    per_class = rec.get("per_class_accuracy") or []
+    names = list(class_names) if len(class_names) == len(per_class) else [str(k) for k in range(len(per_class))]
+    for name, acc in zip(names, per_class, strict=True):
+        if acc is not None:
+            out[f"per_class/{name}"] = float(acc)
+    return out
+
+
 def hyperparameters(cfg: dict[str, Any]) -> dict[str, Any]:
     """The single values of a run's config (dotted keys), as TensorBoard's hyper-parameters view takes them."""
     out: dict[str, Any] = {}
@@ -142,13 +160,15 @@ class TensorBoardLog:
         self._writer: Any = None  # a SummaryWriter, made at the first event (its purge step is that event's)
 
     @classmethod
-    def for_run(cls, cfg: dict[str, Any], run_dir: Path, class_names: Sequence[str], resume: bool) -> TensorBoardLog:
+    def for_run(cls, cfg: dict[str, Any], run_dir: Path, class_names: Sequence[str], resume: bool,
+                params: LoggingParams | None = None) -> TensorBoardLog:
         """The log a run's config asks for (``[logging] tensorboard``).
 
         A run started afresh leaves no event files of an earlier run in its folder, whether or not it
         logs itself; a ConfigError where ``logging`` is bad or TensorBoard is missing.
         """
-        params = build_params(LoggingParams, cfg.get("logging", {}), prefix="logging.")
+        if params is None:  # the caller may have built the [logging] table already
+            params = build_params(LoggingParams, cfg.get("logging", {}), prefix="logging.")
         folder = Path(run_dir) / TENSORBOARD_DIR
         if not resume:
             for old in folder.glob(EVENT_FILES):
@@ -179,17 +199,8 @@ class TensorBoardLog:
             return
         step = int(rec["round"])
         writer = self._at(step)
-        for key, value in rec.items():
-            if key != "round" and isinstance(value, int | float) and not isinstance(value, bool):
-                writer.add_scalar(tensorboard_tag(key), value, step)
-            elif key in COUNTED and isinstance(value, list):
-                writer.add_scalar(COUNTED[key], len(value), step)
-        per_class = rec.get("per_class_accuracy")
-        if per_class is not None:
-            names = self.class_names if len(self.class_names) == len(per_class) else map(str, range(len(per_class)))
-            for name, acc in zip(names, per_class, strict=True):
-                if acc is not None:  # None: the test set holds no image of the class
-                    writer.add_scalar(f"per_class/{name}", acc, step)
+        for tag, value in grouped_scalars(rec, self.class_names).items():
+            writer.add_scalar(tag, value, step)
         writer.flush()
 
     def artifact(self, name: str, step: int, tensors: dict[str, torch.Tensor]) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from fedskew.config.schema import LoggingParams
 from fedskew.core.errors import FedskewError
-from fedskew.engine.tensorboard import COUNTED, hyperparameters, tensorboard_tag
+from fedskew.engine.tensorboard import grouped_scalars, hyperparameters
 
 
 class Tracker(Protocol):
@@ -27,20 +27,6 @@ class Tracker(Protocol):
     def record(self, rec: dict[str, Any]) -> None: ...
 
     def close(self) -> None: ...
-
-
-def scalars(rec: dict[str, Any]) -> dict[str, float]:
-    """A round record's numbers under their grouped names (lists as how many they hold)."""
-    out: dict[str, float] = {}
-    for key, value in rec.items():
-        if key != "round" and isinstance(value, int | float) and not isinstance(value, bool):
-            out[tensorboard_tag(key)] = float(value)
-        elif key in COUNTED and isinstance(value, list):
-            out[COUNTED[key]] = float(len(value))
-    for k, acc in enumerate(rec.get("per_class_accuracy") or []):
-        if acc is not None:
-            out[f"per_class/{k}"] = float(acc)
-    return out
 
 
 class WandbTracker:
@@ -54,7 +40,7 @@ class WandbTracker:
                                config=hyperparameters(cfg), dir=None, reinit="finish_previous")
 
     def record(self, rec: dict[str, Any]) -> None:
-        self._run.log(scalars(rec), step=int(rec["round"]))
+        self._run.log(grouped_scalars(rec), step=int(rec["round"]))
 
     def close(self) -> None:
         self._run.finish()
@@ -76,7 +62,8 @@ class MlflowTracker:
         mlflow.log_params({k: str(v)[:500] for k, v in hyperparameters(cfg).items()})
 
     def record(self, rec: dict[str, Any]) -> None:
-        self._mlflow.log_metrics({k.replace("/", "."): v for k, v in scalars(rec).items()}, step=int(rec["round"]))
+        metrics = {k.replace("/", "."): v for k, v in grouped_scalars(rec).items()}  # MLflow names: no "/"
+        self._mlflow.log_metrics(metrics, step=int(rec["round"]))
 
     def close(self) -> None:
         self._mlflow.end_run()
