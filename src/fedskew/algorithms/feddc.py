@@ -8,14 +8,24 @@ Eq. 6, clipped by Eq. 8) and uploads it with its model; the server averages the 
 fine-tunes the average on the union of *this round's* condensed sets (Eq. 7), which is roughly class
 balanced whatever the clients' histograms. FedDC+ only changes the condensation optimiser (momentum
 0.9, weight decay 4e-5), giving noisier, less recognisable images (Sec. IV-D).
+
+Two readings (issue 38, docs/algorithms.md): ``reading = "paper"`` (the default) fills what the paper
+leaves out from DC's defaults; ``reading = "authors_code"`` sets every condensation and server setting
+as the authors' public code (bigdata-inha/FedDC, ``update_dc.py`` and ``test_dd.py``) has them: real
+initialisation, mixed-class batches of 50, DC's distance, outer loop 3 / inner loop 1, image SGD 0.5 /
+0.5, no clipping, a matching network interpolated between the local and the global model, server SGD
+batch 64 with weight decay 1e-3, float32 uploads. As committed, that code runs no matching iteration at
+all (``Iteration = -1``): ``reading = "authors_code"`` with ``condense_iterations = 0``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
+from torch import nn
 
 from fedskew.algorithms.base import ClientContext, Replies, ServerContext, register_algorithm
 from fedskew.algorithms.condensation.base import CondensationParams
@@ -34,6 +44,64 @@ from fedskew.condense import GMConfig, gradient_matching
 from fedskew.core.device import current_compute
 from fedskew.core.message import Message, arrays_with_prefix
 from fedskew.core.params import check
+
+# The FedDC authors' code (bigdata-inha/FedDC at c90c48f), file:line of each setting; docs/algorithms.md.
+AUTHORS_CODE: dict[str, Any] = {
+    "init": "real",  # update_dc.py:397-399, one random real image of each held class
+    "ipc": 1,  # update_dc.py:155
+    "distance": "dc",  # update_dc.py:798-851 (DC's layer-wise distance, 1-D tensors ignored)
+    "match_batches": "mixed",  # update_dc.py:453-458, batches of the whole local set, all classes
+    "real_batch": 50,  # update_dc.py:390-391
+    "outer_loop": 3,  # update_dc.py:389
+    "inner_loop": 1,  # update_dc.py:389, 494-495 (one epoch on the synthetic set: one step here)
+    "image_lr": 0.5,  # update_dc.py:382
+    "image_momentum": 0.5,  # update_dc.py:382
+    "image_weight_decay": 0.0,  # update_dc.py:382
+    "clip_norm": 0.0,  # no clipping anywhere in update_dc.py
+    "match_network": "interpolated",  # update_dc.py:401-431, 922-931
+    "net_lr": 0.01,  # update_dc.py:440
+    "net_momentum": 0.5,  # update_dc.py:440
+    "wire_dtype": "float32",  # update_dc.py:516-521 (float tensors handed to the server)
+    "weight_decay": 1e-3,  # update_dc.py:115 (local SGD)
+    "server": {"epochs": 10, "lr": 0.01, "momentum": 0.0, "weight_decay": 1e-3, "batch_size": 64},
+    # test_dd.py:538-627 (server_fine_tuning; epochs: args.server_epoch = 10 in the FedDC notebooks)
+}
+
+
+def interpolate(
+    local: Mapping[str, torch.Tensor], global_: Mapping[str, torch.Tensor], ratio: float
+) -> dict[str, torch.Tensor]:
+    """``ratio * global + (1 - ratio) * local`` for every floating tensor (the authors'
+    ``interpolation_model``, update_dc.py:922-931); other tensors (counters) are the local model's."""
+    return {
+        k: torch.lerp(v, global_[k].to(v.device, v.dtype), ratio) if v.is_floating_point() else v.clone()
+        for k, v in local.items()
+    }
+
+
+def interpolated_networks(
+    build: Callable[[], nn.Module],
+    local: Mapping[str, torch.Tensor],
+    global_: Mapping[str, torch.Tensor],
+    generator: torch.Generator,
+) -> Callable[[], nn.Module]:
+    """A network factory for the matching loop: the i-th call returns ``interpolate(local, global_, r_i)``,
+    with ``r`` a shuffled ``0, 0.01, ..., 0.99`` drawn once from ``generator`` and taken in turn
+    (update_dc.py:401-402, 428-431)."""
+    ratios: Iterator[float] = iter(())
+    order = (torch.randperm(100, generator=generator) / 100).tolist()
+
+    def factory() -> nn.Module:
+        nonlocal ratios
+        ratio = next(ratios, None)
+        if ratio is None:
+            ratios = iter(order)
+            ratio = next(ratios)
+        net = build()
+        net.load_state_dict(interpolate(local, global_, ratio))
+        return net
+
+    return factory
 
 
 @register_algorithm("feddc")
@@ -55,6 +123,17 @@ class FedDC(FedAvg):
         real_batch: int = 256  # real images per class per step (not given; DC's 256, all if fewer)
         distance: Literal["cosine", "dc"] = "cosine"  # Eq. 6: sum over layers of 1 - cos
         init: Literal["noise", "real", "mean"] = "noise"  # not given; Fig. 7's images look like noise
+        # How a matching step draws its real images (per_class: Algorithm 1 line 17; mixed: the authors'
+        # code, real_batch then sizes each mixed batch), which network it matches on (fresh: Algorithm 1
+        # line 14; interpolated: the authors' code), and DC's network training between steps.
+        match_batches: Literal["per_class", "mixed"] = "per_class"
+        match_network: Literal["fresh", "interpolated"] = "fresh"
+        outer_loop: int = 1
+        inner_loop: int = 0
+        net_lr: float = 0.01
+        net_momentum: float = 0.0
+        # "paper": the settings above; "authors_code": AUTHORS_CODE under the keys a config gives itself.
+        reading: Literal["paper", "authors_code"] = "paper"
         # Server fine-tuning, Eq. 7 and Sec. V-A: 10 epochs, lr 0.01 (the clients' lr); batch not
         # given: 256 is usually the whole round's set (10 clients x <= 10 images).
         server: ServerTraining = field(default_factory=lambda: ServerTraining(epochs=10, batch_size=256, lr=0.01))
@@ -62,11 +141,15 @@ class FedDC(FedAvg):
         renamed: ClassVar[dict[str, str]] = {
             "server_epochs": "server.epochs", "server_lr": "server.lr", "server_batch_size": "server.batch_size"
         }
+        presets: ClassVar[dict[str, dict[str, dict[str, Any]]]] = {"reading": {"authors_code": AUTHORS_CODE}}
 
         def __post_init__(self) -> None:
             super().__post_init__()
             check(self.image_weight_decay >= 0, "image_weight_decay", self.image_weight_decay, ">= 0")
-            check(self.clip_norm > 0, "clip_norm", self.clip_norm, "> 0")
+            check(self.clip_norm >= 0, "clip_norm", self.clip_norm, ">= 0 (0: no clipping)")
+            check(self.outer_loop >= 1, "outer_loop", self.outer_loop, ">= 1")
+            check(self.inner_loop >= 0, "inner_loop", self.inner_loop, ">= 0")
+            check(self.net_momentum >= 0, "net_momentum", self.net_momentum, ">= 0")
 
     params: Params
 
@@ -111,8 +194,9 @@ class FedDC(FedAvg):
         p = self.params
         return GMConfig(
             iterations=p.condense_iterations, ipc=p.ipc, image_lr=p.image_lr, momentum=p.image_momentum,
-            weight_decay=p.image_weight_decay, clip_norm=p.clip_norm, real_batch=p.real_batch,
-            distance=p.distance, outer_loop=1, inner_loop=0, init=p.init, amp=current_compute().amp,
+            weight_decay=p.image_weight_decay, clip_norm=p.clip_norm or None, real_batch=p.real_batch,
+            distance=p.distance, outer_loop=p.outer_loop, inner_loop=p.inner_loop, net_lr=p.net_lr,
+            net_momentum=p.net_momentum, batches=p.match_batches, init=p.init, amp=current_compute().amp,
         )
 
     def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
@@ -122,9 +206,11 @@ class FedDC(FedAvg):
         _, trained = self.local_train(msg, client)
         syn = None
         if client.num_samples > 0:
-            syn = gradient_matching(
-                client.x, client.y, client.fed.model.build, self.gm_config(), client.generator("condense")
-            )
+            generator = client.generator("condense")
+            networks = client.fed.model.build
+            if self.params.match_network == "interpolated":
+                networks = interpolated_networks(networks, trained.arrays, msg.arrays, generator)
+            syn = gradient_matching(client.x, client.y, networks, self.gm_config(), generator)
         arrays = {MODEL + k: v for k, v in trained.arrays.items()}
         upload, scalars = synthetic_upload(syn, client, self.params.wire_dtype)
         arrays.update(upload)

@@ -10,7 +10,10 @@ image optimiser (only a configuration).
 
 DC's schedule is also available: with ``inner_loop > 0`` each network draw serves ``outer_loop``
 matching steps, and after each of them (but the last) the network is trained for ``inner_loop`` SGD
-steps on the current synthetic set.
+steps on the current synthetic set. With ``batches="mixed"`` (the FedDC authors' code, issue 38) a
+matching step is instead a shuffled pass over the whole real set in batches of ``real_batch`` images of
+any classes, each batch's gradient matched against that of the whole synthetic set, one image step per
+batch (:func:`_mixed_pass`).
 
 Per-class gradients need one backward pass per class: the real gradients are computed class after
 class, each with its own forward pass, as in DC and FedDC's Algorithm 1. The synthetic side (a
@@ -60,6 +63,7 @@ from fedskew.models.layout import as_model_format, is_channels_last, use_channel
 from fedskew.progress import progress_bar
 
 DISTANCES = ("dc", "cosine")
+BATCHES = ("per_class", "mixed")
 _EPS = 1e-12
 
 
@@ -82,7 +86,12 @@ class GMConfig(SynthesisOptions):
         disables clipping. FedDC does not give v; 10 is our default.
     real_batch
         Real images per class per step (all of the class's images if it has fewer). FedDC does not give
-        it; 256 is DC's ``batch_real``.
+        it; 256 is DC's ``batch_real``. With ``batches="mixed"``: the size of each mixed batch.
+    batches
+        ``"per_class"`` (DC, FedDC's Algorithm 1): each class's real batch against its own synthetic
+        images, one image step per matching step. ``"mixed"`` (the FedDC authors' code): a matching step
+        is a shuffled pass over the whole real set in batches of ``real_batch`` images of any classes,
+        each matched against the whole synthetic set and followed by an image step.
     distance
         ``"cosine"``: FedDC Eq. 6, per parameter tensor ``1 - cos`` of the flattened gradients, summed.
         ``"dc"``: DC's distance, per output unit (row of the weight gradient reshaped to
@@ -93,8 +102,9 @@ class GMConfig(SynthesisOptions):
     inner_loop
         SGD steps that train the network on the synthetic set after each matching step except the
         last of a draw (DC: 1 for ipc=1, 50 for ipc=10; FedDC: 0, no network training).
-    net_lr
-        Learning rate of those network steps (DC: 0.01).
+    net_lr, net_momentum
+        SGD learning rate and momentum of those network steps (DC: 0.01 and 0; the FedDC authors' code:
+        0.01 and 0.5). One optimiser per network draw, so momentum carries over between its steps.
     init
         Initialisation of the images, see :func:`init_synthetic` (FedDC: ``"noise"``).
     dsa
@@ -104,9 +114,9 @@ class GMConfig(SynthesisOptions):
         See :class:`SynthesisOptions`.
     """
 
-    choices: ClassVar[Mapping[str, Sequence[str]]] = {"distance": DISTANCES, "init": INITS}
+    choices: ClassVar[Mapping[str, Sequence[str]]] = {"distance": DISTANCES, "init": INITS, "batches": BATCHES}
     at_least: ClassVar[Mapping[str, float]] = {
-        "iterations": 0, "inner_loop": 0, "ipc": 1, "real_batch": 1, "outer_loop": 1,
+        "iterations": 0, "inner_loop": 0, "ipc": 1, "real_batch": 1, "outer_loop": 1, "net_momentum": 0,
     }
     positive_or_none = ("clip_norm",)
 
@@ -121,6 +131,8 @@ class GMConfig(SynthesisOptions):
     outer_loop: int = 1
     inner_loop: int = 0
     net_lr: float = 0.01
+    net_momentum: float = 0.0
+    batches: str = "per_class"
     init: str = "noise"
     dsa: DSAConfig | None = None
 
@@ -264,57 +276,139 @@ def gradient_matching(
     bar = progress_bar(range(cfg.iterations), desc="gradient matching", enabled=progress)
     for _ in bar:
         net = use_channels_last(fresh_model(model_factory, generator, device))
-        cl = is_channels_last(net)
         net.train()
         params = [p for p in net.parameters() if p.requires_grad]
+        # One optimiser a draw: with momentum 0 (DC) the same steps as a new one per inner loop.
+        net_optimizer = torch.optim.SGD(params, lr=cfg.net_lr, momentum=cfg.net_momentum)
         batched = batched_ok and len(classes) > 1 and batchable(net)
         for step in range(cfg.outer_loop):
-            optimizer.zero_grad()
-            total = 0.0
-            syn_batches: list[torch.Tensor] = []
-            real_grads: list[tuple[torch.Tensor, ...]] = []
-            for k, (c, idx) in enumerate(zip(classes, indices, strict=True)):
-                x_r = x_real[sample_indices(idx, cfg.real_batch, generator)]
-                x_s = images[k * cfg.ipc : (k + 1) * cfg.ipc]
-                if cfg.dsa is not None:
-                    draw = sample_dsa_params(cfg.dsa, None, generator)
-                    x_r, x_s = apply_dsa(x_r, draw), apply_dsa(x_s, draw)
-                y_r = torch.full((x_r.shape[0],), c, dtype=torch.int64, device=device)
-                with precision.autocast():
-                    real_loss = F.cross_entropy(net(as_model_format(x_r, cl)), y_r)
-                g_real = torch.autograd.grad(real_loss, params)
-                if batched:
-                    syn_batches.append(x_s)
-                    real_grads.append(tuple(g.detach() for g in g_real))
-                    continue
-                with precision.autocast():
-                    syn_loss = F.cross_entropy(net(x_s), targets[k])
-                g_syn = torch.autograd.grad(syn_loss, params, create_graph=True)
-                distance = match_distance(g_syn, [g.detach() for g in g_real], cfg.distance)
-                backward_to(distance, [images], precision)
-                if progress:  # reading the distance waits for the device
-                    total += float(distance.detach())
-            if batched:
-                with precision.autocast():
-                    per_class = _batched_syn_distances(
-                        net, torch.stack(syn_batches), torch.stack(targets), real_grads, cfg.distance
-                    )
-                backward_to(per_class.sum(), [images], precision)
-                if progress:
-                    total = float(per_class.detach().sum())
-            if cfg.clip_norm is not None and images.grad is not None:
-                precision.unscale(optimizer)
-                _clip_per_class(images.grad, len(classes), cfg.clip_norm)
-            precision.step(optimizer)
+            if cfg.batches == "mixed":
+                total = _mixed_pass(
+                    net, params, x_real, y_real, images, syn.labels, cfg, generator, optimizer, precision, progress
+                )
+            else:
+                total = _per_class_step(
+                    net, params, x_real, images, classes, indices, targets,
+                    cfg, generator, optimizer, precision, batched, progress,
+                )  # fmt: skip
             bar.set_postfix(distance=total / len(classes), refresh=False)
             if cfg.inner_loop > 0 and step < cfg.outer_loop - 1:
-                _train_network(net, params, images.detach(), syn.labels, cfg, generator, net_precision)
+                _train_network(net, net_optimizer, images.detach(), syn.labels, cfg, generator, net_precision)
     return SyntheticSet(images.detach(), syn.labels)
+
+
+def _per_class_step(
+    net: nn.Module,
+    params: list[nn.Parameter],
+    x_real: torch.Tensor,
+    images: torch.Tensor,
+    classes: list[int],
+    indices: list[torch.Tensor],
+    targets: list[torch.Tensor],
+    cfg: GMConfig,
+    generator: torch.Generator,
+    optimizer: torch.optim.Optimizer,
+    precision: Precision,
+    batched: bool,
+    read: bool,
+) -> float:
+    """One matching step of DC and FedDC's Algorithm 1: each class's real batch against its own synthetic
+    images, then one (clipped) image step. Returns the summed distance when ``read`` (reading it waits for
+    the device), else 0."""
+    device = x_real.device
+    cl = is_channels_last(net)
+    optimizer.zero_grad()
+    total = 0.0
+    syn_batches: list[torch.Tensor] = []
+    real_grads: list[tuple[torch.Tensor, ...]] = []
+    for k, (c, idx) in enumerate(zip(classes, indices, strict=True)):
+        x_r = x_real[sample_indices(idx, cfg.real_batch, generator)]
+        x_s = images[k * cfg.ipc : (k + 1) * cfg.ipc]
+        if cfg.dsa is not None:
+            draw = sample_dsa_params(cfg.dsa, None, generator)
+            x_r, x_s = apply_dsa(x_r, draw), apply_dsa(x_s, draw)
+        y_r = torch.full((x_r.shape[0],), c, dtype=torch.int64, device=device)
+        with precision.autocast():
+            real_loss = F.cross_entropy(net(as_model_format(x_r, cl)), y_r)
+        g_real = torch.autograd.grad(real_loss, params)
+        if batched:
+            syn_batches.append(x_s)
+            real_grads.append(tuple(g.detach() for g in g_real))
+            continue
+        with precision.autocast():
+            syn_loss = F.cross_entropy(net(x_s), targets[k])
+        g_syn = torch.autograd.grad(syn_loss, params, create_graph=True)
+        distance = match_distance(g_syn, [g.detach() for g in g_real], cfg.distance)
+        backward_to(distance, [images], precision)
+        if read:
+            total += float(distance.detach())
+    if batched:
+        with precision.autocast():
+            per_class = _batched_syn_distances(
+                net, torch.stack(syn_batches), torch.stack(targets), real_grads, cfg.distance
+            )
+        backward_to(per_class.sum(), [images], precision)
+        if read:
+            total = float(per_class.detach().sum())
+    _clipped_step(images, len(classes), cfg, optimizer, precision)
+    return total
+
+
+def _mixed_pass(
+    net: nn.Module,
+    params: list[nn.Parameter],
+    x_real: torch.Tensor,
+    y_real: torch.Tensor,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    cfg: GMConfig,
+    generator: torch.Generator,
+    optimizer: torch.optim.Optimizer,
+    precision: Precision,
+    read: bool,
+) -> float:
+    """One matching step of the FedDC authors' code (``batches="mixed"``): a shuffled pass over the whole
+    real set in batches of ``cfg.real_batch`` images of any classes (the last one smaller); each batch's
+    gradient is matched against the gradient of the whole synthetic set, and the images take a step.
+    Returns the summed distance when ``read``, else 0."""
+    cl = is_channels_last(net)
+    num_classes = labels.numel() // cfg.ipc
+    order = torch.randperm(x_real.shape[0], generator=generator).to(x_real.device)
+    total = 0.0
+    for start in range(0, order.numel(), cfg.real_batch):
+        idx = order[start : start + cfg.real_batch]
+        x_r, x_s = x_real[idx], images
+        if cfg.dsa is not None:
+            draw = sample_dsa_params(cfg.dsa, None, generator)
+            x_r, x_s = apply_dsa(x_r, draw), apply_dsa(x_s, draw)
+        optimizer.zero_grad()
+        with precision.autocast():
+            real_loss = F.cross_entropy(net(as_model_format(x_r, cl)), y_real[idx])
+        g_real = torch.autograd.grad(real_loss, params)
+        with precision.autocast():
+            syn_loss = F.cross_entropy(net(x_s), labels)
+        g_syn = torch.autograd.grad(syn_loss, params, create_graph=True)
+        distance = match_distance(g_syn, [g.detach() for g in g_real], cfg.distance)
+        backward_to(distance, [images], precision)
+        if read:
+            total += float(distance.detach())
+        _clipped_step(images, num_classes, cfg, optimizer, precision)
+    return total
+
+
+def _clipped_step(
+    images: torch.Tensor, num_classes: int, cfg: GMConfig, optimizer: torch.optim.Optimizer, precision: Precision
+) -> None:
+    """Clip each class's image gradient to ``cfg.clip_norm`` (Eq. 8; None: no clipping), then step."""
+    if cfg.clip_norm is not None and images.grad is not None:
+        precision.unscale(optimizer)
+        _clip_per_class(images.grad, num_classes, cfg.clip_norm)
+    precision.step(optimizer)
 
 
 def _train_network(
     net: nn.Module,
-    params: list[nn.Parameter],
+    optimizer: torch.optim.Optimizer,
     x: torch.Tensor,
     y: torch.Tensor,
     cfg: GMConfig,
@@ -324,10 +418,9 @@ def _train_network(
     """DC's inner loop: ``cfg.inner_loop`` full-batch SGD steps of the network on the synthetic set.
 
     With DSA on, each step augments with independent per-sample draws, as DC+DSA does when training on
-    the synthetic set. Plain SGD has no state, so a new optimiser per call equals DC's persistent one.
-    The forward passes run under ``precision`` (with ``amp = "off"``: plain float32 steps).
+    the synthetic set, with the draw's ``optimizer`` (SGD, ``net_lr`` and ``net_momentum``). The forward
+    passes run under ``precision`` (with ``amp = "off"``: plain float32 steps).
     """
-    optimizer = torch.optim.SGD(params, lr=cfg.net_lr)
     for _ in range(cfg.inner_loop):
         batch = x if cfg.dsa is None else dsa(x, cfg.dsa, generator)
         optimizer.zero_grad()

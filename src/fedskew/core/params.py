@@ -103,7 +103,9 @@ def build_params(cls: type[P], table: Mapping[str, Any], prefix: str = "") -> P:
         A dataclass type; its field annotations drive type checking. A field whose type is itself a
         dataclass is a nested table (``[algorithm.server]``): its keys are merged into the field's
         default and checked the same way. A ``renamed`` class attribute (old key -> new dotted key)
-        turns an old key into an error that names the new one.
+        turns an old key into an error that names the new one. A ``presets`` class attribute (option ->
+        word -> settings, nested tables as dicts) fills in the settings of the word the table gives that
+        option (or of its default word); the keys the table gives itself win over the preset's.
     table
         Key -> value, as read from a config file.
     prefix
@@ -112,6 +114,7 @@ def build_params(cls: type[P], table: Mapping[str, Any], prefix: str = "") -> P:
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     hints = typing.get_type_hints(cls)
     renamed: Mapping[str, str] = getattr(cls, "renamed", {})
+    table = with_presets(cls, table, fields)
     kwargs: dict[str, Any] = {}
     for key, value in table.items():
         if key not in fields:
@@ -129,6 +132,26 @@ def build_params(cls: type[P], table: Mapping[str, Any], prefix: str = "") -> P:
         raise ConfigError(f"{prefix}{e}") from None
     check_sizes(built, prefix)
     return built
+
+
+def with_presets(
+    cls: type, table: Mapping[str, Any], fields: Mapping[str, dataclasses.Field[Any]]
+) -> Mapping[str, Any]:
+    """``table`` under the settings of the presets it chooses (``cls.presets``, see :func:`build_params`)."""
+    for option, words in getattr(cls, "presets", {}).items():
+        word = table.get(option, fields[option].default)
+        if isinstance(word, str) and word in words:
+            table = _merged(words[word], table)
+    return table
+
+
+def _merged(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``top``'s keys on it, nested tables merged key by key."""
+    out = dict(base)
+    for key, value in top.items():
+        below = out.get(key)
+        out[key] = _merged(below, value) if isinstance(below, Mapping) and isinstance(value, Mapping) else value
+    return out
 
 
 MAX_BATCH = 65_536
