@@ -44,8 +44,8 @@ from fedskew.engine.checkpoint import RESUMABLE, check_resume, load_checkpoint
 from fedskew.engine.federation import build_federation
 from fedskew.engine.flower.app import resolve_experiment
 from fedskew.engine.flower.messages import HEADER, HELLO, from_records, info_to_json, to_records
-from fedskew.engine.round_loop import NoReply, RoundLoop, RunResult
-from fedskew.engine.workers import ClientJob
+from fedskew.engine.round_loop import RoundLoop, RunResult
+from fedskew.engine.runner import ClientJob, NoReply
 from fedskew.runs import (
     CHECKPOINT_FILE,
     CHECKPOINTS_DIR,

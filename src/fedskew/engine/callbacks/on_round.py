@@ -1,0 +1,19 @@
+"""The caller's ``on_round``: called with each round's record once the round is written."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from fedskew.engine.callbacks import Record, RoundCallback, RoundTime
+
+if TYPE_CHECKING:
+    from fedskew.engine.round_loop import RoundLoop
+
+
+class OnRound(RoundCallback):
+    def __init__(self, call: Callable[[dict[str, Any]], None]) -> None:
+        self.call = call
+
+    def round_end(self, loop: RoundLoop, record: Record, records: list[Record], time: RoundTime) -> None:
+        self.call(record)
