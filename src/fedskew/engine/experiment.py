@@ -9,14 +9,15 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from fedskew.config import RunSpec, dump, validate
+from fedskew.config import RunSpec, validate
 from fedskew.config.files import flat_keys, read_toml, same_value, set_dotted
-from fedskew.config.schema import comparable_config, full_config
+from fedskew.config.schema import comparable_config
 from fedskew.core.device import check_amp, resolve_device
 from fedskew.core.errors import ConfigError
 from fedskew.engine.checkpoint import RESUMABLE, check_resume, load_checkpoint
 from fedskew.engine.federation import Federation, build_federation
-from fedskew.engine.round_loop import RoundLoop, RunResult
+from fedskew.engine.round_loop import RunResult
+from fedskew.engine.session import start_run
 from fedskew.progress import progress_bar
 from fedskew.runs import (
     CHECKPOINT_FILE,
@@ -131,16 +132,16 @@ def run_experiment(
                 feds[key] = build_federation(
                     cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), data_dir
                 )
-            with os_errors_name(run_dir, run=True):
-                if state == "new":
-                    # A run started afresh (--force) leaves nothing of the old one to mix with or resume from.
-                    for f in (METRICS_FILE, TIMING_FILE, SUMMARY_FILE, MODEL_FILE,
-                              f"{CHECKPOINTS_DIR}/{CHECKPOINT_FILE}"):
+            if state == "new":
+                # A run started afresh (--force) leaves nothing of the old one to mix with or resume from.
+                with os_errors_name(run_dir, run=True):
+                    old = (METRICS_FILE, TIMING_FILE, SUMMARY_FILE, MODEL_FILE, f"{CHECKPOINTS_DIR}/{CHECKPOINT_FILE}")
+                    for f in old:
                         (run_dir / f).unlink(missing_ok=True)
-                (run_dir / CONFIG_FILE).write_text(dump(full_config(cfg)))
-                sim = RoundLoop(cfg, run_dir, data_dir=data_dir, progress=progress, federation=feds[key],
-                                on_round=_tagged(on_round, spec))
-                results.append(sim.run(resume=state == "partial"))
+            results.append(start_run(
+                cfg, run_dir, resume=state == "partial", data_dir=data_dir, progress=progress,
+                federation=feds[key], on_round=_tagged(on_round, spec),
+            ))
             bar.update(1)
     return results
 
@@ -223,12 +224,4 @@ def resume_run(run_dir: Path, overrides: dict[str, Any], *, data_dir: str | None
         cfg.setdefault("target_accuracy", None)
         validate(cfg)
         check_devices([cfg])
-        ck = load_checkpoint(run_dir / CHECKPOINTS_DIR)
-        ck_path = run_dir / CHECKPOINTS_DIR / CHECKPOINT_FILE
-        check_resume(ck, ck_path, stored, int(cfg["rounds"]))  # before the data is loaded
-        loop = RoundLoop(cfg, run_dir, data_dir=data_dir, progress=progress)
-        check_resume(ck, ck_path, stored, int(cfg["rounds"]), loop.server.model.state_dict())
-        del ck  # the loop reads it again
-        with os_errors_name(run_dir, run=True):
-            (run_dir / CONFIG_FILE).write_text(dump(full_config(cfg)))
-            return loop.run(resume=True)
+        return start_run(cfg, run_dir, resume=True, data_dir=data_dir, progress=progress, stored=stored)
