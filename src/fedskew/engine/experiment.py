@@ -11,7 +11,7 @@ from typing import Any
 
 from fedskew.config import RunSpec, validate
 from fedskew.config.files import flat_keys, read_toml, same_value, set_dotted
-from fedskew.config.schema import comparable_config
+from fedskew.config.schema import comparable_config, typed_config
 from fedskew.core.device import check_amp, resolve_device
 from fedskew.core.errors import ConfigError
 from fedskew.engine.checkpoint import RESUMABLE, check_resume, load_checkpoint
@@ -77,9 +77,10 @@ def choose_parent(
 def check_devices(configs: list[dict[str, Any]]) -> None:
     """Refuse, before any run starts or any folder is written, a device or precision this machine lacks."""
     for cfg in configs:
-        device = resolve_device(str(cfg.get("device", "auto")))
-        check_amp(str(cfg.get("amp", "off")), device)
-        if cfg.get("engine", "local") == "ray":
+        run = typed_config(cfg).run
+        device = resolve_device(run.device)
+        check_amp(run.amp, device)
+        if run.engine == "ray":
             continue  # Ray's workers may hold GPUs this machine lacks; Ray checks the request
 
 
@@ -126,12 +127,12 @@ def run_experiment(
                 results.append(_finished(run_dir))
                 bar.update(1)
                 continue
-            key = json.dumps([cfg["dataset"], cfg["partition"], cfg["model"], cfg["seed"], data_dir], sort_keys=True)
+            config = typed_config(cfg)
+            tables = [config.table(section) for section in ("dataset", "partition", "model")]
+            key = json.dumps([*tables, config.run.seed, data_dir], sort_keys=True)
             if key not in feds:
                 feds.clear()  # keep one federation in memory at a time
-                feds[key] = build_federation(
-                    cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), data_dir
-                )
+                feds[key] = build_federation(*tables, config.run.seed, data_dir)
             if state == "new":
                 # A run started afresh (--force) leaves nothing of the old one to mix with or resume from.
                 with os_errors_name(run_dir, run=True):
@@ -140,7 +141,7 @@ def run_experiment(
                         (run_dir / f).unlink(missing_ok=True)
             results.append(start_run(
                 cfg, run_dir, resume=state == "partial", data_dir=data_dir, progress=progress,
-                federation=feds[key], on_round=_tagged(on_round, spec),
+                federation=feds[key], on_round=_tagged(on_round, spec), config=config,
             ))
             bar.update(1)
     return results
@@ -176,7 +177,7 @@ def run_state(run_dir: Path, cfg: dict[str, Any]) -> str:
         return "done"
     if not ck_path.exists():
         return "new"
-    check_resume(load_checkpoint(run_dir / CHECKPOINTS_DIR), ck_path, stored, int(cfg["rounds"]))
+    check_resume(load_checkpoint(run_dir / CHECKPOINTS_DIR), ck_path, stored, typed_config(cfg).run.rounds)
     return "partial"
 
 

@@ -119,8 +119,9 @@ def register_engine(name: str) -> Callable[[Callable[[EngineContext], Runner]], 
     """Register a runner builder as ``engine = name`` (a plug-in file may hold one)."""
 
     def add(build: Callable[[EngineContext], Runner]) -> Callable[[EngineContext], Runner]:
-        if name in ENGINES and ENGINES[name] is not build:
-            raise ConfigError(f"engine {name!r} is registered twice")
+        known = ENGINES.get(name)
+        if known is not None and known.__qualname__ != build.__qualname__:  # the same file imported twice is fine
+            raise ConfigError(f"engine {name!r} is registered twice ({known.__qualname__}, {build.__qualname__})")
         ENGINES[name] = build
         return build
 

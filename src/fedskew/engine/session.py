@@ -9,7 +9,7 @@ from typing import Any
 
 from fedskew.config import dump
 from fedskew.config.files import read_toml
-from fedskew.config.schema import full_config, typed_config
+from fedskew.config.schema import RunConfig, full_config, typed_config
 from fedskew.engine.callbacks import Record, RoundCallback
 from fedskew.engine.checkpoint import check_resume, load_checkpoint
 from fedskew.engine.federation import Federation
@@ -23,17 +23,18 @@ def start_run(
     federation: Federation | None = None, on_round: Callable[[Record], None] | None = None,
     clients: ClientSide | None = None, stored: dict[str, Any] | None = None,
     before: Callable[[RoundLoop], None] | None = None, callbacks: Sequence[RoundCallback] = (),
+    config: RunConfig | None = None,
 ) -> RunResult:
     """Run (``resume``: continue) the run configured as ``cfg`` in ``run_dir``; the caller holds the folder.
 
-    1. The typed config, built once here and used by everything after.
+    1. The typed config (``config``, or built here), built once and used by everything after.
     2. Resuming: the last checkpoint against the run's rounds and the config the folder holds (``stored``,
        read from ``config.toml`` when not given), before any data is loaded.
     3. The round loop (federation, algorithm, model); resuming: the checkpoint against the model.
     4. ``config.toml``, every default filled in; then ``before(loop)`` (a deployment connects to its nodes).
     5. The rounds. A file that cannot be written is one line naming the run folder.
     """
-    config = typed_config(cfg)
+    config = config or typed_config(cfg)
     with os_errors_name(run_dir, run=True):
         ck_path = run_dir / CHECKPOINTS_DIR / CHECKPOINT_FILE
         ck = None

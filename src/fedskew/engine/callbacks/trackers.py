@@ -19,7 +19,7 @@ class Trackers(RoundCallback):
         self.trackers: list[Tracker] = []
 
     def start(self, loop: RoundLoop, resume: bool) -> None:
-        self.trackers = open_trackers(loop.cfg, loop.config.logging, loop.run_dir)
+        self.trackers = open_trackers(loop.cfg, loop.config.logging, loop.run_dir, loop.config.run.name)
 
     def round_end(self, loop: RoundLoop, record: Record, records: list[Record], time: RoundTime) -> None:
         for tracker in self.trackers:
