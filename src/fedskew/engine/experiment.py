@@ -78,10 +78,7 @@ def check_devices(configs: list[dict[str, Any]]) -> None:
     """Refuse, before any run starts or any folder is written, a device or precision this machine lacks."""
     for cfg in configs:
         run = typed_config(cfg).run
-        device = resolve_device(run.device)
-        check_amp(run.amp, device)
-        if run.engine == "ray":
-            continue  # Ray's workers may hold GPUs this machine lacks; Ray checks the request
+        check_amp(run.amp, resolve_device(run.device))
 
 
 def run_experiment(
