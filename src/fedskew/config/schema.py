@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from fedskew.core.engines import check_engine
 from fedskew.core.errors import ConfigError
 from fedskew.core.params import build_params, check
 from fedskew.core.seeding import numpy_rng
@@ -60,7 +61,7 @@ class RunSettings:
     device: str = "auto"
     amp: Literal["off", "bf16", "fp16"] = "off"
     deterministic: bool = False
-    engine: str = "local"  # "local", "ray", or one a plug-in registers (fedskew.engine.runner)
+    engine: str = "local"  # "local", "ray", or one a plug-in registers (fedskew.core.engines)
     plugins: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -357,9 +358,7 @@ def typed_config(cfg: dict[str, Any]) -> RunConfig:
             raise ConfigError(f"{section} must be a table, got {cfg[section]!r}")
     top = {k: v for k, v in cfg.items() if k not in SECTIONS}
     run = build_params(RunSettings, top)
-    from fedskew.engine.runner import check_engine  # the engines a plug-in registers are known by now
-
-    check_engine(run.engine)
+    check_engine(run.engine)  # the engines the plug-ins register are known by now
     parts = {section: _component(cfg, section) for section in NAMED}
     faults = build_params(Faults, cfg.get("faults", {}), prefix="faults.")
     ray = build_params(RayParams, cfg.get("ray", {}), prefix="ray.")

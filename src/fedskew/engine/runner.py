@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from fedskew.core.errors import ConfigError
+from fedskew.core.engines import add_engine, engine_builder
 from fedskew.core.message import Message
 from fedskew.engine.replies import Undecodable
 from fedskew.models.evaluation import EvalCounts
@@ -99,43 +99,17 @@ class EngineContext:
     compute: Compute
 
 
-def _local(ctx: EngineContext) -> Runner:
-    from fedskew.engine.workers import local_engine
-
-    return local_engine(ctx)
-
-
-def _ray(ctx: EngineContext) -> Runner:
-    from fedskew.engine.ray_workers import ray_engine
-
-    return ray_engine(ctx)
-
-
-ENGINES: dict[str, Callable[[EngineContext], Runner]] = {"local": _local, "ray": _ray}
-"""Engine name -> the function that builds its runner (the built-in ones import their module when used)."""
-
-
 def register_engine(name: str) -> Callable[[Callable[[EngineContext], Runner]], Callable[[EngineContext], Runner]]:
     """Register a runner builder as ``engine = name`` (a plug-in file may hold one)."""
 
     def add(build: Callable[[EngineContext], Runner]) -> Callable[[EngineContext], Runner]:
-        known = ENGINES.get(name)
-        if known is not None and known.__qualname__ != build.__qualname__:  # the same file imported twice is fine
-            raise ConfigError(f"engine {name!r} is registered twice ({known.__qualname__}, {build.__qualname__})")
-        ENGINES[name] = build
+        add_engine(name, build)
         return build
 
     return add
 
 
-def check_engine(name: str) -> None:
-    """Refuse an engine nobody registered, naming the ones there are."""
-    if name not in ENGINES:
-        raise ConfigError(f"engine must be one of {', '.join(sorted(ENGINES))}, got {name!r}")
-
-
 def make_runner(ctx: EngineContext, clients: ClientSide | None = None) -> Runner:
     """The run's runner: its engine's, with ``clients`` (a deployment's nodes) in front when given."""
-    check_engine(ctx.config.run.engine)
-    local = ENGINES[ctx.config.run.engine](ctx)
+    local: Runner = engine_builder(ctx.config.run.engine)(ctx)
     return local if clients is None else RemoteClients(clients, local)

@@ -13,57 +13,22 @@ TensorBoard (:mod:`.tensorboard`), W&B and MLflow (:mod:`.trackers`), ``environm
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
-import torch
+from fedskew.engine.callbacks.base import Loop, Record, RoundCallback, RoundTime
+from fedskew.engine.callbacks.checkpoints import Checkpoints
+from fedskew.engine.callbacks.environment import Environment
+from fedskew.engine.callbacks.on_round import OnRound
+from fedskew.engine.callbacks.progress import ProgressBar
+from fedskew.engine.callbacks.run_files import MetricsFile, TimingFile
+from fedskew.engine.callbacks.tensorboard import TensorBoard
+from fedskew.engine.callbacks.trackers import Trackers
 
-if TYPE_CHECKING:
-    from fedskew.engine.round_loop import RoundLoop
-
-
-Record = dict[str, Any]
-"""One round's record, as a line of ``metrics.jsonl`` holds it."""
-
-
-@dataclass(frozen=True)
-class RoundTime:
-    """When a round started (``time.perf_counter()``) and the seconds of its evaluation (wall-clock
-    times: never in ``metrics.jsonl``)."""
-
-    started: float
-    eval_seconds: float
+__all__ = ["Loop", "Record", "RoundCallback", "RoundTime", "standard_callbacks"]
 
 
-class RoundCallback:
-    """A hook around the rounds of a run; every method does nothing unless overridden."""
-
-    def start(self, loop: RoundLoop, resume: bool) -> None:
-        """The run starts (afresh, or resuming from its checkpoint): open files, check they can be written."""
-
-    def begin(self, loop: RoundLoop, records: list[dict[str, Any]]) -> None:
-        """The records so far are known (none, or a checkpoint's); the first round comes next."""
-
-    def round_end(self, loop: RoundLoop, record: Record, records: list[Record], time: RoundTime) -> None:
-        """Round ``record["round"]`` is done; ``records`` holds it and every earlier one."""
-
-    def artifact(self, name: str, rnd: int, tensors: dict[str, torch.Tensor]) -> None:
-        """The method saved an artifact (condensed images ...) in round ``rnd``."""
-
-    def close(self) -> None:
-        """The run ended, finished or not: release what :meth:`start` opened."""
-
-
-def standard_callbacks(progress: bool, on_round: Any = None) -> list[RoundCallback]:
+def standard_callbacks(progress: bool, on_round: Callable[[Record], None] | None = None) -> list[RoundCallback]:
     """The callbacks of every run, in order (``progress``: a bar; ``on_round``: called with each record)."""
-    from fedskew.engine.callbacks.checkpoints import Checkpoints
-    from fedskew.engine.callbacks.environment import Environment
-    from fedskew.engine.callbacks.on_round import OnRound
-    from fedskew.engine.callbacks.progress import ProgressBar
-    from fedskew.engine.callbacks.run_files import MetricsFile, TimingFile
-    from fedskew.engine.callbacks.tensorboard import TensorBoard
-    from fedskew.engine.callbacks.trackers import Trackers
-
     callbacks: list[RoundCallback] = [
         TensorBoard(), Environment(), Trackers(), MetricsFile(), TimingFile(), Checkpoints(), ProgressBar(progress),
     ]

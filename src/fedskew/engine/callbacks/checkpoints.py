@@ -3,29 +3,26 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from fedskew.core.device import to_cpu, to_device
-from fedskew.engine.callbacks import Record, RoundCallback, RoundTime
+from fedskew.engine.callbacks.base import Loop, Record, RoundCallback, RoundTime
 from fedskew.engine.checkpoint import load_checkpoint, save_checkpoint
 from fedskew.runs import CHECKPOINTS_DIR
-
-if TYPE_CHECKING:
-    from fedskew.engine.round_loop import RoundLoop
 
 
 class Checkpoints(RoundCallback):
     """Saves the loop's state (:func:`save_state`) when a round is due (``checkpoint_every``, 0: never)."""
 
-    def round_end(self, loop: RoundLoop, record: Record, records: list[Record], time: RoundTime) -> None:
+    def round_end(self, loop: Loop, record: Record, records: list[Record], time: RoundTime) -> None:
         every, rounds = loop.config.run.checkpoint_every, loop.config.run.rounds
         if every > 0 and (loop.round % every == 0 or loop.round == rounds):
             save_state(loop, records)
 
 
-def save_state(loop: RoundLoop, records: list[dict[str, Any]]) -> None:
+def save_state(loop: Loop, records: list[dict[str, Any]]) -> None:
     """The round, the global model, the server's and the clients' state, the ledger and the records."""
     server = loop.server
     save_checkpoint(
@@ -43,7 +40,7 @@ def save_state(loop: RoundLoop, records: list[dict[str, Any]]) -> None:
     )
 
 
-def restore_state(loop: RoundLoop) -> list[dict[str, Any]]:
+def restore_state(loop: Loop) -> list[dict[str, Any]]:
     """Put the last checkpoint's state back into ``loop``; its records."""
     ck = load_checkpoint(loop.run_dir / CHECKPOINTS_DIR)
     loop.round = int(ck["round"])

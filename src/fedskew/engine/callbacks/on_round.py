@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from fedskew.engine.callbacks import Record, RoundCallback, RoundTime
-
-if TYPE_CHECKING:
-    from fedskew.engine.round_loop import RoundLoop
+from fedskew.engine.callbacks.base import Loop, Record, RoundCallback, RoundTime
 
 
 class OnRound(RoundCallback):
     def __init__(self, call: Callable[[dict[str, Any]], None]) -> None:
         self.call = call
 
-    def round_end(self, loop: RoundLoop, record: Record, records: list[Record], time: RoundTime) -> None:
+    def round_end(self, loop: Loop, record: Record, records: list[Record], time: RoundTime) -> None:
         self.call(record)

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from fedskew.engine.callbacks import Record, RoundCallback, RoundTime
+from fedskew.engine.callbacks.base import Loop, Record, RoundCallback, RoundTime
 from fedskew.progress import progress_bar
-
-if TYPE_CHECKING:
-    from fedskew.engine.round_loop import RoundLoop
 
 
 class ProgressBar(RoundCallback):
@@ -18,13 +15,13 @@ class ProgressBar(RoundCallback):
         self.enabled = enabled
         self.bar: Any = None
 
-    def begin(self, loop: RoundLoop, records: list[dict[str, Any]]) -> None:
+    def begin(self, loop: Loop, records: list[dict[str, Any]]) -> None:
         self.bar = progress_bar(
             total=loop.config.run.rounds, initial=loop.round, desc=loop.label, unit="round",
             enabled=self.enabled, leave=False,
         )
 
-    def round_end(self, loop: RoundLoop, record: Record, records: list[Record], time: RoundTime) -> None:
+    def round_end(self, loop: Loop, record: Record, records: list[Record], time: RoundTime) -> None:
         if record.get("accuracy") is not None:
             self.bar.set_postfix(acc=f"{100 * record['accuracy']:.1f}%")
         self.bar.update(1)

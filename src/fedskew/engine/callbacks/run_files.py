@@ -5,26 +5,23 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
-from fedskew.engine.callbacks import Record, RoundCallback, RoundTime
+from fedskew.engine.callbacks.base import Loop, Record, RoundCallback, RoundTime
 from fedskew.runs import METRICS_FILE, TIMING_FILE
-
-if TYPE_CHECKING:
-    from fedskew.engine.round_loop import RoundLoop
 
 
 class MetricsFile(RoundCallback):
     """``metrics.jsonl``: exactly the records so far at the start (a resumed run drops the rounds after its
     checkpoint), then one line a round."""
 
-    def begin(self, loop: RoundLoop, records: list[dict[str, Any]]) -> None:
+    def begin(self, loop: Loop, records: list[dict[str, Any]]) -> None:
         self.path = loop.run_dir / METRICS_FILE
         with open(self.path, "w") as f:
             for r in records:
                 f.write(json.dumps(r) + "\n")
 
-    def round_end(self, loop: RoundLoop, record: Record, records: list[Record], time: RoundTime) -> None:
+    def round_end(self, loop: Loop, record: Record, records: list[Record], time: RoundTime) -> None:
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -34,10 +31,10 @@ class TimingFile(RoundCallback):
 
     _file: TextIO | None = None
 
-    def begin(self, loop: RoundLoop, records: list[dict[str, Any]]) -> None:
+    def begin(self, loop: Loop, records: list[dict[str, Any]]) -> None:
         self._file = open(loop.run_dir / TIMING_FILE, "a")  # noqa: SIM115 (closed in close())
 
-    def round_end(self, loop: RoundLoop, record: Record, records: list[Record], time: RoundTime) -> None:
+    def round_end(self, loop: Loop, record: Record, records: list[Record], time: RoundTime) -> None:
         assert self._file is not None
         line = {"round": record["round"], "seconds": _now() - time.started, "eval_seconds": time.eval_seconds}
         self._file.write(json.dumps(line) + "\n")

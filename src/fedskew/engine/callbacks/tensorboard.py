@@ -3,15 +3,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-from fedskew.engine.callbacks import Record, RoundCallback, RoundTime
+from fedskew.engine.callbacks.base import Loop, Record, RoundCallback, RoundTime
 from fedskew.engine.tensorboard import TensorBoardLog
-
-if TYPE_CHECKING:
-    from fedskew.engine.round_loop import RoundLoop
 
 
 class TensorBoard(RoundCallback):
@@ -19,10 +14,10 @@ class TensorBoard(RoundCallback):
 
     log = TensorBoardLog(None)
 
-    def start(self, loop: RoundLoop, resume: bool) -> None:
+    def start(self, loop: Loop, resume: bool) -> None:
         self.log = TensorBoardLog.for_run(loop.cfg, loop.run_dir, loop.fed.class_names, resume, loop.config.logging)
 
-    def round_end(self, loop: RoundLoop, record: Record, records: list[Record], time: RoundTime) -> None:
+    def round_end(self, loop: Loop, record: Record, records: list[Record], time: RoundTime) -> None:
         self.log.record(record)
 
     def artifact(self, name: str, rnd: int, tensors: dict[str, torch.Tensor]) -> None:

@@ -3,13 +3,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from fedskew.engine.callbacks import Record, RoundCallback, RoundTime
+from fedskew.engine.callbacks.base import Loop, Record, RoundCallback, RoundTime
 from fedskew.engine.trackers import Tracker, open_trackers
-
-if TYPE_CHECKING:
-    from fedskew.engine.round_loop import RoundLoop
 
 
 class Trackers(RoundCallback):
@@ -18,10 +13,10 @@ class Trackers(RoundCallback):
     def __init__(self) -> None:
         self.trackers: list[Tracker] = []
 
-    def start(self, loop: RoundLoop, resume: bool) -> None:
+    def start(self, loop: Loop, resume: bool) -> None:
         self.trackers = open_trackers(loop.cfg, loop.config.logging, loop.run_dir, loop.config.run.name)
 
-    def round_end(self, loop: RoundLoop, record: Record, records: list[Record], time: RoundTime) -> None:
+    def round_end(self, loop: Loop, record: Record, records: list[Record], time: RoundTime) -> None:
         for tracker in self.trackers:
             tracker.record(record)
 
