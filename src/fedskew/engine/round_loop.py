@@ -85,6 +85,7 @@ class RoundLoop:
         self.client_states: dict[int, dict[str, Any]] = {}
         self.round = 0
         self.runner: Runner | None = None
+        self._wire: tuple[Message, Message] | None = None  # the last request and its CPU copy
         self.callbacks = [*standard_callbacks(progress, on_round), *callbacks]
         self.recorder = Recorder(self.fed, self.client_eval)
         self.compute = Compute(str(resolve_device(run.device)), run.amp, run.deterministic)
@@ -140,7 +141,7 @@ class RoundLoop:
         every selected client is moved once."""
         if self.device.type == "cpu":
             return msg
-        if getattr(self, "_wire", (None,))[0] is not msg:
+        if self._wire is None or self._wire[0] is not msg:
             self._wire = (msg, Message(to_cpu(msg.arrays), msg.config, msg.metrics))
         return self._wire[1]
 
