@@ -66,7 +66,14 @@ CLAIM_KEYS = {
     "notes": "more, for the details section",
     "paper_config": "the paper-scale config, for the paper-scale column",
     "paper_scale": "an optional second measurement at the paper's scale (GPU): runs/recorded/source/commands/...",
+    "section": f"the table the row stands in: one of {', '.join(repr(s) for s in ('', 'peer tables'))} (default '')",
 }
+SECTIONS = {
+    "": "",
+    "peer tables": "Rows from a peer's published table, run in the peer's setting: the peer's number is the "
+    "paper's column, and a rule judges the order of the methods or a gap between them, not absolute accuracy.",
+}
+"""The page's tables: the papers' claims (``""``), then each further section under its heading, with its text."""
 MEASUREMENT_KEYS = ("runs", "recorded", "recorded_seeds", "source", "scale_downs", "commands", "notes")
 """The keys a ``paper_scale`` table may hold (it shares the claim's labels, metric and rules)."""
 
@@ -187,6 +194,7 @@ class Claim:
     reason: str = ""
     paper_config: str = ""
     paper_scale: Measurement | None = None
+    section: str = ""
 
 
 @dataclass
@@ -272,7 +280,10 @@ def _claim(table: Any, index: int) -> Claim:
         status=str(table.get("status", "")),
         reason=str(table.get("reason", "")),
         paper_config=str(table.get("paper_config", "")),
+        section=str(table.get("section", "")),
     )
+    if claim.section not in SECTIONS:
+        raise _error(where, f"section = {claim.section!r}; allowed: {', '.join(repr(s) for s in SECTIONS)}")
     if "paper_scale" in table:
         ps = table["paper_scale"]
         if not isinstance(ps, dict) or set(ps) - set(MEASUREMENT_KEYS):
@@ -551,8 +562,15 @@ def _details(row: Row) -> list[str]:
 def render(manifest: Manifest, root: Path) -> str:
     """The whole page."""
     rows = build_rows(manifest, root)
-    lines = [INTRO, "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += [_table_row(r) for r in rows]
+    lines = [INTRO]
+    for section, text in SECTIONS.items():
+        these = [r for r in rows if r.claim.section == section]
+        if not these:
+            continue
+        if section:
+            lines += ["", f"## {section[0].upper()}{section[1:]}", "", text, ""]
+        lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+        lines += [_table_row(r) for r in these]
     counts = {s: sum(r.verdict.status == s for r in rows) for s in (HOLDS, PARTIAL, DOES_NOT_HOLD, NOT_RUN,
                                                                     NOT_MEASURABLE)}
     recorded = sum(any(f.recorded for f in r.found.values()) for r in rows)

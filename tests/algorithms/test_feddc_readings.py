@@ -5,6 +5,8 @@ mixed-class real batches."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
+
 import pytest
 import torch
 from torch import nn
@@ -99,7 +101,7 @@ def test_each_draw_of_the_network_is_a_new_ratio_of_a_shuffled_hundred() -> None
 class _Recorder(nn.Module):
     """A small network that notes the label encoded in each image of every batch it sees."""
 
-    seen: list[list[int]] = []
+    seen: ClassVar[list[list[int]]] = []
 
     def __init__(self) -> None:
         super().__init__()
