@@ -56,10 +56,10 @@ class ClientEvaluation:
                 failed.append([job.cid, f"evaluate: {getattr(outcome, 'reason', outcome)}"])
                 continue
             reply = outcome[0]
-            reason = check_reply(reply, {}, self.fed.info.num_classes, self.max_bytes) or self.check(
-                reply, self.sizes[job.cid]
-            )
-            if reason is not None:
+            reason = check_reply(reply, {}, self.fed.info.num_classes, self.max_bytes)
+            if reason is None and isinstance(reply, Message):  # check_reply refuses an Undecodable reply
+                reason = self.check(reply, self.sizes[job.cid])
+            if reason is not None or not isinstance(reply, Message):
                 rejected.append([job.cid, f"evaluate: {reason}"])
                 continue
             for kind in found:

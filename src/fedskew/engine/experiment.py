@@ -125,11 +125,11 @@ def run_experiment(
                 bar.update(1)
                 continue
             config = typed_config(cfg)
-            tables = [config.table(section) for section in ("dataset", "partition", "model")]
-            key = json.dumps([*tables, config.run.seed, data_dir], sort_keys=True)
+            dataset, partition, model = (config.table(section) for section in ("dataset", "partition", "model"))
+            key = json.dumps([dataset, partition, model, config.run.seed, data_dir], sort_keys=True)
             if key not in feds:
                 feds.clear()  # keep one federation in memory at a time
-                feds[key] = build_federation(*tables, config.run.seed, data_dir)
+                feds[key] = build_federation(dataset, partition, model, config.run.seed, data_dir)
             if state == "new":
                 # A run started afresh (--force) leaves nothing of the old one to mix with or resume from.
                 with os_errors_name(run_dir, run=True):
