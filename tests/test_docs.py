@@ -1,4 +1,4 @@
-"""The examples of ``docs/python-api.md`` and ``docs/extending.md`` run as written.
+"""The examples of ``docs/python-api.md``, ``docs/extending.md`` and ``docs/architecture.md`` run as written.
 
 Each page's fenced blocks are taken in order: a block whose first line is ``# file: NAME`` is written to
 ``NAME`` (a plug-in, a config), and the ``python`` blocks are joined into one script, run with this
@@ -39,6 +39,6 @@ def run_page(page: str, folder: Path) -> str:
     return res.stdout
 
 
-@pytest.mark.parametrize("page", ["python-api.md", "extending.md"])
+@pytest.mark.parametrize("page", ["python-api.md", "extending.md", "architecture.md"])
 def test_the_examples_run(page: str, tmp_path: Path) -> None:
     run_page(page, tmp_path)

@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 
 from fedskew.components.trainer import LocalConfig, train_local
+from fedskew.config.schema import RunConfig, typed_config
 from fedskew.core.errors import FedskewError
 from fedskew.core.seeding import seeded_init, torch_generator
 from fedskew.engine.federation import Federation, build_federation
 from fedskew.metrics.privacy import auc, nearest_neighbours, ssim
-from fedskew.plugins import load_plugins
 from fedskew.progress import progress_bar
 from fedskew.runs import AUDIT_FILE, find_runs, run_config_path, synthetic_dir, synthetic_files
 
@@ -93,18 +93,19 @@ def audit_run(run_dir: Path, data_dir: str | None = None, max_images: int = 2000
     cfg_path = run_config_path(run_dir)
     cfg: dict[str, Any] = tomllib.loads(cfg_path.read_text())
     images, labels, clients, rounds = load_synthetic(run_dir)
-    load_plugins(cfg.get("plugins", ()))  # the run's dataset, partitioner or model may be a plug-in's
-    fed = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), data_dir)
-    g = torch_generator(int(cfg["seed"]), "audit")
+    config = typed_config(cfg)  # imports the run's plug-ins first: its dataset or model may be a plug-in's
+    seed = config.run.seed
+    fed = build_federation(config.table("dataset"), config.table("partition"), config.table("model"), seed, data_dir)
+    g = torch_generator(seed, "audit")
     if len(images) > max_images:
         keep = torch.randperm(len(images), generator=g)[:max_images]
         images, labels, clients = images[keep], labels[keep], clients[keep]
     senders = clients.unique().tolist()
     with progress_bar(total=len(senders) + 2, desc=f"audit {run_dir.name}", unit="step", enabled=progress) as bar:
-        return _measure(cfg, fed, g, images, labels, clients, senders, rounds, epochs, max_images, bar)
+        return _measure(config, fed, g, images, labels, clients, senders, rounds, epochs, max_images, bar)
 
 
-def _measure(cfg: dict[str, Any], fed: Federation, g: torch.Generator, images: torch.Tensor, labels: torch.Tensor,
+def _measure(config: RunConfig, fed: Federation, g: torch.Generator, images: torch.Tensor, labels: torch.Tensor,
              clients: torch.Tensor, senders: list[int], rounds: int, epochs: int, max_images: int,
              bar: Any) -> AuditResult:
     syn = images.float() / 255.0
@@ -131,7 +132,7 @@ def _measure(cfg: dict[str, Any], fed: Federation, g: torch.Generator, images: t
     mean = torch.tensor(fed.info.mean).view(1, -1, 1, 1)
     std = torch.tensor(fed.info.std).view(1, -1, 1, 1)
     x_syn = (syn - mean) / std
-    model = seeded_init(fed.info.model.build, int(cfg["seed"]), "audit-model")
+    model = seeded_init(fed.info.model.build, config.run.seed, "audit-model")
     bar.set_postfix_str(f"training the attacked model ({epochs} epochs)")
     train_local(model, x_syn, labels, LocalConfig(epochs=epochs, batch_size=256, lr=0.01, momentum=0.9), g)
     bar.update(1)
@@ -150,8 +151,8 @@ def _measure(cfg: dict[str, Any], fed: Federation, g: torch.Generator, images: t
 
     ho_med = float(hd.median())
     return AuditResult(
-        label=str(cfg.get("label", cfg["algorithm"]["name"])),
-        algorithm=cfg["algorithm"]["name"],
+        label=config.label,
+        algorithm=config.algorithm.name,
         synthetic_images=len(images),
         rounds=rounds,
         syn_nn_rmse_median=float(sd.median()),

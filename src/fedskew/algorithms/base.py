@@ -9,7 +9,7 @@ Flower), which owns the round loop, evaluation, logging, checkpoints and the byt
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -19,7 +19,7 @@ import torch
 from fedskew.components.trainer import LocalConfig, train_local
 from fedskew.core.errors import ConfigError
 from fedskew.core.message import Message, state_to_arrays
-from fedskew.core.params import check, next_checks
+from fedskew.core.params import build_params, check, next_checks
 from fedskew.core.registry import Registry
 from fedskew.core.seeding import numpy_rng, seeded_init, torch_generator
 from fedskew.models import create_model
@@ -335,3 +335,11 @@ def register_algorithm(name: str) -> Callable[[type[Algorithm]], type[Algorithm]
         return ALGORITHMS.register(name)(cls)
 
     return deco
+
+
+def make_algorithm(table: Mapping[str, Any], info: FederationInfo) -> Algorithm:
+    """The algorithm an ``[algorithm]`` table names (as a config file or a request from the server holds
+    it), with its typed, checked parameters."""
+    options = dict(table)
+    cls = ALGORITHMS.get(options.pop("name"))
+    return cls(build_params(cls.Params, options, prefix="algorithm."), info)

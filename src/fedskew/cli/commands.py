@@ -94,6 +94,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_partition(args: argparse.Namespace) -> int:
     from fedskew.config import parse_overrides, read_config, resolve
+    from fedskew.config.schema import typed_config
     from fedskew.data.partition import summarize
     from fedskew.data.partition_plot import partition_plot
     from fedskew.engine.federation import build_federation
@@ -101,8 +102,9 @@ def cmd_partition(args: argparse.Namespace) -> int:
     spec = resolve(
         read_config(args.config), parse_overrides(args.overrides), where=str(args.config), imports=args.imports
     )[0]
-    cfg = spec.config
-    fed = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), _data_dir(args))
+    config = typed_config(spec.config)
+    partition = config.table("partition")
+    fed = build_federation(config.table("dataset"), partition, config.table("model"), config.run.seed, _data_dir(args))
     # The federation holds each client's shard contiguously: offsets give the partition back.
     import numpy as np
 
@@ -111,9 +113,9 @@ def cmd_partition(args: argparse.Namespace) -> int:
     part = Partition(indices=[np.arange(fed.offsets[k], fed.offsets[k + 1]) for k in range(fed.info.num_clients)])
     labels = fed.y.numpy()
     print(summarize(part, labels, fed.info.num_classes))
-    out = Path(args.out or f"partition-{cfg['partition']['name']}.png")
-    title = f"{cfg['dataset']['name']}: {cfg['partition']['name']} " + ", ".join(
-        f"{k}={v}" for k, v in cfg["partition"].items() if k != "name"
+    out = Path(args.out or f"partition-{config.partition.name}.png")
+    title = f"{config.dataset.name}: {config.partition.name} " + ", ".join(
+        f"{k}={v}" for k, v in partition.items() if k != "name"
     )
     partition_plot(fed.counts, out, title=title, class_names=fed.class_names, style=args.style)
     print(f"\npartition plot: {out}")
@@ -143,10 +145,11 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             Path(args.folder), config, overrides, label=args.label, force=args.force, imports=args.imports
         )
         from fedskew.config import parse_overrides, read_config, resolve
+        from fedskew.config.schema import typed_config
 
-        cfg = resolve(read_config(config), parse_overrides(overrides), where=str(config or "default"),
-                      imports=args.imports)[0].config
-        nodes = int(cfg["partition"]["num_clients"])
+        spec = resolve(read_config(config), parse_overrides(overrides), where=str(config or "default"),
+                       imports=args.imports)[0]
+        nodes = typed_config(spec.config).partition.params.num_clients
         bin_dir = Path(sys.executable).parent
         flwr = bin_dir / "flwr"
         path = "" if os.environ.get("VIRTUAL_ENV") else f'PATH="{bin_dir}:$PATH" '  # flwr starts flower-superlink

@@ -30,7 +30,7 @@ TOP_LEVEL: dict[str, str] = {
     "device": "where tensors live: auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N, mps",
     "amp": "mixed precision of training, evaluation and condensation: off, bf16, fp16 (CUDA)",
     "deterministic": "GPU: deterministic kernels (same metrics for any number of GPUs; slower)",
-    "engine": "where client jobs run: local (this machine's workers) or ray (a Ray cluster)",
+    "engine": "where client jobs run: local (this machine's workers), ray (a Ray cluster) or a plug-in's engine",
     "dataset": "table: name = dataset, data_dir, train_fraction, and the dataset's options",
     "partition": "table: name = partitioner, num_clients, seed (optional), client_test_fraction, and its parameters",
     "model": "table: name = model, and its options",

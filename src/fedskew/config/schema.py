@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from fedskew.core.engines import check_engine
 from fedskew.core.errors import ConfigError
 from fedskew.core.params import build_params, check
 from fedskew.core.seeding import numpy_rng
@@ -60,7 +61,7 @@ class RunSettings:
     device: str = "auto"
     amp: Literal["off", "bf16", "fp16"] = "off"
     deterministic: bool = False
-    engine: Literal["local", "ray"] = "local"
+    engine: str = "local"  # "local", "ray", or one a plug-in registers (fedskew.core.engines)
     plugins: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -272,7 +273,8 @@ class Component:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """One run's configuration, every leaf typed and checked."""
+    """One run's configuration, every leaf typed and checked; ``source`` is the dict it was built from
+    (the form ``config.toml`` holds and that travels to workers and nodes)."""
 
     run: RunSettings
     dataset: Component
@@ -283,6 +285,16 @@ class RunConfig:
     ray: RayParams
     eval: EvalParams
     logging: LoggingParams
+    source: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def table(self, section: str) -> dict[str, Any]:
+        """A copy of the ``[section]`` table as written (``name`` and the options given)."""
+        return dict(self.source.get(section, {}))
+
+    @property
+    def label(self) -> str:
+        """The run's label: its own, else the algorithm's name."""
+        return self.run.label or self.algorithm.name
 
 
 def _registry(section: str) -> Any:
@@ -346,6 +358,7 @@ def typed_config(cfg: dict[str, Any]) -> RunConfig:
             raise ConfigError(f"{section} must be a table, got {cfg[section]!r}")
     top = {k: v for k, v in cfg.items() if k not in SECTIONS}
     run = build_params(RunSettings, top)
+    check_engine(run.engine)  # the engines the plug-ins register are known by now
     parts = {section: _component(cfg, section) for section in NAMED}
     faults = build_params(Faults, cfg.get("faults", {}), prefix="faults.")
     ray = build_params(RayParams, cfg.get("ray", {}), prefix="ray.")
@@ -353,7 +366,7 @@ def typed_config(cfg: dict[str, Any]) -> RunConfig:
     check_evaluable(parts["algorithm"].name, parts["partition"].params.client_test_fraction)
     check_clients_per_round(cfg, parts["partition"].params.num_clients)
     logs = build_params(LoggingParams, cfg.get("logging", {}), prefix="logging.")
-    return RunConfig(run=run, faults=faults, ray=ray, eval=evaluation, logging=logs, **parts)
+    return RunConfig(run=run, faults=faults, ray=ray, eval=evaluation, logging=logs, source=cfg, **parts)
 
 
 def full_config(cfg: dict[str, Any]) -> dict[str, Any]:

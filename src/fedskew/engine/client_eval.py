@@ -11,8 +11,7 @@ The counts that come back are checked like any reply; one that cannot be true is
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from fedskew.algorithms.base import EVALUATE, Algorithm
 from fedskew.components.trainer import SGDParams
@@ -20,17 +19,11 @@ from fedskew.config.schema import EvalParams
 from fedskew.core.message import Message
 from fedskew.engine.federation import Federation
 from fedskew.engine.replies import check_reply
-from fedskew.engine.workers import ClientJob
+from fedskew.engine.runner import ClientJob, ClientSide
 from fedskew.metrics import client_distribution
 
 VECTORS = (("client_accuracy", "global", "client"), ("personal_accuracy", "personal", "personal"))
 """(record key, reply metric prefix, summary prefix) of the two per-client accuracies."""
-
-
-class Runner(Protocol):
-    """Where the jobs run: the simulator's workers or a Flower deployment (NoReply for a silent client)."""
-
-    def run_clients(self, jobs: list[ClientJob]) -> Sequence[Any]: ...
 
 
 class ClientEvaluation:
@@ -44,7 +37,7 @@ class ClientEvaluation:
         self.sizes = fed.client_test_sizes()
 
     def run(
-        self, runner: Runner, arrays: dict[str, Any], rnd: int, states: dict[int, dict[str, Any]]
+        self, runner: ClientSide, arrays: dict[str, Any], rnd: int, states: dict[int, dict[str, Any]]
     ) -> tuple[dict[str, Any], list[list[Any]], list[list[Any]]]:
         """Evaluate every client with a test split on the global model ``arrays`` (empty for a method without one).
 
@@ -63,10 +56,10 @@ class ClientEvaluation:
                 failed.append([job.cid, f"evaluate: {getattr(outcome, 'reason', outcome)}"])
                 continue
             reply = outcome[0]
-            reason = check_reply(reply, {}, self.fed.info.num_classes, self.max_bytes) or self.check(
-                reply, self.sizes[job.cid]
-            )
-            if reason is not None:
+            reason = check_reply(reply, {}, self.fed.info.num_classes, self.max_bytes)
+            if reason is None and isinstance(reply, Message):  # check_reply refuses an Undecodable reply
+                reason = self.check(reply, self.sizes[job.cid])
+            if reason is not None or not isinstance(reply, Message):
                 rejected.append([job.cid, f"evaluate: {reason}"])
                 continue
             for kind in found:

@@ -9,14 +9,15 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from fedskew.config import RunSpec, dump, validate
+from fedskew.config import RunSpec, validate
 from fedskew.config.files import flat_keys, read_toml, same_value, set_dotted
-from fedskew.config.schema import comparable_config, full_config
+from fedskew.config.schema import comparable_config, typed_config
 from fedskew.core.device import check_amp, resolve_device
 from fedskew.core.errors import ConfigError
 from fedskew.engine.checkpoint import RESUMABLE, check_resume, load_checkpoint
 from fedskew.engine.federation import Federation, build_federation
-from fedskew.engine.round_loop import RoundLoop, RunResult
+from fedskew.engine.round_loop import RunResult
+from fedskew.engine.session import start_run
 from fedskew.progress import progress_bar
 from fedskew.runs import (
     CHECKPOINT_FILE,
@@ -76,10 +77,8 @@ def choose_parent(
 def check_devices(configs: list[dict[str, Any]]) -> None:
     """Refuse, before any run starts or any folder is written, a device or precision this machine lacks."""
     for cfg in configs:
-        device = resolve_device(str(cfg.get("device", "auto")))
-        check_amp(str(cfg.get("amp", "off")), device)
-        if cfg.get("engine", "local") == "ray":
-            continue  # Ray's workers may hold GPUs this machine lacks; Ray checks the request
+        run = typed_config(cfg).run
+        check_amp(run.amp, resolve_device(run.device))
 
 
 def run_experiment(
@@ -125,22 +124,22 @@ def run_experiment(
                 results.append(_finished(run_dir))
                 bar.update(1)
                 continue
-            key = json.dumps([cfg["dataset"], cfg["partition"], cfg["model"], cfg["seed"], data_dir], sort_keys=True)
+            config = typed_config(cfg)
+            dataset, partition, model = (config.table(section) for section in ("dataset", "partition", "model"))
+            key = json.dumps([dataset, partition, model, config.run.seed, data_dir], sort_keys=True)
             if key not in feds:
                 feds.clear()  # keep one federation in memory at a time
-                feds[key] = build_federation(
-                    cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), data_dir
-                )
-            with os_errors_name(run_dir, run=True):
-                if state == "new":
-                    # A run started afresh (--force) leaves nothing of the old one to mix with or resume from.
-                    for f in (METRICS_FILE, TIMING_FILE, SUMMARY_FILE, MODEL_FILE,
-                              f"{CHECKPOINTS_DIR}/{CHECKPOINT_FILE}"):
+                feds[key] = build_federation(dataset, partition, model, config.run.seed, data_dir)
+            if state == "new":
+                # A run started afresh (--force) leaves nothing of the old one to mix with or resume from.
+                with os_errors_name(run_dir, run=True):
+                    old = (METRICS_FILE, TIMING_FILE, SUMMARY_FILE, MODEL_FILE, f"{CHECKPOINTS_DIR}/{CHECKPOINT_FILE}")
+                    for f in old:
                         (run_dir / f).unlink(missing_ok=True)
-                (run_dir / CONFIG_FILE).write_text(dump(full_config(cfg)))
-                sim = RoundLoop(cfg, run_dir, data_dir=data_dir, progress=progress, federation=feds[key],
-                                on_round=_tagged(on_round, spec))
-                results.append(sim.run(resume=state == "partial"))
+            results.append(start_run(
+                cfg, run_dir, resume=state == "partial", data_dir=data_dir, progress=progress,
+                federation=feds[key], on_round=_tagged(on_round, spec), config=config,
+            ))
             bar.update(1)
     return results
 
@@ -175,7 +174,7 @@ def run_state(run_dir: Path, cfg: dict[str, Any]) -> str:
         return "done"
     if not ck_path.exists():
         return "new"
-    check_resume(load_checkpoint(run_dir / CHECKPOINTS_DIR), ck_path, stored, int(cfg["rounds"]))
+    check_resume(load_checkpoint(run_dir / CHECKPOINTS_DIR), ck_path, stored, typed_config(cfg).run.rounds)
     return "partial"
 
 
@@ -223,12 +222,4 @@ def resume_run(run_dir: Path, overrides: dict[str, Any], *, data_dir: str | None
         cfg.setdefault("target_accuracy", None)
         validate(cfg)
         check_devices([cfg])
-        ck = load_checkpoint(run_dir / CHECKPOINTS_DIR)
-        ck_path = run_dir / CHECKPOINTS_DIR / CHECKPOINT_FILE
-        check_resume(ck, ck_path, stored, int(cfg["rounds"]))  # before the data is loaded
-        loop = RoundLoop(cfg, run_dir, data_dir=data_dir, progress=progress)
-        check_resume(ck, ck_path, stored, int(cfg["rounds"]), loop.server.model.state_dict())
-        del ck  # the loop reads it again
-        with os_errors_name(run_dir, run=True):
-            (run_dir / CONFIG_FILE).write_text(dump(full_config(cfg)))
-            return loop.run(resume=True)
+        return start_run(cfg, run_dir, resume=True, data_dir=data_dir, progress=progress, stored=stored)

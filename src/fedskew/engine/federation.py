@@ -67,9 +67,9 @@ class Federation:
             t.share_memory_()
 
 
-def _freeze(v: Any) -> Any:
+def freeze(v: Any) -> Any:
     """Lists to tuples, so a model spec is hashable (it keys the per-process model cache)."""
-    return tuple(_freeze(x) for x in v) if isinstance(v, list | tuple) else v
+    return tuple(freeze(x) for x in v) if isinstance(v, list | tuple) else v
 
 
 def build_federation(
@@ -145,7 +145,7 @@ def build_federation(
         in_channels=ds.in_channels,
         num_classes=ds.num_classes,
         image_size=ds.image_size,
-        options=tuple(sorted((k, _freeze(v)) for k, v in mopts.items())),
+        options=tuple(sorted((k, freeze(v)) for k, v in mopts.items())),
     )
     info = FederationInfo(
         num_clients=num_clients,

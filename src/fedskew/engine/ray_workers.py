@@ -35,7 +35,8 @@ from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message
 from fedskew.engine.federation import Federation
 from fedskew.engine.replies import Undecodable, decode_reply, encode_reply
-from fedskew.engine.workers import ClientJob, _Runtime
+from fedskew.engine.runner import ClientJob, EngineContext
+from fedskew.engine.workers import _Runtime
 from fedskew.models.evaluation import EvalCounts
 from fedskew.plugins import load_plugins, loaded_plugins
 
@@ -233,3 +234,8 @@ class RayWorkers:
             self._ray.shutdown()
         self._owned = False
 
+
+
+def ray_engine(ctx: EngineContext) -> RayWorkers:
+    """``engine = "ray"``: :class:`RayWorkers` with the run's ``[ray]`` table (``workers`` is not used)."""
+    return RayWorkers(ctx.fed, ctx.algorithm, ctx.params, ctx.config.ray, ctx.compute)

@@ -35,7 +35,6 @@ import torch
 from fedskew.condense.grids import image_grid as tile
 from fedskew.config.schema import LoggingParams
 from fedskew.core.files import write_atomic
-from fedskew.core.params import build_params
 
 TENSORBOARD_DIR = "tensorboard"
 """The folder of the event files inside a run folder."""
@@ -161,14 +160,13 @@ class TensorBoardLog:
 
     @classmethod
     def for_run(cls, cfg: dict[str, Any], run_dir: Path, class_names: Sequence[str], resume: bool,
-                params: LoggingParams | None = None) -> TensorBoardLog:
-        """The log a run's config asks for (``[logging] tensorboard``).
+                params: LoggingParams) -> TensorBoardLog:
+        """The log the run's typed ``[logging]`` table (``params``) asks for; ``cfg`` (the config's dict form)
+        gives the hyper-parameters view.
 
         A run started afresh leaves no event files of an earlier run in its folder, whether or not it
-        logs itself; a ConfigError where ``logging`` is bad or TensorBoard is missing.
+        logs itself.
         """
-        if params is None:  # the caller may have built the [logging] table already
-            params = build_params(LoggingParams, cfg.get("logging", {}), prefix="logging.")
         folder = Path(run_dir) / TENSORBOARD_DIR
         if not resume:
             for old in folder.glob(EVENT_FILES):

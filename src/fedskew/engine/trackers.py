@@ -47,9 +47,9 @@ class WandbTracker:
 
 
 class MlflowTracker:
-    """One MLflow run per fedskew run, in experiment ``name`` (the config's ``name``)."""
+    """One MLflow run per fedskew run, in MLflow experiment ``experiment`` (the config's ``name``)."""
 
-    def __init__(self, cfg: dict[str, Any], run_dir: Path, uri: str) -> None:
+    def __init__(self, cfg: dict[str, Any], run_dir: Path, uri: str, experiment: str) -> None:
         import mlflow
 
         self._mlflow = mlflow
@@ -57,7 +57,7 @@ class MlflowTracker:
         if uri.startswith("file:") or "://" not in uri:
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # a plain folder: works offline, no database
         mlflow.set_tracking_uri(uri)
-        mlflow.set_experiment(str(cfg.get("name", "fedskew")))
+        mlflow.set_experiment(experiment)
         self._run = mlflow.start_run(run_name=run_dir.name)
         mlflow.log_params({k: str(v)[:500] for k, v in hyperparameters(cfg).items()})
 
@@ -73,14 +73,14 @@ def _env_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI", "")
 
 
-def open_trackers(cfg: dict[str, Any], params: LoggingParams, run_dir: Path) -> list[Tracker]:
+def open_trackers(cfg: dict[str, Any], params: LoggingParams, run_dir: Path, experiment: str) -> list[Tracker]:
     """The trackers ``[logging]`` asks for, started for the run in ``run_dir`` (a missing package was refused
     when the config was checked: :class:`~fedskew.config.schema.LoggingParams`)."""
     trackers: list[Tracker] = []
     if params.wandb:
         trackers.append(OneLine("wandb", lambda: WandbTracker(cfg, run_dir, params.wandb_project)))
     if params.mlflow:
-        trackers.append(OneLine("mlflow", lambda: MlflowTracker(cfg, run_dir, params.mlflow_uri)))
+        trackers.append(OneLine("mlflow", lambda: MlflowTracker(cfg, run_dir, params.mlflow_uri, experiment)))
     return trackers
 
 

@@ -15,7 +15,6 @@ import pickle
 import threading
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,19 +37,10 @@ from fedskew.core.message import Message
 from fedskew.core.threads import num_threads
 from fedskew.engine.federation import Federation
 from fedskew.engine.replies import Undecodable, decode_reply, encode_reply
+from fedskew.engine.runner import ClientJob, EngineContext
 from fedskew.models.evaluation import EvalCounts, evaluate_chunk
 from fedskew.models.layout import use_channels_last
 from fedskew.plugins import load_plugins, loaded_plugins
-
-
-@dataclass
-class ClientJob:
-    task: str
-    cid: int
-    round: int
-    msg: Message
-    state: dict[str, Any]
-
 
 FEDERATION_ON_DEVICE_BYTES = 4 * 2**30
 """A federation up to this size is copied to a GPU whole, once (Fashion-MNIST, CIFAR-10); a larger one
@@ -332,3 +322,10 @@ def default_workers(spec: str = "cpu") -> int:
     if devices[0] == "mps":
         return 1
     return usable_cores()
+
+
+def local_engine(ctx: EngineContext) -> Workers:
+    """``engine = "local"``: :class:`Workers` on this machine, ``workers`` of them (0: :func:`default_workers`)."""
+    spec = ctx.config.run.device
+    workers = ctx.config.run.workers or default_workers(spec)
+    return Workers(ctx.fed, ctx.algorithm, ctx.params, workers, ctx.compute, worker_devices(spec))

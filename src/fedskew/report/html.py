@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import quote
 
 from fedskew.config.variants import expand_label
+from fedskew.metrics.catalog import column
 from fedskew.progress import progress_bar
 from fedskew.report.order import in_config_order
 from fedskew.report.plots import DEFAULT_DPI, check_format, experiment_title, plot_clients, plot_curves, synthetic_grids
@@ -54,10 +55,6 @@ def _html_table(headers: Sequence[str], cells: Iterable[Sequence[object]],
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-HIGHER_IS_BETTER = {"final_acc", "best_acc", "client_mean", "client_worst10", "personal_mean", "personal_worst10"}
-"""Table columns where the largest value is best (``acc@<round>`` too); see :data:`LOWER_IS_BETTER`."""
-LOWER_IS_BETTER = {"class_var", "class_std_pp", "rounds_to_target", "mb_to_target", "worse_than_local"}
-"""Where the smallest is best. Drops are negative points, so the best is the largest (closest to 0)."""
 
 
 def best_cells(rows: list[dict[str, Any]], keys: Sequence[str]) -> set[tuple[int, int]]:
@@ -67,9 +64,10 @@ def best_cells(rows: list[dict[str, Any]], keys: Sequence[str]) -> set[tuple[int
     if len(rows) < 2:
         return best
     for j, key in enumerate(keys):
-        higher = key in HIGHER_IS_BETTER or key.startswith("acc@") or key in ("max_drop", "mean_drop")
-        if not higher and key not in LOWER_IS_BETTER:
+        better = column(key).better  # drops are negative points: the best is the largest (closest to 0)
+        if better is None:
             continue
+        higher = better == "higher"
         values = [(i, float(row[key])) for i, row in enumerate(rows) if isinstance(row.get(key), int | float)]
         if len(values) < 2:
             continue

@@ -17,44 +17,19 @@ from typing import Any
 
 from fedskew.config.variants import MISSING, config_value, expand_label, scalar_value
 from fedskew.core.errors import FedskewError
+from fedskew.metrics.catalog import CATALOG, COLUMNS, Column, column, from_summaries
 from fedskew.runs import RunData, is_number
 
 DIRECTIONS = ("server_to_client", "client_to_server", "client_to_client")
 MB = 1e6
 
-# Display names of the table's columns; a column ``x_std`` is shown inside column ``x`` as "mean ± std".
-HEADERS = {
-    "label": "label",
-    "algorithm": "algorithm",
-    "n": "n",
-    "rounds": "rounds",
-    "final_acc": "final acc %",
-    "best_acc": "best acc %",
-    "max_drop": "max drop pp",
-    "mean_drop": "mean drop pp",
-    "mean_rise": "mean rise pp",
-    "class_var": "class var",
-    "class_std_pp": "class std pp",
-    "mb_server_to_client": "MB down",
-    "mb_client_to_server": "MB up",
-    "mb_client_to_client": "MB c2c",
-    "client_mean": "clients % (global)",
-    "client_worst10": "worst-10% clients % (global)",
-    "personal_mean": "clients % (own)",
-    "personal_worst10": "worst-10% clients % (own)",
-    "worse_than_local": "clients worse than local %",
-    "untrained": "clients never trained",
-    "rounds_to_target": "rounds to target",
-    "mb_to_target": "MB to target",
-}
-
-_DECIMALS = {"class_var": 5, "rounds_to_target": 1}
-_WHOLE = {"rounds_to_target", "untrained"}
-"""Columns of counts: a whole mean prints as an integer (a mean over seeds may still be 2.5)."""
+# Display names, decimals and counts of the table's columns: fedskew.metrics.catalog; a column ``x_std`` is
+# shown inside column ``x`` as "mean ± std".
+HEADERS = {c.key: c.header for c in COLUMNS}
 TERMINAL_WIDTH = 120
 """The widest table ``fedskew run`` and ``fedskew report`` print; results.md and results.csv hold every column."""
 _LABEL_WIDTH = 40
-PER_CLIENT = ("client_mean", "client_worst10", "personal_mean", "personal_worst10")
+PER_CLIENT = from_summaries("client_mean", "client_worst10", "personal_mean", "personal_worst10")
 """Per-client columns: mean and worst-10% client accuracy of the global and of the clients' own models."""
 _TEXT_COLUMNS = {"label", "algorithm"}
 
@@ -204,20 +179,20 @@ def comparison_table(runs: list[RunData]) -> list[dict[str, Any]]:
             "n": len(group),
             "rounds": n_rounds[0] if len(n_rounds) == 1 else f"{n_rounds[0]}-{n_rounds[-1]}",
         }
-        accs = {"final_acc": [s.get("final_accuracy") for s in summaries]}
-        accs["best_acc"] = [s.get("best_accuracy") for s in summaries]
+        for c in from_summaries("final_acc", "best_acc"):
+            row[c.key], row[f"{c.key}_std"] = _summary_mean(summaries, c)
         for r in at_rounds:
-            accs[f"acc@{r}"] = [(s.get("accuracy_at") or {}).get(str(r)) for s in summaries]
-        for key, values in accs.items():
-            row[key], row[f"{key}_std"] = _mean_std(values, 100, 2)
-        for key in ("max_drop", "mean_drop", "mean_rise"):
-            row[key], row[f"{key}_std"] = _mean_std((s.get(key) for s in summaries), 100, 2)
-        for key in PER_CLIENT:  # the per-client evaluation's last round (partition.client_test_fraction)
-            row[key], row[f"{key}_std"] = _mean_std((s.get(f"{key}_final") for s in summaries), 100, 2)
+            c = column(f"acc@{r}")
+            row[c.key], row[f"{c.key}_std"] = _mean_std(
+                ((s.get("accuracy_at") or {}).get(str(r)) for s in summaries), c.scale, c.decimals
+            )
+        for c in (*from_summaries("max_drop", "mean_drop", "mean_rise"), *PER_CLIENT):
+            # PER_CLIENT: the per-client evaluation's last round (partition.client_test_fraction)
+            row[c.key], row[f"{c.key}_std"] = _summary_mean(summaries, c)
         row["worse_than_local"] = _worse_than_local(group, local)
         row["untrained"], row["untrained_std"] = _mean_std((_last_number(run, "untrained_clients") for run in group),
                                                            1, 1)
-        row["class_var"], row["class_var_std"] = _mean_std((s["mean_class_variance"] for s in summaries), 1, 5)
+        row["class_var"], row["class_var_std"] = _summary_mean(summaries, CATALOG["class_var"])
         row["class_std_pp"], row["class_std_pp_std"] = _mean_std((_class_std_pp(run) for run in group), 1, 2)
         for d in DIRECTIONS:
             row[f"mb_{d}"] = _mean_std((s.get(f"bytes_{d}", 0) for s in summaries), 1 / MB, 3)[0]
@@ -231,6 +206,11 @@ def comparison_table(runs: list[RunData]) -> list[dict[str, Any]]:
             )
         rows.append(row)
     return rows
+
+
+def _summary_mean(summaries: list[dict[str, Any]], c: Column) -> tuple[float | None, float | None]:
+    """Mean and std over the seeds of column ``c``'s ``summary.json`` value, at its scale and decimals."""
+    return _mean_std((s.get(c.source or c.key) for s in summaries), c.scale, c.decimals)
 
 
 def _client_vector(run: RunData, key: str) -> list[float | None]:
@@ -281,12 +261,13 @@ def table_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]
             return "-"
         if not isinstance(value, float):
             return str(value)
-        if key in _WHOLE and value.is_integer() and (std is None or std == 0):
+        c = column(key)
+        if c.whole and value.is_integer() and (std is None or std == 0):
             return str(int(value)) + (" ± 0" if std is not None else "")  # a count: 5, not 5.0
-        digits = _DECIMALS.get(key, 3 if key.startswith("mb_") else 2)
+        digits = c.decimals
         return f"{value:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
 
-    headers = [HEADERS.get(k, k.replace("acc@", "acc % @")) for k in keys]
+    headers = [column(k).header for k in keys]
     return headers, [[cell(row, k) for k in keys] for row in rows]
 
 

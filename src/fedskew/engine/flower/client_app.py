@@ -27,7 +27,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedskew.algorithms.base import EVALUATE, FederationInfo
+from fedskew.algorithms.base import EVALUATE, FederationInfo, make_algorithm
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.device import Compute, resolve_device
 from fedskew.core.errors import FedskewError
@@ -42,7 +42,6 @@ from fedskew.engine.flower.messages import (
     put_state,
     to_records,
 )
-from fedskew.engine.round_loop import make_algorithm
 from fedskew.engine.workers import client_step_on
 from fedskew.plugins import load_plugins
 

@@ -24,6 +24,7 @@ from flwr.common.constant import SType
 from fedskew.algorithms.base import FederationInfo, ModelSpec
 from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message
+from fedskew.engine.federation import freeze
 
 ARRAYS, CONFIG, METRICS, HEADER = "arrays", "config", "metrics", "fedskew"
 HELLO = "fedskew.hello"
@@ -86,17 +87,13 @@ def info_to_json(info: FederationInfo) -> str:
     return json.dumps(dataclasses.asdict(info))
 
 
-def _freeze(v: Any) -> Any:
-    return tuple(_freeze(x) for x in v) if isinstance(v, list | tuple) else v
-
-
 def info_from_json(text: str) -> FederationInfo:
     """The :class:`FederationInfo` of :func:`info_to_json` (lists back to the tuples a spec hashes)."""
     d = json.loads(text)
     m = d.pop("model")
     spec = ModelSpec(
         name=m["name"], in_channels=m["in_channels"], num_classes=m["num_classes"], image_size=m["image_size"],
-        options=tuple((k, _freeze(v)) for k, v in m["options"]),
+        options=tuple((k, freeze(v)) for k, v in m["options"]),
     )
     return FederationInfo(
         model=spec, num_clients=d["num_clients"], num_classes=d["num_classes"], seed=d["seed"],

@@ -44,15 +44,15 @@ from fedskew.engine.checkpoint import RESUMABLE, check_resume, load_checkpoint
 from fedskew.engine.federation import build_federation
 from fedskew.engine.flower.app import resolve_experiment
 from fedskew.engine.flower.messages import HEADER, HELLO, from_records, info_to_json, to_records
-from fedskew.engine.round_loop import NoReply, RoundLoop, RunResult
-from fedskew.engine.workers import ClientJob
+from fedskew.engine.round_loop import RunResult
+from fedskew.engine.runner import ClientJob, NoReply
+from fedskew.engine.session import start_run
 from fedskew.runs import (
     CHECKPOINT_FILE,
     CHECKPOINTS_DIR,
     CONFIG_FILE,
     METRICS_FILE,
     locked_run_folder,
-    os_errors_name,
     run_folder_name,
 )
 
@@ -303,16 +303,21 @@ def deploy(grid: Grid, settings: DeploySettings, app_dir: Path, plugins: Sequenc
             acc = "-" if rec["accuracy"] is None else f"{100 * rec['accuracy']:.2f}%"
             log.info("round %d: accuracy %s, clients %s, failed %s", rec["round"], acc, rec["clients"], rec["failed"])
 
-        sim = RoundLoop(cfg, run_dir, progress=False, federation=fed, clients=clients, on_round=progress)
-        if settings.resume:
-            check_resume(load_checkpoint(checkpoints), checkpoints / CHECKPOINT_FILE, tomllib.loads(dump(cfg)),
-                         int(cfg["rounds"]), sim.server.model.state_dict())
-        clients.connect(settings.node_wait)
-        log.info("fedskew run %s -> %s", cfg["label"], run_dir)
+        connected: list[bool] = []  # a run that stops after its nodes connected can be resumed: say how
+
+        def connect(_: object) -> None:
+            clients.connect(settings.node_wait)
+            log.info("fedskew run %s -> %s", cfg["label"], run_dir)
+            connected.append(True)
+
         try:
-            with os_errors_name(run_dir, run=True):
-                result = sim.run(resume=settings.resume)
+            result = start_run(
+                cfg, run_dir, resume=settings.resume, progress=False, federation=fed, clients=clients,
+                on_round=progress, stored=tomllib.loads(dump(cfg)), before=connect,
+            )
         except FedskewError as e:
+            if not connected:
+                raise
             raise FedskewError(f"{e}. The run stopped; {_resume_hint(run_dir)}") from None
     from fedskew.report import write_report
 

@@ -1,0 +1,52 @@
+"""Checkpoints: the run's state every ``checkpoint_every`` rounds and at the last, and its restore."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+
+from fedskew.core.device import to_cpu, to_device
+from fedskew.engine.callbacks.base import Loop, Record, RoundCallback, RoundTime
+from fedskew.engine.checkpoint import load_checkpoint, save_checkpoint
+from fedskew.runs import CHECKPOINTS_DIR
+
+
+class Checkpoints(RoundCallback):
+    """Saves the loop's state (:func:`save_state`) when a round is due (``checkpoint_every``, 0: never)."""
+
+    def round_end(self, loop: Loop, record: Record, records: list[Record], time: RoundTime) -> None:
+        every, rounds = loop.config.run.checkpoint_every, loop.config.run.rounds
+        if every > 0 and (loop.round % every == 0 or loop.round == rounds):
+            save_state(loop, records)
+
+
+def save_state(loop: Loop, records: list[dict[str, Any]]) -> None:
+    """The round, the global model, the server's and the clients' state, the ledger and the records."""
+    server = loop.server
+    save_checkpoint(
+        loop.run_dir / CHECKPOINTS_DIR,
+        {
+            "round": loop.round,
+            "model": to_cpu(server.model.state_dict()),
+            "server_state": to_device(
+                {k: v for k, v in server.state.items() if not k.startswith("_")}, torch.device("cpu")
+            ),
+            "client_states": {str(k): v for k, v in loop.client_states.items()},
+            "ledger": loop.ledger.state_dict(),
+            "records": json.dumps(records),
+        },
+    )
+
+
+def restore_state(loop: Loop) -> list[dict[str, Any]]:
+    """Put the last checkpoint's state back into ``loop``; its records."""
+    ck = load_checkpoint(loop.run_dir / CHECKPOINTS_DIR)
+    loop.round = int(ck["round"])
+    loop.server.model.load_state_dict(ck["model"])
+    loop.server.state.update(to_device(ck["server_state"], loop.device))
+    loop.client_states = {int(k): v for k, v in ck["client_states"].items()}
+    loop.ledger.load_state_dict(ck["ledger"])
+    records: list[dict[str, Any]] = json.loads(ck["records"])
+    return records

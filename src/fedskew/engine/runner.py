@@ -1,0 +1,115 @@
+"""The one runner protocol: where a run's client jobs and its evaluation chunks run.
+
+The round loop hands a :class:`Runner` a round's :class:`ClientJob` list and gets back, in job order, one
+:data:`Outcome` per job: the client's reply (or :class:`~fedskew.engine.replies.Undecodable` when it could
+not be read) with the client's new state, or :class:`NoReply` for a client that did not answer. The
+global model's evaluation goes through the same runner (:meth:`Runner.evaluate_chunks`).
+
+Engines (``engine = ...`` in a config) build runners. ``local`` (:mod:`~fedskew.engine.workers`: inline
+or a process pool) and ``ray`` (:mod:`~fedskew.engine.ray_workers`) come with fedskew; a Flower deployment
+puts its SuperNodes in front of the local runner (:class:`RemoteClients`). A new engine is one file
+holding a function decorated with :func:`register_engine` (docs/architecture.md, "Add an engine").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from fedskew.core.engines import add_engine, engine_builder
+from fedskew.core.message import Message
+from fedskew.engine.replies import Undecodable
+from fedskew.models.evaluation import EvalCounts
+
+if TYPE_CHECKING:
+    from fedskew.config.schema import RunConfig
+    from fedskew.core.device import Compute
+    from fedskew.engine.federation import Federation
+
+
+@dataclass
+class ClientJob:
+    """One task for one client: ``task`` (``"train"``, ``"evaluate"`` ...) with the server's message and
+    the client's state as the server holds it (empty where the client's node keeps it)."""
+
+    task: str
+    cid: int
+    round: int
+    msg: Message
+    state: dict[str, Any]
+
+
+@dataclass
+class NoReply:
+    """A client that did not answer: its node was lost, timed out, or its app failed (real deployments)."""
+
+    reason: str
+
+
+Outcome = tuple[Message | Undecodable, dict[str, Any]] | NoReply
+"""What a runner returns for one job."""
+
+
+class ClientSide(Protocol):
+    """Where client jobs run when not in this machine's runner (Flower: the SuperNodes)."""
+
+    def run_clients(self, jobs: list[ClientJob]) -> Sequence[Outcome]: ...
+
+
+class Runner(ClientSide, Protocol):
+    """Runs client jobs and chunks of the global evaluation; :meth:`close` frees what it holds."""
+
+    def evaluate_chunks(
+        self, model_state: dict[str, torch.Tensor], bounds: list[tuple[int, int]]
+    ) -> list[EvalCounts]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class RemoteClients:
+    """A runner whose client jobs go to ``clients`` (a deployment's nodes) while ``local`` evaluates the
+    global model here."""
+
+    clients: ClientSide
+    local: Runner
+
+    def run_clients(self, jobs: list[ClientJob]) -> Sequence[Outcome]:
+        return self.clients.run_clients(jobs)
+
+    def evaluate_chunks(self, model_state: dict[str, torch.Tensor], bounds: list[tuple[int, int]]) -> list[EvalCounts]:
+        return self.local.evaluate_chunks(model_state, bounds)
+
+    def close(self) -> None:
+        self.local.close()
+
+
+@dataclass(frozen=True)
+class EngineContext:
+    """What an engine gets to build a run's runner: the federation, the algorithm's name and typed
+    parameters (its client half runs in the runner), the run's typed config and its resolved compute."""
+
+    fed: Federation
+    algorithm: str
+    params: Any
+    config: RunConfig
+    compute: Compute
+
+
+def register_engine(name: str) -> Callable[[Callable[[EngineContext], Runner]], Callable[[EngineContext], Runner]]:
+    """Register a runner builder as ``engine = name`` (a plug-in file may hold one)."""
+
+    def add(build: Callable[[EngineContext], Runner]) -> Callable[[EngineContext], Runner]:
+        add_engine(name, build)
+        return build
+
+    return add
+
+
+def make_runner(ctx: EngineContext, clients: ClientSide | None = None) -> Runner:
+    """The run's runner: its engine's, with ``clients`` (a deployment's nodes) in front when given."""
+    local: Runner = engine_builder(ctx.config.run.engine)(ctx)
+    return local if clients is None else RemoteClients(clients, local)

@@ -1,0 +1,56 @@
+"""One run's session: the steps every way of starting a run shares (``fedskew run``, ``fedskew run --resume``
+and a Flower deployment), so that each checks and writes the same things in the same order."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from fedskew.config import dump
+from fedskew.config.files import read_toml
+from fedskew.config.schema import RunConfig, full_config, typed_config
+from fedskew.engine.callbacks import Record, RoundCallback
+from fedskew.engine.checkpoint import check_resume, load_checkpoint
+from fedskew.engine.federation import Federation
+from fedskew.engine.round_loop import RoundLoop, RunResult
+from fedskew.engine.runner import ClientSide
+from fedskew.runs import CHECKPOINT_FILE, CHECKPOINTS_DIR, CONFIG_FILE, os_errors_name
+
+
+def start_run(
+    cfg: dict[str, Any], run_dir: Path, *, resume: bool, data_dir: str | None = None, progress: bool = True,
+    federation: Federation | None = None, on_round: Callable[[Record], None] | None = None,
+    clients: ClientSide | None = None, stored: dict[str, Any] | None = None,
+    before: Callable[[RoundLoop], None] | None = None, callbacks: Sequence[RoundCallback] = (),
+    config: RunConfig | None = None,
+) -> RunResult:
+    """Run (``resume``: continue) the run configured as ``cfg`` in ``run_dir``; the caller holds the folder.
+
+    1. The typed config (``config``, or built here), built once and used by everything after.
+    2. Resuming: the last checkpoint against the run's rounds and the config the folder holds (``stored``,
+       read from ``config.toml`` when not given), before any data is loaded.
+    3. The round loop (federation, algorithm, model); resuming: the checkpoint against the model.
+    4. ``config.toml``, every default filled in; then ``before(loop)`` (a deployment connects to its nodes).
+    5. The rounds. A file that cannot be written is one line naming the run folder.
+    """
+    config = config or typed_config(cfg)
+    with os_errors_name(run_dir, run=True):
+        ck_path = run_dir / CHECKPOINTS_DIR / CHECKPOINT_FILE
+        ck = None
+        if resume:
+            if stored is None:
+                stored = read_toml(run_dir / CONFIG_FILE, "run config")
+            ck = load_checkpoint(run_dir / CHECKPOINTS_DIR)
+            check_resume(ck, ck_path, stored, config.run.rounds)
+        loop = RoundLoop(
+            cfg, run_dir, config=config, data_dir=data_dir, progress=progress, federation=federation,
+            on_round=on_round, clients=clients, callbacks=callbacks,
+        )
+        if ck is not None and stored is not None:
+            check_resume(ck, ck_path, stored, config.run.rounds, loop.server.model.state_dict())
+            del ck  # the loop reads it again
+        (run_dir / CONFIG_FILE).write_text(dump(full_config(cfg)))
+        if before is not None:
+            before(loop)
+        return loop.run(resume=resume)
