@@ -20,7 +20,8 @@ all (``Iteration = -1``): ``reading = "authors_code"`` with ``condense_iteration
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import itertools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -88,17 +89,11 @@ def interpolated_networks(
     """A network factory for the matching loop: the i-th call returns ``interpolate(local, global_, r_i)``,
     with ``r`` a shuffled ``0, 0.01, ..., 0.99`` drawn once from ``generator`` and taken in turn
     (update_dc.py:401-402, 428-431)."""
-    ratios: Iterator[float] = iter(())
-    order = (torch.randperm(100, generator=generator) / 100).tolist()
+    ratios = itertools.cycle((torch.randperm(100, generator=generator) / 100).tolist())
 
     def factory() -> nn.Module:
-        nonlocal ratios
-        ratio = next(ratios, None)
-        if ratio is None:
-            ratios = iter(order)
-            ratio = next(ratios)
         net = build()
-        net.load_state_dict(interpolate(local, global_, ratio))
+        net.load_state_dict(interpolate(local, global_, next(ratios)))
         return net
 
     return factory

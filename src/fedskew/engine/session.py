@@ -47,7 +47,8 @@ def start_run(
             cfg, run_dir, config=config, data_dir=data_dir, progress=progress, federation=federation,
             on_round=on_round, clients=clients, callbacks=callbacks,
         )
-        if ck is not None and stored is not None:
+        if ck is not None:
+            assert stored is not None  # read above whenever a checkpoint was
             check_resume(ck, ck_path, stored, config.run.rounds, loop.server.model.state_dict())
             del ck  # the loop reads it again
         (run_dir / CONFIG_FILE).write_text(dump(full_config(cfg)))
