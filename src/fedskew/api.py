@@ -190,7 +190,7 @@ def plan(
         runs = select_labels(runs, list(only))
     if label is not None:  # after --only, which names the config's own labels
         runs = relabel(runs, label)
-    check_devices([r.config for r in runs])
+    check_devices([r.typed for r in runs])
     name = runs[0].config.get("name", "experiment")
     parent = choose_parent(None if out is None else os.fspath(out), name, runs, force, resume)
     with os_errors_name(parent):  # an unwritable out is refused before the run starts

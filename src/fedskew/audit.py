@@ -21,7 +21,7 @@ from fedskew.components.trainer import LocalConfig, train_local
 from fedskew.config.schema import RunConfig, typed_config
 from fedskew.core.errors import FedskewError
 from fedskew.core.seeding import seeded_init, torch_generator
-from fedskew.engine.federation import Federation, build_federation
+from fedskew.engine.federation import Federation, federation_for
 from fedskew.metrics.privacy import auc, nearest_neighbours, ssim
 from fedskew.progress import progress_bar
 from fedskew.runs import AUDIT_FILE, find_runs, run_config_path, synthetic_dir, synthetic_files
@@ -95,7 +95,7 @@ def audit_run(run_dir: Path, data_dir: str | None = None, max_images: int = 2000
     images, labels, clients, rounds = load_synthetic(run_dir)
     config = typed_config(cfg)  # imports the run's plug-ins first: its dataset or model may be a plug-in's
     seed = config.run.seed
-    fed = build_federation(config.table("dataset"), config.table("partition"), config.table("model"), seed, data_dir)
+    fed = federation_for(config, data_dir)
     g = torch_generator(seed, "audit")
     if len(images) > max_images:
         keep = torch.randperm(len(images), generator=g)[:max_images]

@@ -4,7 +4,7 @@ from typing import Literal
 import pytest
 
 from fedskew.core.errors import ConfigError
-from fedskew.core.params import build_params, check
+from fedskew.core.params import Options, build_params, check, minimums
 
 
 @dataclass
@@ -42,3 +42,59 @@ def test_bad_values_name_key_and_allowed(table: dict, needle: str) -> None:
     with pytest.raises(ConfigError) as e:
         build_params(P, table, prefix="algorithm.")
     assert needle in str(e.value)
+
+
+# ---- declared bounds (Options) -------------------------------------------------------------------
+
+class _Base(Options):
+    epochs: int = 1
+    lr: float = 0.1
+    at_least = minimums(epochs=1)
+    positive = ("lr",)
+
+
+class _Child(_Base):
+    momentum: float = 0.0
+    share: float = 1.0
+    tags: list[str] = field(default_factory=list)
+    at_least = minimums(momentum=0)
+    fractions = ("momentum",)
+    unit = ("share",)
+
+
+@dataclass
+class _Decorated(_Child):  # a plug-in written with the decorator still works
+    extra: int = 2
+
+
+def test_options_subclasses_are_dataclasses_with_merged_bounds() -> None:
+    child = _Child(epochs=3, tags=["a"])
+    assert (child.epochs, child.lr, child.tags) == (3, 0.1, ["a"])
+    assert _Child().tags == [] and _Child().tags is not _Child().tags
+    with pytest.raises(ConfigError, match=r"^epochs must be >= 1, got 0$"):
+        _Child(epochs=0)  # the parent's bound still holds
+    with pytest.raises(ConfigError, match=r"^lr must be > 0, got 0.0$"):
+        _Child(lr=0.0)
+    with pytest.raises(ConfigError, match=r"^momentum must be in \[0, 1\), got 1.0$"):
+        _Child(momentum=1.0)
+    with pytest.raises(ConfigError, match=r"^share must be in \[0, 1\], got 1.5$"):
+        _Child(share=1.5)
+    assert _Child(share=1.0).share == 1.0
+
+
+def test_an_explicit_dataclass_decorator_keeps_every_field_and_bound() -> None:
+    d = _Decorated()
+    assert (d.epochs, d.tags, d.extra) == (1, [], 2)
+    with pytest.raises(ConfigError, match="epochs must be >= 1"):
+        _Decorated(epochs=0)
+    built = build_params(_Decorated, {"extra": 5, "tags": ["x"]})
+    assert (built.extra, built.tags) == (5, ["x"])
+
+
+def test_algorithm_params_declare_their_bounds() -> None:
+    from fedskew.algorithms import ALGORITHMS
+
+    with pytest.raises(ConfigError, match=r"^algorithm\.mu must be >= 0, got -1\.0$"):
+        build_params(ALGORITHMS.get("fedprox").Params, {"mu": -1.0}, prefix="algorithm.")
+    with pytest.raises(ConfigError, match=r"^algorithm\.clients_per_round must be >= 1, got 0$"):
+        build_params(ALGORITHMS.get("fedrep").Params, {"clients_per_round": 0}, prefix="algorithm.")

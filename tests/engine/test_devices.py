@@ -23,11 +23,12 @@ from fedskew.core.device import (
     resolve_device,
     to_device,
     use_compute,
+    worker_devices,
 )
 from fedskew.core.errors import ConfigError
 from fedskew.engine import workers as workers_module
 from fedskew.engine.round_loop import RoundLoop
-from fedskew.engine.workers import default_workers, usable_cores, worker_devices
+from fedskew.engine.workers import default_workers, usable_cores
 from tests.conftest import tiny_config
 
 NO_CUDA = not torch.cuda.is_available()
@@ -93,8 +94,8 @@ def test_bf16_autocast_reaches_the_trainer() -> None:
 
     x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
     with use_compute(Compute("cpu", "bf16")):
-        train_local(layer, x, y, LocalConfig(1, 8, 0.1), torch.Generator().manual_seed(0))
-    train_local(layer, x, y, LocalConfig(1, 8, 0.1), torch.Generator().manual_seed(0))
+        train_local(layer, x, y, LocalConfig(epochs=1, batch_size=8, lr=0.1), torch.Generator().manual_seed(0))
+    train_local(layer, x, y, LocalConfig(epochs=1, batch_size=8, lr=0.1), torch.Generator().manual_seed(0))
     assert seen == [torch.bfloat16, torch.float32]
     assert layer.weight.dtype == torch.float32
 
@@ -140,12 +141,12 @@ def test_to_device_moves_nested_tensors_and_keeps_the_rest() -> None:
 
 
 def test_workers_zero_means_every_usable_core(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert default_workers("cpu") == usable_cores() >= 1
+    assert default_workers(["cpu"]) == usable_cores() >= 1
     monkeypatch.setattr(workers_module.os, "sched_getaffinity", lambda pid: set(range(64)))
     monkeypatch.setattr(workers_module, "_cgroup_cpu_quota", lambda: None)
-    assert default_workers("cpu") == 64  # not capped at 2 any more
+    assert default_workers(["cpu"]) == 64  # not capped at 2 any more
     monkeypatch.setattr(workers_module, "_cgroup_cpu_quota", lambda: 6)
-    assert default_workers("cpu") == 6  # a container's CPU quota wins over the affinity mask
+    assert default_workers(["cpu"]) == 6  # a container's CPU quota wins over the affinity mask
     if NO_CUDA and "mps" not in available_devices():
         assert worker_devices("auto") == ["cpu"] and worker_devices("cpu") == ["cpu"]
 

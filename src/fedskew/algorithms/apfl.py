@@ -34,8 +34,6 @@ personalised model the paper evaluates (not v_i alone, nor w; PFLlib#51).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
@@ -44,7 +42,6 @@ from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.personal import gradients
 from fedskew.core.device import current_compute
 from fedskew.core.message import Message, state_to_arrays
-from fedskew.core.params import check
 from fedskew.core.seeding import seeded_init
 from fedskew.models.layout import as_model_format, is_channels_last, shuffled_batches, use_channels_last
 
@@ -60,7 +57,6 @@ class APFL(FedAvg):
 
     own_model = "the mixture of the client's local and the global model"
 
-    @dataclass
     class Params(FedAvg.Params):
         # alpha_i's initial value: the authors' default (MLOPTPSU/FedTorch fedtorch/parameters.py, line 68).
         alpha: float = 0.5
@@ -69,10 +65,9 @@ class APFL(FedAvg):
         # Step size of alpha_i; None: the model's lr, as the authors' code steps alpha_i (apfl.py, line 120).
         alpha_lr: float | None = None
 
-        def __post_init__(self) -> None:
-            super().__post_init__()
-            check(0 <= self.alpha <= 1, "alpha", self.alpha, "in [0, 1]")
-            check(self.alpha_lr is None or self.alpha_lr > 0, "alpha_lr", self.alpha_lr, "> 0 (or unset: lr)")
+        # unset: lr
+        positive = ("alpha_lr",)
+        unit = ("alpha",)
 
     params: Params
 

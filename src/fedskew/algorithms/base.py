@@ -19,7 +19,7 @@ import torch
 from fedskew.components.trainer import LocalConfig, train_local
 from fedskew.core.errors import ConfigError
 from fedskew.core.message import Message, state_to_arrays
-from fedskew.core.params import build_params, check, next_checks
+from fedskew.core.params import Options, build_params, minimums
 from fedskew.core.registry import Registry
 from fedskew.core.seeding import numpy_rng, seeded_init, torch_generator
 from fedskew.models import create_model
@@ -211,13 +211,12 @@ class Algorithm:
     and docs/configuration.md; a method that overrides :meth:`personal_state` says what it returns."""
     """False for methods without one (``local``): the engine then evaluates only the clients' own models."""
 
-    @dataclass
-    class Params:
-        clients_per_round: int = 10
+    class Params(Options):
+        """A method's hyper-parameters: a dataclass (no decorator needed) whose defaults are the paper's
+        values, with its bounds declared (:class:`~fedskew.core.params.Options`)."""
 
-        def __post_init__(self) -> None:
-            check(self.clients_per_round >= 1, "clients_per_round", self.clients_per_round, "at least 1")
-            next_checks(super())
+        clients_per_round: int = 10
+        at_least = minimums(clients_per_round=1)
 
     def __init__(self, params: Any, fed: FederationInfo) -> None:
         self.params = params
@@ -315,8 +314,8 @@ class Algorithm:
         model = client.model(own)  # loads a copy: fine-tuning changes neither ``own`` nor the message
         epochs = int(c.get("personalized_epochs", 0))
         if epochs > 0 and client.num_samples > 0:
-            local = LocalConfig(epochs, int(c.get("batch_size", 64)), float(c.get("lr", 0.01)),
-                                float(c.get("momentum", 0.0)))
+            local = LocalConfig(batch_size=int(c.get("batch_size", 64)), lr=float(c.get("lr", 0.01)),
+                                momentum=float(c.get("momentum", 0.0)), epochs=epochs)
             train_local(model, client.x, client.y, local, client.generator("personalize"))
         metrics["personal_correct"] = float(
             evaluate_model(model, client.x_test, client.y_test, self.fed.num_classes).correct.sum()

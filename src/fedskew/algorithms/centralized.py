@@ -7,27 +7,22 @@ bytes and in privacy); each round the server then trains the global model on the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from fedskew.algorithms.base import Algorithm, ClientContext, ServerContext, register_algorithm
 from fedskew.components.trainer import SGDParams, train_local
 from fedskew.core.message import Message
-from fedskew.core.params import check
+from fedskew.core.params import minimums
 
 
 @register_algorithm("centralized")
 class Centralized(Algorithm):
     """Pooled-data training, one "round" = ``epochs_per_round`` epochs."""
 
-    @dataclass
     class Params(SGDParams, Algorithm.Params):
         epochs_per_round: int = 1  # and SGD's batch_size, lr, momentum, weight_decay (SGDParams)
 
-        def __post_init__(self) -> None:
-            super().__post_init__()
-            check(self.epochs_per_round >= 1, "epochs_per_round", self.epochs_per_round, "at least 1")
+        at_least = minimums(epochs_per_round=1)
 
     params: Params
 

@@ -33,7 +33,6 @@ computed over the clients that trained this round and drives delta in the next r
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -52,14 +51,13 @@ from fedskew.components.cim_selection import (
 )
 from fedskew.components.trainer import LocalConfig, train_local
 from fedskew.core.message import Message, state_to_arrays
-from fedskew.core.params import check
+from fedskew.core.params import minimums
 
 
 @register_algorithm("cim")
 class CIM(FedAvg):
     """FedAvg with oversampling, balanced client selection and dynamic batch size / learning rate."""
 
-    @dataclass
     class Params(FedAvg.Params):
         local_epochs: int = 5  # Table 2
         batch_size: int = 64  # fixed batch when dynamic is off (baselines, Sec. 5.1)
@@ -76,15 +74,8 @@ class CIM(FedAvg):
         eta_max: float = 0.1  # maximum learning rate (Table 2)
         lr_rule: LrRule = "arctan"  # "arctan" as printed, or "arctan_normalised" (x 2/pi)
 
-        def __post_init__(self) -> None:
-            super().__post_init__()
-            check(self.delta0 >= 0, "delta0", self.delta0, ">= 0")
-            check(self.delta_step >= 0, "delta_step", self.delta_step, ">= 0")
-            check(self.theta_over >= 0, "theta_over", self.theta_over, ">= 0")
-            check(self.max_clients >= 1, "max_clients", self.max_clients, "at least 1")
-            check(self.theta_kld >= 0, "theta_kld", self.theta_kld, ">= 0")
-            check(self.beta >= 1, "beta", self.beta, "at least 1")
-            check(self.eta_max > 0, "eta_max", self.eta_max, "> 0")
+        at_least = minimums(delta0=0, delta_step=0, theta_over=0, theta_kld=0, max_clients=1, beta=1)
+        positive = ("eta_max",)
 
     params: Params
 
@@ -171,7 +162,9 @@ class CIM(FedAvg):
         chosen = torch.from_numpy(idx).to(client.device)
         res = train_local(
             model, client.x[chosen], client.y[chosen],
-            LocalConfig(p.local_epochs, batch, lr, p.momentum, p.weight_decay), client.generator("train"),
+            LocalConfig(batch_size=batch, lr=lr, momentum=p.momentum, weight_decay=p.weight_decay,
+                        epochs=p.local_epochs),
+            client.generator("train"),
         )
         return Message(
             arrays=state_to_arrays(model.state_dict()),

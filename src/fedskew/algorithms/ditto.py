@@ -25,8 +25,6 @@ first trains), the model the paper evaluates ("personalized models"); the global
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from fedskew.algorithms.base import ClientContext, register_algorithm
@@ -34,7 +32,7 @@ from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.terms import proximal_term
 from fedskew.components.trainer import train_local
 from fedskew.core.message import Message, state_to_arrays
-from fedskew.core.params import check
+from fedskew.core.params import minimums
 
 
 @register_algorithm("ditto")
@@ -43,7 +41,6 @@ class Ditto(FedAvg):
 
     own_model = "the personal model v_k"
 
-    @dataclass
     class Params(FedAvg.Params):
         # lambda of Eq. 2; 0 is local training. 1: the paper's fixed lambda outside strong attacks, and the
         # authors' clean-data scripts (litian96/ditto run_*_clean_ditto_lam1.sh).
@@ -52,11 +49,8 @@ class Ditto(FedAvg):
         # solver alternates one v step and one w step on each batch, flearn/trainers_MTL/ditto.py 88-124).
         personal_epochs: int | None = None
 
-        def __post_init__(self) -> None:
-            super().__post_init__()
-            check(self.lam >= 0, "lam", self.lam, ">= 0")
-            check(self.personal_epochs is None or self.personal_epochs >= 1, "personal_epochs",
-                  self.personal_epochs, "at least 1 (or unset: local_epochs)")
+        # unset: local_epochs
+        at_least = minimums(lam=0, personal_epochs=1)
 
     params: Params
 

@@ -34,7 +34,6 @@ Eq. 6 reading (u_{k,c} as one point) instead.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -59,7 +58,7 @@ from fedskew.condense import (
 from fedskew.condense.synthetic import class_indices, sample_indices, start_set
 from fedskew.core.device import current_compute
 from fedskew.core.message import Message, arrays_with_prefix
-from fedskew.core.params import check
+from fedskew.core.params import minimums
 from fedskew.models.evaluation import chunk_bounds
 from fedskew.models.layout import as_model_format, is_channels_last
 
@@ -110,7 +109,6 @@ def real_class_logits(
 class FedAF(AggregationFree):
     """Collaborative data condensation on the clients, knowledge-matched training on the server."""
 
-    @dataclass
     class Params(AggregationFree.Params):
         init: Literal["mean", "real", "noise"] = "mean"  # Sec. 5.1: averages of random real images
         gamma: float = 0.9  # Eq. 17, model re-sampling (Table 5: best of 0.2-1.0)
@@ -129,15 +127,9 @@ class FedAF(AggregationFree):
         knowledge_round: Literal["last", "this"] = "last"  # V from last round's uploads, or a first exchange now
         init_noise: float = 0.0  # std of per-image noise on classes whose ipc images start identical
 
-        def __post_init__(self) -> None:
-            super().__post_init__()
-            check(0 <= self.gamma <= 1, "gamma", self.gamma, "in [0, 1]")
-            check(self.lambda_loc >= 0, "lambda_loc", self.lambda_loc, ">= 0")
-            check(self.lambda_glob >= 0, "lambda_glob", self.lambda_glob, ">= 0")
-            check(self.tau > 0, "tau", self.tau, "> 0")
-            check(self.swd_projections >= 1, "swd_projections", self.swd_projections, "at least 1")
-            check(self.cdc_fraction > 0, "cdc_fraction", self.cdc_fraction, "> 0")
-            check(self.init_noise >= 0, "init_noise", self.init_noise, ">= 0")
+        at_least = minimums(lambda_loc=0, lambda_glob=0, swd_projections=1, init_noise=0)
+        positive = ("tau", "cdc_fraction")
+        unit = ("gamma",)
 
     params: Params
 

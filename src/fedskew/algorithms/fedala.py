@@ -38,7 +38,6 @@ personalised models Alg. 1 outputs); the global model before the client first tr
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
 
 import torch
 
@@ -46,7 +45,7 @@ from fedskew.algorithms.base import ClientContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.personal import batch_loss, parameter_layers, trainable
 from fedskew.core.message import Message
-from fedskew.core.params import check
+from fedskew.core.params import check, minimums
 
 
 @register_algorithm("fedala")
@@ -55,7 +54,6 @@ class FedALA(FedAvg):
 
     own_model = "the client's model after its last local training"
 
-    @dataclass
     class Params(FedAvg.Params):
         eta: float = 1.0  # the weights' learning rate (authors' system/main.py, line 97)
         rand_percent: int = 80  # s, the share of local data W_i is learnt on, in percent (authors' poster)
@@ -64,14 +62,12 @@ class FedALA(FedAvg):
         num_pre_loss: int = 10  # ... over the losses of this many last passes (authors' ALA.py, line 20)
         max_init_epochs: int = 100  # fedskew's bound on the start phase (the code has none)
 
+        at_least = minimums(layers=0, threshold=0, num_pre_loss=1, max_init_epochs=1)
+        positive = ("eta",)
+
         def __post_init__(self) -> None:
             super().__post_init__()
-            check(self.eta > 0, "eta", self.eta, "> 0")
             check(1 <= self.rand_percent <= 100, "rand_percent", self.rand_percent, "in [1, 100]")
-            check(self.layers >= 0, "layers", self.layers, "at least 0")
-            check(self.threshold >= 0, "threshold", self.threshold, ">= 0")
-            check(self.num_pre_loss >= 1, "num_pre_loss", self.num_pre_loss, "at least 1")
-            check(self.max_init_epochs >= 1, "max_init_epochs", self.max_init_epochs, "at least 1")
 
     params: Params
 

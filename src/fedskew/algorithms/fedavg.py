@@ -4,7 +4,7 @@ returned models weighted by the clients' sample counts |D_k| (FedDC paper, Eq. 2
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import ClassVar
 
 import torch
@@ -15,14 +15,13 @@ from fedskew.components.selection import uniform_sample
 from fedskew.components.trainer import GradHook, LocalConfig, LocalResult, LossTerm, SGDParams, train_local
 from fedskew.core.errors import ConfigError
 from fedskew.core.message import Message, state_to_arrays
-from fedskew.core.params import check
+from fedskew.core.params import minimums
 
 
 @register_algorithm("fedavg")
 class FedAvg(Algorithm):
     """Federated averaging; the base that most methods extend."""
 
-    @dataclass
     class Params(SGDParams, Algorithm.Params):
         # batch_size, lr, momentum, weight_decay: the clients' local SGD (SGDParams)
         local_epochs: int = 1  # E, local epochs per round
@@ -34,9 +33,10 @@ class FedAvg(Algorithm):
         """False for methods that combine something else (control variates, normalised steps):
         ``[algorithm.aggregation]`` does not apply to them and is refused."""
 
+        at_least = minimums(local_epochs=1)
+
         def __post_init__(self) -> None:
             super().__post_init__()
-            check(self.local_epochs >= 1, "local_epochs", self.local_epochs, "at least 1")
             if not self.averages_models and self.aggregation != Aggregation():
                 raise ConfigError("aggregation does not apply to this method (it does not average client models); "
                                   "remove the [algorithm.aggregation] settings")

@@ -25,7 +25,7 @@ without fine-tuning".
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
@@ -34,7 +34,7 @@ from fedskew.algorithms.fedper import FedPer
 from fedskew.components.personal import trainable, without
 from fedskew.components.trainer import train_local
 from fedskew.core.message import Message, state_to_arrays
-from fedskew.core.params import check
+from fedskew.core.params import minimums
 
 
 @register_algorithm("fedbabu")
@@ -43,7 +43,6 @@ class FedBABU(FedPer):
 
     own_model = "the global model fine-tuned on the client's data"
 
-    @dataclass
     class Params(FedPer.Params):
         # tau_f: epochs of fine-tuning (body and head) that make a client's own model from the global
         # one (authors' code: jhoon-oh/FedBABU utils/options.py line 54, analysis.ipynb line 45).
@@ -51,10 +50,8 @@ class FedBABU(FedPer):
         # The fine-tuning's learning rate (authors' analysis.ipynb line 61: 1e-3 for body and head).
         finetune_lr: float = 0.001
 
-        def __post_init__(self) -> None:
-            super().__post_init__()
-            check(self.finetune_epochs >= 0, "finetune_epochs", self.finetune_epochs, "at least 0")
-            check(self.finetune_lr > 0, "finetune_lr", self.finetune_lr, "> 0")
+        at_least = minimums(finetune_epochs=0)
+        positive = ("finetune_lr",)
 
     params: Params
 

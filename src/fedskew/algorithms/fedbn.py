@@ -18,17 +18,11 @@ with the client's own normalisation layers, on the client's own test data. That 
 
 from __future__ import annotations
 
-from typing import TypeVar
-
-import torch
 from torch import nn
 
-from fedskew.algorithms.base import ClientContext, Replies, ServerContext, register_algorithm
-from fedskew.algorithms.fedavg import FedAvg
-from fedskew.core.message import Message, state_to_arrays
+from fedskew.algorithms.base import register_algorithm
+from fedskew.algorithms.local_layers import LocalLayers
 from fedskew.models.registry import norm_layer_types
-
-V = TypeVar("V")
 
 
 def norm_keys(model: nn.Module) -> set[str]:
@@ -41,55 +35,12 @@ def norm_keys(model: nn.Module) -> set[str]:
     return keys
 
 
-def without(state: dict[str, V], keys: set[str]) -> dict[str, V]:
-    """``state`` without ``keys``."""
-    return {k: v for k, v in state.items() if k not in keys}
-
-
 @register_algorithm("fedbn")
-class FedBN(FedAvg):
-    """FedAvg with client-local normalisation layers."""
+class FedBN(LocalLayers):
+    """FedAvg with client-local normalisation layers (kept in ``client.state["norm"]``)."""
 
     own_model = "the shared layers with the client's normalisation layers"
+    slot = "norm"
 
-    _init_norm: dict[str, torch.Tensor] | None = None
-
-    # ---- server ------------------------------------------------------------------------------
-    def configure(self, server: ServerContext) -> list[tuple[int, Message]]:
-        state = without(server.model.state_dict(), norm_keys(server.model))
-        msg = Message(arrays=state_to_arrays(state))
-        return [(cid, msg) for cid in self.select(server)]
-
-    def reply_spec(self, task: str, server: ServerContext) -> dict[str, tuple[tuple[int, ...], torch.dtype]] | None:
-        """A ``train`` reply is the model without its normalisation layers."""
-        spec = super().reply_spec(task, server)
-        return None if spec is None else without(spec, norm_keys(server.model))
-
-    def aggregate(self, server: ServerContext, replies: Replies) -> None:
-        if not replies:
-            return
-        mean, _ = self.average(server, replies, [m.arrays for _, m in replies])
-        server.model.load_state_dict(mean, strict=False)  # the server's norm layers are left untouched
-
-    # ---- client ------------------------------------------------------------------------------
-    def initial_norm(self) -> dict[str, torch.Tensor]:
-        """The normalisation layers of the seeded initial model (built once per process)."""
-        if self._init_norm is None:
-            model = self.init_model()
-            keys = norm_keys(model)
-            self._init_norm = {k: v for k, v in model.state_dict().items() if k in keys}
-        return self._init_norm
-
-    def personal_state(self, msg: Message, client: ClientContext) -> dict[str, torch.Tensor]:
-        """The global model's shared layers with this client's own normalisation layers (the paper's evaluation)."""
-        return {**msg.arrays, **(client.state.get("norm") or self.initial_norm())}
-
-    def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
-        if task != "train":
-            return super().client_step(task, msg, client)
-        own = client.state.get("norm") or self.initial_norm()
-        _, reply = self.local_train(Message(arrays={**msg.arrays, **own}), client)
-        keys = set(own)
-        client.state["norm"] = {k: reply.arrays[k] for k in keys}
-        reply.arrays = without(reply.arrays, keys)
-        return reply
+    def local_keys(self, model: nn.Module) -> set[str]:
+        return norm_keys(model)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -44,7 +44,7 @@ from fedskew.algorithms.fedavg import FedAvg
 from fedskew.condense import GMConfig, gradient_matching
 from fedskew.core.device import current_compute
 from fedskew.core.message import Message, arrays_with_prefix
-from fedskew.core.params import check
+from fedskew.core.params import minimums
 
 # The FedDC authors' code (bigdata-inha/FedDC at c90c48f), file:line of each setting; docs/algorithms.md.
 AUTHORS_CODE: dict[str, Any] = {
@@ -103,7 +103,6 @@ def interpolated_networks(
 class FedDC(FedAvg):
     """FedAvg + per-client gradient-matching condensation + server fine-tuning on this round's sets."""
 
-    @dataclass
     class Params(CondensationParams, FedAvg.Params):
         # Local training, Sec. V-A: SGD, lr 0.01 (FedAvg's default), weight decay 1e-3.
         weight_decay: float = 1e-3
@@ -138,13 +137,8 @@ class FedDC(FedAvg):
         }
         presets: ClassVar[dict[str, dict[str, dict[str, Any]]]] = {"reading": {"authors_code": AUTHORS_CODE}}
 
-        def __post_init__(self) -> None:
-            super().__post_init__()
-            check(self.image_weight_decay >= 0, "image_weight_decay", self.image_weight_decay, ">= 0")
-            check(self.clip_norm >= 0, "clip_norm", self.clip_norm, ">= 0 (0: no clipping)")
-            check(self.outer_loop >= 1, "outer_loop", self.outer_loop, ">= 1")
-            check(self.inner_loop >= 0, "inner_loop", self.inner_loop, ">= 0")
-            check(self.net_momentum >= 0, "net_momentum", self.net_momentum, ">= 0")
+        # clip_norm 0: off
+        at_least = minimums(image_weight_decay=0, clip_norm=0, inner_loop=0, net_momentum=0, outer_loop=1)
 
     params: Params
 
@@ -217,7 +211,6 @@ class FedDC(FedAvg):
 class FedDCPlus(FedDC):
     """FedDC+ (Sec. IV-D): FedDC whose condensation optimiser has momentum and weight decay."""
 
-    @dataclass
     class Params(FedDC.Params):
         image_momentum: float = 0.9  # Sec. V-A
         image_weight_decay: float = 4e-5  # Sec. V-A

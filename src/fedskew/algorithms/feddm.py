@@ -20,7 +20,6 @@ uploads are then nearly the clients' raw images, a new sample every round.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -30,14 +29,13 @@ from fedskew.algorithms.condensation.base import AggregationFree
 from fedskew.algorithms.condensation.wire import MODEL
 from fedskew.condense import SyntheticSet, distribution_matching, perturbed_model_sampler
 from fedskew.core.message import Message, arrays_with_prefix
-from fedskew.core.params import check
+from fedskew.core.params import minimums
 
 
 @register_algorithm("feddm")
 class FedDM(AggregationFree):
     """Distribution matching around the global model (rho-ball sampling), server trains on the union."""
 
-    @dataclass
     class Params(AggregationFree.Params):
         rho: float = 5.0  # radius of FedDM's model-sampling ball (SPEC section 4)
         clip_norm: float = 2.0  # image-gradient clipping norm (SPEC section 4)
@@ -45,10 +43,8 @@ class FedDM(AggregationFree):
         # a new draw every round here; "real" is FedDM's own paper's start (random real images).
         init: Literal["real", "noise", "mean"] = "mean"
 
-        def __post_init__(self) -> None:
-            super().__post_init__()
-            check(self.rho >= 0, "rho", self.rho, ">= 0")
-            check(self.clip_norm > 0, "clip_norm", self.clip_norm, "> 0")
+        at_least = minimums(rho=0)
+        positive = ("clip_norm",)
 
     params: Params
 

@@ -14,7 +14,6 @@ the active models). Wire cost: FedAvg's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -25,21 +24,17 @@ from fedskew.components.aggregate import weighted_mean
 from fedskew.components.server_opt import param_keys, zeros_like
 from fedskew.components.terms import linear_term, parameter_copy, proximal_term
 from fedskew.core.message import Message
-from fedskew.core.params import check
 
 
 @register_algorithm("feddyn")
 class FedDyn(FedAvg):
     """Dynamic regularisation: local and global stationary points agree."""
 
-    @dataclass
     class Params(FedAvg.Params):
         averages_models: ClassVar[bool] = False  # [algorithm.aggregation] does not apply
         alpha: float = 0.01  # Acar et al. search alpha in {0.1, 0.01, 0.001}; 0.01 is their usual pick
 
-        def __post_init__(self) -> None:
-            super().__post_init__()
-            check(self.alpha > 0, "alpha", self.alpha, "> 0")
+        positive = ("alpha",)
 
     params: Params
 

@@ -24,7 +24,6 @@ batch's labels); the generator's Adam learning rate is constant (the code decays
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import cast
 
 import torch
@@ -36,7 +35,7 @@ from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.terms import head_term
 from fedskew.core.device import randn
 from fedskew.core.message import Message, arrays_with_prefix, state_to_arrays
-from fedskew.core.params import check
+from fedskew.core.params import minimums
 from fedskew.core.seeding import seeded_init
 from fedskew.models.registry import FedModel
 
@@ -70,7 +69,6 @@ def diversity_loss(eps: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
 class FedGen(FedAvg):
     """FedAvg plus a server-learned feature generator that regularises the clients' heads."""
 
-    @dataclass
     class Params(FedAvg.Params):
         alpha: float = 1.0  # weight of the client term (paper Eq. 5 has weight 1; the code starts at 10, decaying)
         noise_dim: int = 32  # the code's GENERATORCONFIGS for MNIST / EMNIST
@@ -81,15 +79,12 @@ class FedGen(FedAvg):
         gen_weight_decay: float = 0.01  # generator Adam weight decay (the code's weight_decay)
         diversity: float = 1.0  # eta, weight of the diversity loss (the code's ensemble_eta)
 
-        def __post_init__(self) -> None:
-            super().__post_init__()
-            check(self.alpha >= 0, "alpha", self.alpha, ">= 0")
-            for key in ("noise_dim", "gen_hidden", "gen_batch_size", "gen_steps"):
-                value = getattr(self, key)
-                check(value >= 1, key, value, "at least 1")
-            check(self.gen_lr > 0, "gen_lr", self.gen_lr, "> 0")
-            check(self.gen_weight_decay >= 0, "gen_weight_decay", self.gen_weight_decay, ">= 0")
-            check(self.diversity >= 0, "diversity", self.diversity, ">= 0")
+        at_least = minimums(
+
+            alpha=0, gen_weight_decay=0, diversity=0, noise_dim=1, gen_hidden=1, gen_batch_size=1, gen_steps=1,
+
+        )
+        positive = ("gen_lr",)
 
     params: Params
     _client_gen: FeatureGenerator | None = None

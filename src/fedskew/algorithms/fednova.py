@@ -13,7 +13,6 @@ FedAvg's cost).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -40,7 +39,6 @@ def normalizing_coefficient(tau: int, rho: float) -> float:
 class FedNova(FedAvg):
     """FedAvg with normalised averaging of the parameters (buffers are averaged as in FedAvg)."""
 
-    @dataclass
     class Params(FedAvg.Params):
         averages_models: ClassVar[bool] = False  # normalised steps: [algorithm.aggregation] does not apply
 

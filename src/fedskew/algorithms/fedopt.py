@@ -15,14 +15,11 @@ The optimiser state (tensor dicts per parameter) lives in ``server.state`` and i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from fedskew.algorithms.base import Replies, ServerContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.server_opt import Tensors, adam_step, apply_server_step, momentum_step, param_keys, zeros_like
-from fedskew.core.params import check
 
 
 class _ServerOptAvg(FedAvg):
@@ -56,17 +53,14 @@ class FedAvgM(_ServerOptAvg):
 
     slots = ("momentum_buffer",)
 
-    @dataclass
     class Params(FedAvg.Params):
         # Hsu et al. sweep the server momentum beta from 0 to 0.997 (Sec. 4); beta = 0.9 with server lr 1
         # is the common setting of later benchmarks, kept as the default.
         server_lr: float = 1.0
         server_momentum: float = 0.9
 
-        def __post_init__(self) -> None:
-            super().__post_init__()
-            check(self.server_lr > 0, "server_lr", self.server_lr, "> 0")
-            check(0 <= self.server_momentum < 1, "server_momentum", self.server_momentum, "in [0, 1)")
+        positive = ("server_lr",)
+        fractions = ("server_momentum",)
 
     params: Params
 
@@ -81,7 +75,6 @@ class FedAdam(_ServerOptAvg):
 
     slots = ("adam_m", "adam_v")
 
-    @dataclass
     class Params(FedAvg.Params):
         # Reddi et al. fix beta1 = 0.9 and beta2 = 0.99 and tune the server lr eta and tau per task on
         # log-spaced grids (Sec. 5, App. D); eta = 0.01 and tau = 1e-3 lie inside those grids and are
@@ -91,12 +84,8 @@ class FedAdam(_ServerOptAvg):
         beta2: float = 0.99
         tau: float = 1e-3
 
-        def __post_init__(self) -> None:
-            super().__post_init__()
-            check(self.server_lr > 0, "server_lr", self.server_lr, "> 0")
-            check(0 <= self.beta1 < 1, "beta1", self.beta1, "in [0, 1)")
-            check(0 <= self.beta2 < 1, "beta2", self.beta2, "in [0, 1)")
-            check(self.tau > 0, "tau", self.tau, "> 0")
+        positive = ("server_lr", "tau")
+        fractions = ("beta1", "beta2")
 
     params: Params
 

@@ -19,61 +19,28 @@ the initial head, which the server never trains; it means little for this method
 from __future__ import annotations
 
 import torch
+from torch import nn
 
-from fedskew.algorithms.base import ClientContext, Replies, ServerContext, register_algorithm
-from fedskew.algorithms.fedavg import FedAvg
-from fedskew.components.personal import head_keys, only, without
-from fedskew.core.message import Message, state_to_arrays
+from fedskew.algorithms.base import ClientContext, register_algorithm
+from fedskew.algorithms.local_layers import LocalLayers
+from fedskew.components.personal import head_keys
 
 
 @register_algorithm("fedper")
-class FedPer(FedAvg):
-    """FedAvg on the body; each client keeps its own head. No parameters beyond FedAvg's."""
+class FedPer(LocalLayers):
+    """FedAvg on the body; each client keeps its own head (``client.state["head"]``). No parameters beyond
+    FedAvg's."""
 
     own_model = "the global body with the client's head"
+    slot = "head"
 
-    _init_head: dict[str, torch.Tensor] | None = None
+    def local_keys(self, model: nn.Module) -> set[str]:
+        return head_keys(model)
 
-    # ---- server ------------------------------------------------------------------------------
-    def configure(self, server: ServerContext) -> list[tuple[int, Message]]:
-        body = without(server.model.state_dict(), head_keys(server.model))
-        msg = Message(arrays=state_to_arrays(body))
-        return [(cid, msg) for cid in self.select(server)]
-
-    def reply_spec(self, task: str, server: ServerContext) -> dict[str, tuple[tuple[int, ...], torch.dtype]] | None:
-        """A ``train`` reply is the body: the model without its head."""
-        spec = super().reply_spec(task, server)
-        return None if spec is None else without(spec, head_keys(server.model))
-
-    def aggregate(self, server: ServerContext, replies: Replies) -> None:
-        if not replies:
-            return
-        mean, _ = self.average(server, replies, [m.arrays for _, m in replies])
-        server.model.load_state_dict(mean, strict=False)  # the server's head is left as it is
-
-    # ---- client ------------------------------------------------------------------------------
     def initial_head(self) -> dict[str, torch.Tensor]:
         """The head of the seeded initial model (built once per process), every client's first head."""
-        if self._init_head is None:
-            model = self.init_model()
-            self._init_head = state_to_arrays(only(model.state_dict(), head_keys(model)))
-        return self._init_head
+        return self.initial_local()
 
     def own_head(self, client: ClientContext) -> dict[str, torch.Tensor]:
         """The client's head: its own once it has trained, else the initial one."""
-        head: dict[str, torch.Tensor] | None = client.state.get("head")
-        return head if head is not None else self.initial_head()
-
-    def personal_state(self, msg: Message, client: ClientContext) -> dict[str, torch.Tensor]:
-        """The global body with this client's own head (the initial head before it first trains)."""
-        return {**msg.arrays, **self.own_head(client)}
-
-    def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
-        if task != "train":
-            return super().client_step(task, msg, client)
-        head = self.own_head(client)
-        _, reply = self.local_train(Message(arrays={**msg.arrays, **head}), client)
-        keys = set(head)
-        client.state["head"] = only(reply.arrays, keys)
-        reply.arrays = without(reply.arrays, keys)
-        return reply
+        return self.own_local(client)

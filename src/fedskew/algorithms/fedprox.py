@@ -4,28 +4,23 @@ so that local models stay near the global model w^t on skewed data."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from fedskew.algorithms.base import ClientContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.terms import parameter_copy, proximal_term
 from fedskew.core.message import Message
-from fedskew.core.params import check
+from fedskew.core.params import minimums
 
 
 @register_algorithm("fedprox")
 class FedProx(FedAvg):
     """FedAvg plus the proximal term; ``mu = 0`` is FedAvg exactly."""
 
-    @dataclass
     class Params(FedAvg.Params):
         # Li et al. tune mu in {0.001, 0.01, 0.1, 0.5, 1} (Sec. 5.2); 0.01 is the value most of their
         # heterogeneous settings use and the common default of later benchmarks.
         mu: float = 0.01
 
-        def __post_init__(self) -> None:
-            super().__post_init__()
-            check(self.mu >= 0, "mu", self.mu, ">= 0")
+        at_least = minimums(mu=0)
 
     params: Params
 

@@ -22,14 +22,12 @@ with the client's own head (the seeded initial head before it first trains), as 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from fedskew.algorithms.base import ClientContext, register_algorithm
 from fedskew.algorithms.fedper import FedPer
 from fedskew.components.personal import only, trainable, without
 from fedskew.components.trainer import train_local
 from fedskew.core.message import Message, state_to_arrays
-from fedskew.core.params import check
+from fedskew.core.params import minimums
 
 
 @register_algorithm("fedrep")
@@ -38,15 +36,12 @@ class FedRep(FedPer):
 
     own_model = "the global body with the client's head"
 
-    @dataclass
     class Params(FedPer.Params):
         # tau_h: epochs of head updates per round, before the body's local_epochs (the authors' scripts,
         # lgcollins/FedRep scripts/FedRep_*.sh: 10 head epochs in all of them).
         head_epochs: int = 10
 
-        def __post_init__(self) -> None:
-            super().__post_init__()
-            check(self.head_epochs >= 0, "head_epochs", self.head_epochs, "at least 0")
+        at_least = minimums(head_epochs=0)
 
     params: Params
 

@@ -23,7 +23,6 @@ round: M |w| down, M (n - 1) |w| client-to-client, M |w| up, as
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 from fedskew.algorithms.base import Replies, ServerContext, register_algorithm
@@ -31,21 +30,18 @@ from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.aggregate import weighted_mean
 from fedskew.components.clustering import random_clusters
 from fedskew.core.message import Message, state_to_arrays
-from fedskew.core.params import check
+from fedskew.core.params import minimums
 
 
 @register_algorithm("fedseq")
 class FedSeq(FedAvg):
     """Ring-sequential training in random clusters, FedAvg across clusters."""
 
-    @dataclass
     class Params(FedAvg.Params):
         averages_models: ClassVar[bool] = False  # [algorithm.aggregation] does not apply
         num_clusters: int = 10  # M (HFLDD Sec. V-A4: 10 clusters of 10 clients)
 
-        def __post_init__(self) -> None:
-            super().__post_init__()
-            check(self.num_clusters >= 1, "num_clusters", self.num_clusters, "at least 1")
+        at_least = minimums(num_clusters=1)
 
     params: Params
 

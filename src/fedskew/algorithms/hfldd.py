@@ -67,7 +67,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -89,7 +88,7 @@ from fedskew.condense.synthetic import SyntheticSet, UInt8Set, init_synthetic, s
 from fedskew.core.device import current_compute, randn
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.core.message import Message, state_to_arrays
-from fedskew.core.params import check
+from fedskew.core.params import minimums
 from fedskew.models.layout import as_model_format, is_channels_last
 from fedskew.runs import SYNTHETIC_ARTIFACT
 
@@ -167,7 +166,6 @@ def public_set(
 class HFLDD(FedAvg):
     """Heterogeneous clusters from soft-label clustering; headers train on own + distilled data."""
 
-    @dataclass
     class Params(FedAvg.Params):
         batch_size: int = 32  # training phase batch (Sec. V-A4)
         lr: float = 0.01  # training phase SGD lr (Sec. V-A4)
@@ -191,18 +189,18 @@ class HFLDD(FedAvg):
         kip_init: KipInit = "real"  # KIP's start: "real" images (KIP), "noise", "class_mean" (module docstring)
         kip_init_noise: float = 0.1  # std of the noise on "class_mean" starts (normalised units)
 
-        def __post_init__(self) -> None:
-            super().__post_init__()
-            for key in ("pretrain_epochs", "pretrain_batch_size", "public_size", "num_homogeneous",
-                        "kmeans_n_init", "kip_images", "kip_target_batch"):
-                check(getattr(self, key) >= 1, key, getattr(self, key), "at least 1")
-            check(self.kip_ipc >= 0, "kip_ipc", self.kip_ipc, ">= 0 (0: from kip_images)")
-            check(self.kip_iterations >= 0, "kip_iterations", self.kip_iterations, ">= 0")
-            check(self.public_seed >= 0, "public_seed", self.public_seed, ">= 0")
-            check(self.pretrain_lr > 0, "pretrain_lr", self.pretrain_lr, "> 0")
-            check(self.kip_lr > 0, "kip_lr", self.kip_lr, "> 0")
-            check(self.kip_reg >= 0, "kip_reg", self.kip_reg, ">= 0")
-            check(self.kip_init_noise >= 0, "kip_init_noise", self.kip_init_noise, ">= 0")
+        # kip_ipc 0: from kip_images
+
+        at_least = minimums(
+
+            kip_ipc=0, kip_iterations=0, public_seed=0, kip_reg=0, kip_init_noise=0, pretrain_epochs=1,
+
+            pretrain_batch_size=1, public_size=1, num_homogeneous=1, kmeans_n_init=1, kip_images=1,
+
+            kip_target_batch=1,
+
+        )
+        positive = ("pretrain_lr", "kip_lr")
 
     params: Params
 
@@ -344,7 +342,8 @@ class HFLDD(FedAvg):
         p = self.params
         model = client.model(state_to_arrays(self.init_model().state_dict()))
         res = train_local(
-            model, client.x, client.y, LocalConfig(p.pretrain_epochs, p.pretrain_batch_size, p.pretrain_lr),
+            model, client.x, client.y,
+            LocalConfig(epochs=p.pretrain_epochs, batch_size=p.pretrain_batch_size, lr=p.pretrain_lr),
             client.generator("pretrain"),
         )
         model.eval()

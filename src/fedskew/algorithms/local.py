@@ -11,7 +11,6 @@ the per-client evaluation only, so a run needs ``partition.client_test_fraction 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -29,7 +28,6 @@ class Local(FedAvg):
 
     has_global_model: ClassVar[bool] = False
 
-    @dataclass
     class Params(FedAvg.Params):
         averages_models: ClassVar[bool] = False  # nothing is averaged: [algorithm.aggregation] does not apply
 

@@ -19,14 +19,13 @@ Differences from the paper, by design:
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import cast
 
 from fedskew.algorithms.base import ClientContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.terms import FeatureTap, contrastive_term
 from fedskew.core.message import Message, state_to_arrays
-from fedskew.core.params import check
+from fedskew.core.params import minimums
 from fedskew.models.registry import FedModel
 
 
@@ -41,17 +40,14 @@ def _frozen(model: FedModel) -> FedModel:
 class Moon(FedAvg):
     """FedAvg plus the model-contrastive term."""
 
-    @dataclass
     class Params(FedAvg.Params):
         # mu: the paper uses 5 on CIFAR-10 and 1 on CIFAR-100 / Tiny-ImageNet (Sec. 4.1); the authors'
         # code defaults to 1, which is kept here as the dataset-agnostic default.
         mu: float = 1.0
         temperature: float = 0.5  # tau = 0.5 in all the paper's experiments (Sec. 4.1)
 
-        def __post_init__(self) -> None:
-            super().__post_init__()
-            check(self.mu >= 0, "mu", self.mu, ">= 0")
-            check(self.temperature > 0, "temperature", self.temperature, "> 0")
+        at_least = minimums(mu=0)
+        positive = ("temperature",)
 
     params: Params
 

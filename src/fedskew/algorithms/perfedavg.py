@@ -29,7 +29,7 @@ CharlieDinh/pFedMe#14).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import partial
 from typing import ClassVar, Literal
 
@@ -41,7 +41,7 @@ from fedskew.algorithms.model_server import ModelAveragingServer
 from fedskew.components.aggregate import Aggregation
 from fedskew.components.personal import batch_loss, batch_stream, gradients
 from fedskew.core.message import Message, state_to_arrays
-from fedskew.core.params import check
+from fedskew.core.params import minimums
 
 Loss = Callable[[nn.Module], torch.Tensor]
 
@@ -86,7 +86,6 @@ class PerFedAvg(ModelAveragingServer):
 
     own_model = "the global model after one step on the client's data"
 
-    @dataclass
     class Params(ModelAveragingServer.Params):
         batch_size: int = 64  # |D| = |D'| = |D''| (fedskew's shared default)
         alpha: float = 0.001  # the adaptation step (unverified: no stored source gives the paper's value)
@@ -99,12 +98,8 @@ class PerFedAvg(ModelAveragingServer):
 
         averages_models: ClassVar[bool] = True
 
-        def __post_init__(self) -> None:
-            super().__post_init__()
-            check(self.batch_size >= 1, "batch_size", self.batch_size, "at least 1")
-            for key in ("alpha", "beta", "delta"):
-                check(getattr(self, key) > 0, key, getattr(self, key), "> 0")
-            check(self.local_steps >= 1, "local_steps", self.local_steps, "at least 1")
+        positive = ("alpha", "beta", "delta")
+        at_least = minimums(batch_size=1, local_steps=1)
 
     params: Params
 

@@ -35,7 +35,7 @@ the paper evaluates ("pFedMe (PM)"); the global model before the client first tr
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import partial
 from typing import ClassVar
 
@@ -47,7 +47,7 @@ from fedskew.algorithms.model_server import ModelAveragingServer
 from fedskew.components.aggregate import Aggregation
 from fedskew.components.personal import batch_loss, batch_stream
 from fedskew.core.message import Message, state_to_arrays
-from fedskew.core.params import check
+from fedskew.core.params import minimums
 
 
 def moreau_steps(
@@ -85,7 +85,6 @@ class PFedMe(ModelAveragingServer):
 
     own_model = "theta_i from the client's last round"
 
-    @dataclass
     class Params(ModelAveragingServer.Params):
         batch_size: int = 20  # |D|, one batch per local round (authors' MNIST command, README line 42)
         lr: float = 0.005  # eta, the local model's step (Eq. 8)
@@ -99,13 +98,8 @@ class PFedMe(ModelAveragingServer):
 
         averages_models: ClassVar[bool] = True
 
-        def __post_init__(self) -> None:
-            super().__post_init__()
-            check(self.batch_size >= 1, "batch_size", self.batch_size, "at least 1")
-            for key in ("lr", "personal_lr", "lam", "beta"):
-                check(getattr(self, key) > 0, key, getattr(self, key), "> 0")
-            check(self.inner_steps >= 1, "inner_steps", self.inner_steps, "at least 1")
-            check(self.local_rounds >= 1, "local_rounds", self.local_rounds, "at least 1")
+        positive = ("lr", "personal_lr", "lam", "beta")
+        at_least = minimums(batch_size=1, inner_steps=1, local_rounds=1)
 
     params: Params
 

@@ -13,7 +13,6 @@ Wire cost: down x and c, up Delta y and Delta c, i.e. twice FedAvg each way for 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -31,16 +30,16 @@ from fedskew.core.params import check
 class Scaffold(FedAvg):
     """Control variates against client drift."""
 
-    @dataclass
     class Params(FedAvg.Params):
         averages_models: ClassVar[bool] = False  # [algorithm.aggregation] does not apply
         server_lr: float = 1.0  # eta_g; the paper's experiments use eta_g = 1 (Sec. 7)
 
         renamed: ClassVar[dict[str, str]] = {"global_lr": "server_lr"}  # FedAvgM's and FedAdam's name
 
+        positive = ("server_lr",)
+
         def __post_init__(self) -> None:
             super().__post_init__()
-            check(self.server_lr > 0, "server_lr", self.server_lr, "> 0")
             # Option II reads (x - y_i)/(K eta) as the mean corrected gradient, which holds for plain SGD
             # steps (weight decay is fine: it is part of the local objective) but not with momentum.
             check(self.momentum == 0, "momentum", self.momentum, "0 for SCAFFOLD (option II assumes plain SGD)")

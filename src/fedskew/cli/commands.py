@@ -57,7 +57,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                             resume=True, label=args.label)
         from fedskew.engine.experiment import run_state
 
-        states = [run_state(parent / r.folder_name, r.config) for r in runs]
+        states = [run_state(parent / r.folder_name, r.typed) for r in runs]
         print(f"fedskew: {parent}: {states.count('done')} run(s) finished, {states.count('partial')} to continue, "
               f"{states.count('new')} to start", file=sys.stderr)
         run_experiment(runs, parent, data_dir=_data_dir(args), progress=progress, resume=True, states=states)
@@ -94,17 +94,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_partition(args: argparse.Namespace) -> int:
     from fedskew.config import parse_overrides, read_config, resolve
-    from fedskew.config.schema import typed_config
     from fedskew.data.partition import summarize
     from fedskew.data.partition_plot import partition_plot
-    from fedskew.engine.federation import build_federation
+    from fedskew.engine.federation import federation_for
 
     spec = resolve(
         read_config(args.config), parse_overrides(args.overrides), where=str(args.config), imports=args.imports
     )[0]
-    config = typed_config(spec.config)
+    config = spec.typed
     partition = config.table("partition")
-    fed = build_federation(config.table("dataset"), partition, config.table("model"), config.run.seed, _data_dir(args))
+    fed = federation_for(config, _data_dir(args))
     # The federation holds each client's shard contiguously: offsets give the partition back.
     import numpy as np
 
@@ -145,11 +144,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             Path(args.folder), config, overrides, label=args.label, force=args.force, imports=args.imports
         )
         from fedskew.config import parse_overrides, read_config, resolve
-        from fedskew.config.schema import typed_config
 
         spec = resolve(read_config(config), parse_overrides(overrides), where=str(config or "default"),
                        imports=args.imports)[0]
-        nodes = typed_config(spec.config).partition.params.num_clients
+        nodes = spec.typed.partition.params.num_clients
         bin_dir = Path(sys.executable).parent
         flwr = bin_dir / "flwr"
         path = "" if os.environ.get("VIRTUAL_ENV") else f'PATH="{bin_dir}:$PATH" '  # flwr starts flower-superlink

@@ -26,18 +26,6 @@ GradHook = Callable[[nn.Module], None]
 
 
 @dataclass
-class LocalConfig:
-    """Local SGD settings."""
-
-    epochs: int = 1
-    batch_size: int = 64
-    lr: float = 0.01
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    max_steps: int | None = None
-
-
-@dataclass
 class SGDParams:
     """Mini-batch SGD settings as a parameter table has them (FedAvg's clients, centralised
     training, a condensation server's ``[algorithm.server]``); each user gives its own defaults.
@@ -66,7 +54,19 @@ class SGDParams:
 
     def sgd(self, epochs: int) -> LocalConfig:
         """These settings for ``epochs`` epochs of :func:`train_local`."""
-        return LocalConfig(epochs, self.batch_size, self.lr, self.momentum, self.weight_decay)
+        return LocalConfig(
+            batch_size=self.batch_size, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay,
+            epochs=epochs,
+        )
+
+
+@dataclass
+class LocalConfig(SGDParams):
+    """What one :func:`train_local` call runs: the SGD settings, for ``epochs`` epochs, stopping early
+    after ``max_steps`` steps when given."""
+
+    epochs: int = 1
+    max_steps: int | None = None
 
 
 @dataclass

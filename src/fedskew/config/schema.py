@@ -13,10 +13,11 @@ an experiment passes it before anything is loaded or trained.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from fedskew.core.engines import check_engine
 from fedskew.core.errors import ConfigError
@@ -24,6 +25,9 @@ from fedskew.core.params import build_params, check
 from fedskew.core.seeding import numpy_rng
 from fedskew.plugins import check_specs, load_plugins
 from fedskew.runs import check_folder_name, check_label
+
+if TYPE_CHECKING:
+    from fedskew.core.device import Compute
 
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
 """What ``device`` may say; whether the device is present is checked before a run starts."""
@@ -296,6 +300,15 @@ class RunConfig:
         """The run's label: its own, else the algorithm's name."""
         return self.run.label or self.algorithm.name
 
+    @functools.cached_property
+    def compute(self) -> Compute:
+        """Where and how the run computes: ``device`` resolved (refused in one line when this machine lacks
+        it), the workers' devices, ``amp`` checked against the device, ``deterministic``. Resolved once, on
+        first use (before any run of an experiment starts), and read by everything after."""
+        from fedskew.core.device import resolve_compute
+
+        return resolve_compute(self.run.device, self.run.amp, self.run.deterministic)
+
 
 def _registry(section: str) -> Any:
     """The registry of a named table (``dataset``, ``partition``, ``model``, ``algorithm``)."""
@@ -369,14 +382,14 @@ def typed_config(cfg: dict[str, Any]) -> RunConfig:
     return RunConfig(run=run, faults=faults, ray=ray, eval=evaluation, logging=logs, source=cfg, **parts)
 
 
-def full_config(cfg: dict[str, Any]) -> dict[str, Any]:
+def full_config(cfg: dict[str, Any] | RunConfig) -> dict[str, Any]:
     """``cfg`` with every default filled in: what a run records as its ``config.toml``, so that the record says
     every value the run used (``lr``, ``mu`` ...) even after a default changes. Validated as :func:`validate`.
 
     Comparisons of recorded configs (``--resume``) compare full configs, so a record written before defaults
     were filled in still equals its full form.
     """
-    typed = typed_config(cfg)
+    typed = cfg if isinstance(cfg, RunConfig) else typed_config(cfg)
     out: dict[str, Any] = {**dataclasses.asdict(typed.run)}
     for section in NAMED:
         part: Component = getattr(typed, section)
@@ -386,7 +399,7 @@ def full_config(cfg: dict[str, Any]) -> dict[str, Any]:
         out[section] = {"name": part.name, **params}
     for section in SECTIONS[len(NAMED):]:
         out[section] = dataclasses.asdict(getattr(typed, section))
-    for key, value in cfg.items():  # anything the typed tree does not hold stays as written
+    for key, value in typed.source.items():  # anything the typed tree does not hold stays as written
         out.setdefault(key, value)
     if not out.get("plugins"):
         out.pop("plugins", None)  # no code to import: no key (a record names plug-ins only where there are some)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import itertools
 import re
 from collections.abc import Sequence
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedskew.config.files import TOP_LEVEL, set_dotted
-from fedskew.config.schema import DEFAULTS, GENERIC_KEYS, NAMED, SECTIONS, option_default, validate
+from fedskew.config.schema import DEFAULTS, GENERIC_KEYS, NAMED, SECTIONS, RunConfig, option_default, typed_config
 from fedskew.core.errors import ConfigError
 from fedskew.plugins import check_specs, load_plugins
 from fedskew.runs import check_label, folder_label, run_folder_name
@@ -33,6 +34,11 @@ class RunSpec:
 
     label: str
     config: dict[str, Any]
+
+    @functools.cached_property
+    def typed(self) -> RunConfig:
+        """The run's typed config, built (and so validated) once: what the run, its checks and its session use."""
+        return typed_config(self.config)
 
     @property
     def folder_name(self) -> str:
@@ -123,8 +129,9 @@ def resolve(
             run["seed"] = seed
             run["label"] = label
             run.pop("seeds", None)
-            validate(run)
-            runs.append(RunSpec(label, run))
+            spec = RunSpec(label, run)
+            spec.typed  # noqa: B018 (validates the run now, and keeps the typed form for the run)
+            runs.append(spec)
     if len(variants) > 1 and algo_overrides - taken:
         key = sorted(algo_overrides - taken)[0]
         raise ConfigError(f"unknown key {key!r}: no variant's algorithm has this parameter")

@@ -181,6 +181,9 @@ class Compute:
     device: str = "cpu"
     amp: str = "off"
     deterministic: bool = False
+    workers: tuple[str, ...] = ()
+    """The device of each worker process in turn (every visible GPU for ``auto`` and ``cuda``, one
+    process each); empty: ``device``."""
 
     @property
     def torch_device(self) -> torch.device:
@@ -188,6 +191,22 @@ class Compute:
 
     def precision(self) -> Precision:
         return Precision(self.torch_device, self.amp)
+
+
+def worker_devices(spec: str) -> list[str]:
+    """The device of each pool worker for a config's ``device``: every visible GPU for ``auto`` and
+    ``cuda`` (one process each), the named one for ``cuda:N`` and ``mps``, else the CPU."""
+    if spec in ("auto", "cuda") and cuda_count() > 0:
+        return [f"cuda:{i}" for i in range(cuda_count())]
+    return [str(resolve_device(spec))]
+
+
+def resolve_compute(device: str, amp: str = "off", deterministic: bool = False) -> Compute:
+    """A config's ``device``, ``amp`` and ``deterministic`` as one :class:`Compute`: the device resolved
+    and present, the precision possible on it, and the workers' devices."""
+    resolved = resolve_device(device)
+    check_amp(amp, resolved)
+    return Compute(str(resolved), amp, deterministic, tuple(worker_devices(device)))
 
 
 _COMPUTE: contextvars.ContextVar[Compute | None] = contextvars.ContextVar("fedskew_compute", default=None)

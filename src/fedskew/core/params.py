@@ -9,7 +9,10 @@ Params: a float must be finite (``nan`` and ``inf`` are refused), an integer mus
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import math
+import operator
 import types
 import typing
 from collections.abc import Mapping
@@ -208,6 +211,59 @@ def check(ok: bool, key: str, value: Any, allowed: str) -> None:
     """Raise a ConfigError ``"<key> must be <allowed>, got <value>"`` unless ``ok``."""
     if not ok:
         raise ConfigError(f"{key} must be {allowed}, got {value!r}")
+
+
+@typing.dataclass_transform(field_specifiers=(dataclasses.field, dataclasses.Field))
+class Options:
+    """The base of a parameter class (an algorithm's ``Params``): each subclass is made a dataclass, with no
+    decorator, and declares its simple bounds rather than writing the checks out.
+
+    The bounds (class attributes, merged over the subclasses; each fails with one line naming the option,
+    its value and what is allowed; an option that is ``None`` is unset and passes):
+
+    - :attr:`at_least`: option -> its smallest value (``{"local_epochs": 1}``);
+    - :attr:`positive`: options that are ``> 0``;
+    - :attr:`fractions`: options in ``[0, 1)``; :attr:`unit`: options in ``[0, 1]``.
+
+    Anything else goes in ``__post_init__``, which calls ``super().__post_init__()`` first. A subclass may
+    still carry an explicit ``@dataclass``: its fields are kept, so the second pass sees the same fields.
+    """
+
+    at_least: typing.ClassVar[Mapping[str, float]] = {}
+    positive: typing.ClassVar[tuple[str, ...]] = ()
+    fractions: typing.ClassVar[tuple[str, ...]] = ()
+    unit: typing.ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        dataclasses.dataclass(cls)
+        own = inspect.get_annotations(cls)
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if f.name in own and f.name not in cls.__dict__:
+                setattr(cls, f.name, f)  # a default_factory field: kept for an explicit @dataclass after this
+
+    def __post_init__(self) -> None:
+        declared = [vars(c) for c in reversed(type(self).__mro__)]
+        for table in declared:
+            for name, low in table.get("at_least", {}).items():
+                _bound(self, name, functools.partial(operator.le, low), f">= {low:g}")
+        for name in dict.fromkeys(n for table in declared for n in table.get("positive", ())):
+            _bound(self, name, lambda v: v > 0, "> 0")
+        for name in dict.fromkeys(n for table in declared for n in table.get("fractions", ())):
+            _bound(self, name, lambda v: 0 <= v < 1, "in [0, 1)")
+        for name in dict.fromkeys(n for table in declared for n in table.get("unit", ())):
+            _bound(self, name, lambda v: 0 <= v <= 1, "in [0, 1]")
+        next_checks(super())
+
+
+def minimums(**lows: float) -> Mapping[str, float]:
+    """An :attr:`Options.at_least` declaration: option name -> its smallest allowed value (read-only)."""
+    return types.MappingProxyType(lows)
+
+
+def _bound(params: Any, name: str, ok: typing.Callable[[Any], bool], allowed: str) -> None:
+    value = getattr(params, name)
+    check(value is None or ok(value), name, value, allowed)
 
 
 def next_checks(parent: Any) -> None:

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from fedskew.config import RunSpec, validate
+from fedskew.config import RunSpec
 from fedskew.config.files import flat_keys, read_toml, same_value, set_dotted
-from fedskew.config.schema import comparable_config, typed_config
-from fedskew.core.device import check_amp, resolve_device
+from fedskew.config.schema import RunConfig, comparable_config, full_config, typed_config
 from fedskew.core.errors import ConfigError
 from fedskew.engine.checkpoint import RESUMABLE, check_resume, load_checkpoint
-from fedskew.engine.federation import Federation, build_federation
+from fedskew.engine.federation import Federation, federation_for, federation_key
 from fedskew.engine.round_loop import RunResult
 from fedskew.engine.session import start_run
 from fedskew.progress import progress_bar
@@ -74,11 +72,11 @@ def choose_parent(
     return parent
 
 
-def check_devices(configs: list[dict[str, Any]]) -> None:
-    """Refuse, before any run starts or any folder is written, a device or precision this machine lacks."""
-    for cfg in configs:
-        run = typed_config(cfg).run
-        check_amp(run.amp, resolve_device(run.device))
+def check_devices(configs: Sequence[RunConfig]) -> None:
+    """Refuse, before any run starts or any folder is written, a device or precision this machine lacks
+    (each config's :attr:`~fedskew.config.schema.RunConfig.compute`, resolved here once for its run)."""
+    for config in configs:
+        config.compute  # noqa: B018 (resolves and checks)
 
 
 def run_experiment(
@@ -102,7 +100,7 @@ def run_experiment(
     when the caller has them already, one per run). With more than one
     run, an overall progress bar counts the runs beside each run's own bar.
     """
-    check_devices([spec.config for spec in runs])
+    check_devices([spec.typed for spec in runs])
     folders = [parent / spec.folder_name for spec in runs]
     if len(set(folders)) != len(folders):  # resolve() refuses this already; a caller of this function may not
         raise ConfigError(f"two runs would share a folder in {parent}; give the runs distinct labels and seeds")
@@ -111,7 +109,7 @@ def run_experiment(
     feds: dict[str, Federation] = {}
     results = []
     if states is None or not resume:
-        states = [run_state(d, spec.config) if resume else "new" for spec, d in zip(runs, folders, strict=True)]
+        states = [run_state(d, spec.typed) if resume else "new" for spec, d in zip(runs, folders, strict=True)]
     with ExitStack() as held:
         for run_dir in folders:
             held.enter_context(locked_run_folder(run_dir))
@@ -124,12 +122,11 @@ def run_experiment(
                 results.append(_finished(run_dir))
                 bar.update(1)
                 continue
-            config = typed_config(cfg)
-            dataset, partition, model = (config.table(section) for section in ("dataset", "partition", "model"))
-            key = json.dumps([dataset, partition, model, config.run.seed, data_dir], sort_keys=True)
+            config = spec.typed
+            key = federation_key(config, data_dir)
             if key not in feds:
                 feds.clear()  # keep one federation in memory at a time
-                feds[key] = build_federation(dataset, partition, model, config.run.seed, data_dir)
+                feds[key] = federation_for(config, data_dir)
             if state == "new":
                 # A run started afresh (--force) leaves nothing of the old one to mix with or resume from.
                 with os_errors_name(run_dir, run=True):
@@ -145,19 +142,19 @@ def run_experiment(
 
 
 
-def run_state(run_dir: Path, cfg: dict[str, Any]) -> str:
-    """What ``--resume`` does with the run folder ``run_dir`` of a run configured as ``cfg``.
+def run_state(run_dir: Path, config: RunConfig) -> str:
+    """What ``--resume`` does with the run folder ``run_dir`` of a run configured as ``config``.
 
     ``"done"``: finished with this config (its summary is there); ``"partial"``: it continues from its
     checkpoint (interrupted, or finished with fewer ``rounds``); ``"new"``: it starts (no folder, or
     stopped before its first checkpoint). A folder whose config differs in anything a resume may not
     change (:data:`RESUMABLE`) is refused in one line naming the key, before any run starts.
     """
-    config = run_dir / CONFIG_FILE
-    if not (run_dir / METRICS_FILE).exists() or not config.exists():
+    recorded = run_dir / CONFIG_FILE
+    if not (run_dir / METRICS_FILE).exists() or not recorded.exists():
         return "new"
-    stored = read_toml(config, "run config")
-    then, now = flat_keys(comparable_config(stored)), flat_keys(comparable_config(cfg))  # defaults filled in
+    stored = read_toml(recorded, "run config")
+    then, now = flat_keys(comparable_config(stored)), flat_keys(full_config(config))  # defaults filled in
     differ = sorted(
         k for k in then.keys() | now.keys()
         if not same_value(then.get(k), now.get(k)) and k.split(".")[0] not in RESUMABLE
@@ -174,7 +171,7 @@ def run_state(run_dir: Path, cfg: dict[str, Any]) -> str:
         return "done"
     if not ck_path.exists():
         return "new"
-    check_resume(load_checkpoint(run_dir / CHECKPOINTS_DIR), ck_path, stored, typed_config(cfg).run.rounds)
+    check_resume(load_checkpoint(run_dir / CHECKPOINTS_DIR), ck_path, stored, config.run.rounds)
     return "partial"
 
 
@@ -220,6 +217,8 @@ def resume_run(run_dir: Path, overrides: dict[str, Any], *, data_dir: str | None
         for key, value in overrides.items():
             set_dotted(cfg, key, value)
         cfg.setdefault("target_accuracy", None)
-        validate(cfg)
-        check_devices([cfg])
-        return start_run(cfg, run_dir, resume=True, data_dir=data_dir, progress=progress, stored=stored)
+        config = typed_config(cfg)
+        check_devices([config])
+        return start_run(
+            cfg, run_dir, resume=True, data_dir=data_dir, progress=progress, stored=stored, config=config
+        )

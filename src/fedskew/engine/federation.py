@@ -9,14 +9,18 @@ held-out test split sits the same way in ``x_client_test`` (offsets ``client_tes
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from fedskew.algorithms.base import FederationInfo, ModelSpec
 from fedskew.core.seeding import derive_seed, torch_generator
+
+if TYPE_CHECKING:
+    from fedskew.config.schema import RunConfig
 
 
 @dataclass
@@ -162,3 +166,16 @@ def build_federation(
         counts=dataclasses.replace(part, indices=indices).class_counts(ds.y_train, ds.num_classes),
         x_client_test=x_ct, y_client_test=y_ct, client_test_offsets=ct_offsets,
     )
+
+
+def federation_for(config: RunConfig, data_dir: str | None = None) -> Federation:
+    """The federation of the run configured as ``config`` (its dataset, partition, model and seed)."""
+    return build_federation(
+        config.table("dataset"), config.table("partition"), config.table("model"), config.run.seed, data_dir
+    )
+
+
+def federation_key(config: RunConfig, data_dir: str | None = None) -> str:
+    """What makes two runs' federations the same: runs of an experiment with equal keys share one."""
+    tables = [config.table(section) for section in ("dataset", "partition", "model")]
+    return json.dumps([*tables, config.run.seed, data_dir], sort_keys=True)

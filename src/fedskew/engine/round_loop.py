@@ -24,9 +24,6 @@ from fedskew.algorithms.base import ALGORITHMS, Replies, ServerContext
 from fedskew.config.schema import RunConfig, typed_config
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.device import (
-    Compute,
-    check_amp,
-    resolve_device,
     set_deterministic_env,
     to_cpu,
     to_device,
@@ -38,7 +35,7 @@ from fedskew.core.message import Message, state_to_arrays
 from fedskew.engine.callbacks import Record, RoundCallback, RoundTime, standard_callbacks
 from fedskew.engine.callbacks.checkpoints import restore_state
 from fedskew.engine.client_eval import ClientEvaluation
-from fedskew.engine.federation import Federation, build_federation
+from fedskew.engine.federation import Federation, federation_for
 from fedskew.engine.pipeline import ReplyPipeline, RoundBook, Task
 from fedskew.engine.runner import ClientJob, ClientSide, EngineContext, Runner, make_runner
 from fedskew.engine.summary import Recorder, run_summary
@@ -73,10 +70,7 @@ class RoundLoop:
     ) -> None:
         self.cfg, self.run_dir, self.clients = cfg, Path(run_dir), clients  # clients None: the engine's runner
         self.config = config = config or typed_config(cfg)  # imports the config's plug-ins first
-        run = config.run
-        self.fed = federation or build_federation(
-            config.table("dataset"), config.table("partition"), config.table("model"), run.seed, data_dir
-        )
+        self.fed = federation or federation_for(config, data_dir)
         self.algorithm = ALGORITHMS.get(config.algorithm.name)(config.algorithm.params, self.fed.info)
         self.label = config.label
         self.client_eval = ClientEvaluation(self.fed, self.algorithm, config.eval, self.max_bytes)
@@ -88,8 +82,7 @@ class RoundLoop:
         self._wire: tuple[Message, Message] | None = None  # the last request and its CPU copy
         self.callbacks = [*standard_callbacks(progress, on_round), *callbacks]
         self.recorder = Recorder(self.fed, self.client_eval)
-        self.compute = Compute(str(resolve_device(run.device)), run.amp, run.deterministic)
-        check_amp(self.compute.amp, self.compute.torch_device)
+        self.compute = config.compute
         if self.compute.deterministic:
             set_deterministic_env()
         self.device = self.compute.torch_device

@@ -51,7 +51,7 @@ def start_run(
             assert stored is not None  # read above whenever a checkpoint was
             check_resume(ck, ck_path, stored, config.run.rounds, loop.server.model.state_dict())
             del ck  # the loop reads it again
-        (run_dir / CONFIG_FILE).write_text(dump(full_config(cfg)))
+        (run_dir / CONFIG_FILE).write_text(dump(full_config(config)))
         if before is not None:
             before(loop)
         return loop.run(resume=resume)

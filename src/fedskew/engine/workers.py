@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import pickle
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -25,8 +26,6 @@ from fedskew.algorithms.base import ALGORITHMS, EVALUATE, Algorithm, ClientConte
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.device import (
     Compute,
-    cuda_count,
-    resolve_device,
     set_deterministic_env,
     to_cpu,
     to_device,
@@ -306,17 +305,9 @@ def _cgroup_cpu_quota() -> int | None:
         return None
 
 
-def worker_devices(spec: str) -> list[str]:
-    """The device of each pool worker for a config's ``device``: every visible GPU for ``auto`` and
-    ``cuda`` (one process each), the named one for ``cuda:N`` and ``mps``, else the CPU."""
-    if spec in ("auto", "cuda") and cuda_count() > 0:
-        return [f"cuda:{i}" for i in range(cuda_count())]
-    return [str(resolve_device(spec))]
-
-
-def default_workers(spec: str = "cpu") -> int:
-    """Worker processes when the config says 0 (auto): one per GPU on GPUs, else one per usable core."""
-    devices = worker_devices(spec)
+def default_workers(devices: Sequence[str] = ("cpu",)) -> int:
+    """Worker processes when the config says 0 (auto), for the workers' ``devices`` (:attr:`Compute.workers`):
+    one per GPU on GPUs, else one per usable core."""
     if devices[0].startswith("cuda"):
         return len(devices)
     if devices[0] == "mps":
@@ -326,6 +317,6 @@ def default_workers(spec: str = "cpu") -> int:
 
 def local_engine(ctx: EngineContext) -> Workers:
     """``engine = "local"``: :class:`Workers` on this machine, ``workers`` of them (0: :func:`default_workers`)."""
-    spec = ctx.config.run.device
-    workers = ctx.config.run.workers or default_workers(spec)
-    return Workers(ctx.fed, ctx.algorithm, ctx.params, workers, ctx.compute, worker_devices(spec))
+    devices = list(ctx.compute.workers or (ctx.compute.device,))
+    workers = ctx.config.run.workers or default_workers(devices)
+    return Workers(ctx.fed, ctx.algorithm, ctx.params, workers, ctx.compute, devices)

@@ -78,7 +78,6 @@ class AggregationFree(Algorithm):
     clients.
     """
 
-    @dataclass
     class Params(CondensationParams, Algorithm.Params):
         # Condensation (FedAF Sec. 5.1 and App. A; FedDM is run with the same settings there).
         ipc: int = 50  # FedAF's label-skew setting (Table 7)
