@@ -49,6 +49,15 @@ def config_for(name: str, **over: Any) -> dict[str, Any]:
     return cfg
 
 
+def runnable_config(name: str, **over: Any) -> dict[str, Any]:
+    """:func:`config_for`, plus the clients' own test splits a method without a global model (``local``) is
+    measured on: the config with which every method runs (tests/gpu runs them so on CUDA)."""
+    cfg = config_for(name, **over)
+    if not ALGORITHMS.get(name).has_global_model:
+        cfg["partition"]["client_test_fraction"] = 0.25
+    return cfg
+
+
 def _run(cfg: dict[str, Any], path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.toml").write_text(dump(cfg))
@@ -62,7 +71,7 @@ def test_every_algorithm_runs_changes_the_model_and_is_counted(tmp_path: Path, n
     if not ALGORITHMS.get(name).has_global_model:  # `local`: the clients' own models change, nothing is sent
         with pytest.raises(ConfigError, match="has no global model"):
             RoundLoop(cfg, tmp_path / "refused", progress=False)
-        cfg["partition"]["client_test_fraction"] = 0.25
+        cfg = runnable_config(name, rounds=2)
         sim = RoundLoop(cfg, tmp_path / name, progress=False)
         initial = sim.algorithm.init_model().state_dict()
         recs = sim.run().records
