@@ -239,15 +239,22 @@ class FedAF(AggregationFree):
         p = self.params
         scale = p.lambda_loc if weight is None else weight
         targets = {int(c): v[i : i + 1] for i, c in enumerate(classes.tolist())}
+        rows: dict[int, torch.Tensor] = {}  # the rows of each class, found once (labels do not change)
+        seen: list[torch.Tensor] = []
 
         def loss(model: nn.Module, syn: SyntheticSet) -> torch.Tensor:
+            if not seen or seen[0] is not syn.labels:  # reading the labels waits for the device: once
+                seen[:] = [syn.labels]
+                rows.clear()
+                for c in sorted(set(syn.labels.tolist()) & targets.keys()):
+                    rows[c] = torch.nonzero(syn.labels == c).flatten()
             was_training = model.training
             model.eval()
             logits = model(as_model_format(syn.images, is_channels_last(model)))
             model.train(was_training)
             total = torch.zeros((), device=logits.device)
-            for c in sorted(set(syn.labels.tolist()) & targets.keys()):
-                u = logits[syn.labels == c]
+            for c, r in rows.items():
+                u = logits[r]
                 if p.swd_local == "mean":
                     u = u.mean(dim=0, keepdim=True)
                 total = total + sliced_wasserstein(u, targets[c], p.swd_projections, generator)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedskew.core.device import current_compute
+from fedskew.core.device import current_compute, host_floats
 from fedskew.core.params import check, next_checks
 from fedskew.models.layout import as_model_format, is_channels_last, shuffled_batches
 
@@ -103,22 +103,26 @@ def train_local(
         Method-specific additions, see :data:`LossTerm` and :data:`GradHook`.
     """
     model.train()
+    compute = current_compute()
     opt = torch.optim.SGD(
-        model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+        model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+        **compute.sgd_options(),
     )
-    precision = current_compute().precision()  # float32 and plain steps unless the run asks for AMP
+    precision = compute.precision()  # float32 and plain steps unless the run asks for AMP
+    forward = compute.forward(model)  # the model itself unless the run asks for torch.compile
     cl = is_channels_last(model)
     n = int(y.shape[0])
     steps = 0
-    loss_sum = 0.0
+    # Each step's loss stays on the device (no host sync inside a step); they are read once at the end.
+    losses: list[torch.Tensor] = []
     for _ in range(cfg.epochs):
-        for idx in shuffled_batches(n, cfg.batch_size, generator):
+        # The epoch's order is drawn on the CPU and moved to the data's device once, not per step.
+        for idx in shuffled_batches(n, cfg.batch_size, generator, x.device):
             if cfg.max_steps is not None and steps >= cfg.max_steps:
                 break
-            idx = idx.to(x.device)
             xb, yb = as_model_format(x[idx], cl), y[idx]
             with precision.autocast():
-                logits = model(xb)
+                logits = forward(xb)
                 loss = F.cross_entropy(logits, yb)
                 for term in terms:
                     loss = loss + term(model, xb, yb, logits)
@@ -130,5 +134,15 @@ def train_local(
                 hook(model)
             precision.step(opt)
             steps += 1
-            loss_sum += float(loss.detach())
-    return LocalResult(num_samples=n, steps=steps, mean_loss=loss_sum / max(steps, 1))
+            losses.append(loss.detach())
+    return LocalResult(num_samples=n, steps=steps, mean_loss=host_sum(losses) / max(steps, 1))
+
+
+def host_sum(values: Sequence[torch.Tensor]) -> float:
+    """The sum of scalar tensors as ``0.0 + float(v0) + float(v1) + ...`` in Python floats, in order, with
+    one copy to the host for all of them (instead of one sync each): the same number, bit for bit, as
+    summing ``float(v)`` step by step."""
+    total = 0.0
+    for v in host_floats(values):
+        total += v
+    return total

@@ -142,7 +142,7 @@ def apply_dsa(x: torch.Tensor, params: DSAParams) -> torch.Tensor:
         u = params.draws[op]
         if u.shape[0] not in (1, x.shape[0]):
             raise ValueError(f"DSA draws for {u.shape[0]} samples applied to a batch of {x.shape[0]}")
-        x = _OPS[op](x, u.to(device=x.device, dtype=x.dtype), params.cfg)
+        x = _OPS[op](x, u.to(device=x.device, dtype=x.dtype, non_blocking=True), params.cfg)
     return x
 
 

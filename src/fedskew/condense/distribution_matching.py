@@ -128,8 +128,11 @@ def dm_loss(
     groups = [*real_by_class, *syn_by_class]
     # Under autocast the embedding may be bf16/fp16; the class means are float32 sums (a no-op in float32).
     emb = model_features(torch.cat([t.detach() for t in real_by_class] + list(syn_by_class))).float()
-    counts = torch.tensor([t.shape[0] for t in groups], device=emb.device)
-    segment = torch.repeat_interleave(torch.arange(2 * num, device=emb.device), counts)
+    # The segments are made on the CPU and moved without waiting (a repeat_interleave on the GPU would
+    # read its counts back to size its output: a host sync every step).
+    counts = torch.tensor([t.shape[0] for t in groups])
+    segment = torch.repeat_interleave(torch.arange(2 * num), counts).to(emb.device, non_blocking=True)
+    counts = counts.to(emb.device, non_blocking=True)
     sums = torch.zeros((2 * num, emb.shape[1]), dtype=emb.dtype, device=emb.device).index_add(0, segment, emb)
     means = sums / counts.to(emb.dtype)[:, None]
     return ((means[:num] - means[num:]) ** 2).sum()
@@ -189,7 +192,7 @@ def perturbed_model_sampler(model: nn.Module, model_factory: ModelFactory, rho: 
                 # Added in the layout a new network's weights had (contiguous), as when one was built
                 # per step: with mixed layouts the add runs a non-vectorised loop, whose rounding (fused
                 # multiply-add or not) depends on how PyTorch was compiled.
-                p.copy_(p.contiguous().add_(d.to(p.device), alpha=scale))
+                p.copy_(p.contiguous().add_(d.to(p.device, non_blocking=True), alpha=scale))
         return out
 
     return sample
@@ -237,10 +240,13 @@ def interpolated_model_sampler(model: nn.Module, model_factory: ModelFactory, ga
 
 
 def _clip_total(grad: torch.Tensor, max_norm: float) -> None:
-    """Scale ``grad`` in place to norm ``max_norm`` if it is larger (FedDM's gradient clipping)."""
-    norm = float(grad.norm())
-    if norm > max_norm:
-        grad.mul_(max_norm / norm)
+    """Scale ``grad`` in place to norm ``max_norm`` if it is larger (FedDM's gradient clipping).
+
+    On the device, without reading the norm back: the scale ``max_norm / norm`` is computed in float64 (as
+    a Python float was) and is 1 where the norm is within bounds, so the result is the same, bit for bit.
+    """
+    norm = grad.norm().double()
+    grad.mul_(torch.where(norm > max_norm, max_norm / norm, torch.ones_like(norm)))
 
 
 def distribution_matching(

@@ -23,6 +23,7 @@ from torch import nn
 
 from fedskew.condense.augment import DSAConfig, dsa
 from fedskew.condense.synthetic import ModelFactory, SyntheticSet, check_data, fresh_model
+from fedskew.core.device import host_floats
 from fedskew.core.errors import ConfigError, DataError
 from fedskew.models.evaluation import evaluate_model
 from fedskew.models.layout import shuffled_batches
@@ -110,17 +111,20 @@ def train_with_protocol(
         if epoch == cfg.epochs // 2:
             for group in optimizer.param_groups:
                 group["lr"] = cfg.lr * cfg.lr_decay
-        total, count = 0.0, 0
-        for idx in shuffled_batches(len(syn), cfg.batch_size, generator):
-            idx = idx.to(x.device)
+        losses, sizes = [], []  # read once, after the last epoch: no host sync inside a step
+        for idx in shuffled_batches(len(syn), cfg.batch_size, generator, x.device):  # moved once an epoch
             xb = x[idx] if cfg.dsa is None else dsa(x[idx], cfg.dsa, generator)
             loss = _loss(model(xb), y[idx], None if soft is None else soft[idx])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            total += float(loss.detach()) * idx.numel()
-            count += idx.numel()
-        last = total / count
+            losses.append(loss.detach())
+            sizes.append(idx.numel())
+    if cfg.epochs > 0:
+        total = 0.0
+        for value, size in zip(host_floats(losses), sizes, strict=True):
+            total += value * size
+        last = total / sum(sizes)
     return last
 
 

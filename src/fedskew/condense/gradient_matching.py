@@ -373,7 +373,7 @@ def _mixed_pass(
     Returns the summed distance when ``read``, else 0."""
     cl = is_channels_last(net)
     num_classes = labels.numel() // cfg.ipc
-    order = torch.randperm(x_real.shape[0], generator=generator).to(x_real.device)
+    order = torch.randperm(x_real.shape[0], generator=generator).to(x_real.device, non_blocking=True)
     total = 0.0
     for start in range(0, order.numel(), cfg.real_batch):
         idx = order[start : start + cfg.real_batch]

@@ -248,7 +248,7 @@ def _step_kernel(
         return ntk
     nets = [RandomConvFeatures(in_channels, cfg.rf_width, cfg.depth, generator) for _ in range(cfg.rf_draws)]
     if device is not None:
-        nets = [net.to(device) for net in nets]
+        nets = [net.to(device, non_blocking=True) for net in nets]
 
     def rf(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return random_feature_kernel(a, b, nets)
@@ -322,7 +322,7 @@ def kip(
     optimizer = torch.optim.Adam([x_s, y_s] if cfg.learn_labels else [x_s], lr=cfg.lr)
     bar = progress_bar(range(cfg.iterations), desc="KIP", enabled=progress)
     for _ in bar:
-        idx = torch.randperm(x_real.shape[0], generator=generator)[: cfg.target_batch].to(device)
+        idx = torch.randperm(x_real.shape[0], generator=generator)[: cfg.target_batch].to(device, non_blocking=True)
         kernel = _step_kernel(cfg, x_real.shape[1], generator, device)
         with precision.autocast():
             loss = kip_loss(x_real[idx], targets[idx], x_s, y_s, kernel, cfg.reg)

@@ -14,11 +14,22 @@ resampling to a common size). For n == m this is the familiar mean of ``|sorted(
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from fedskew.condense.synthetic import default_generator
 from fedskew.core.device import randn
 from fedskew.core.errors import ConfigError, DataError
+
+
+@functools.lru_cache(maxsize=256)
+def _quantile_pairs_on(n: int, m: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_quantile_pairs` on ``device``, kept: a condensation asks for the same sizes at every step.
+    Made outside any inference mode, so that autograd may save them whatever mode asked first."""
+    with torch.inference_mode(False):
+        ia, ib, w = _quantile_pairs(n, m)
+        return ia.to(device), ib.to(device), w.to(device)
 
 
 def _quantile_pairs(n: int, m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -78,7 +89,7 @@ def sliced_wasserstein(
         theta = theta / theta.norm(dim=0, keepdim=True)
         pa = torch.sort(a.to(dtype) @ theta, dim=0).values
         pb = torch.sort(b.to(device=device, dtype=dtype) @ theta, dim=0).values
-        ia, ib, w = (t.to(device) for t in _quantile_pairs(a.shape[0], b.shape[0]))
+        ia, ib, w = _quantile_pairs_on(a.shape[0], b.shape[0], device)
         cost = ((pa[ia] - pb[ib]).abs() ** p * w.to(dtype)[:, None]).sum(dim=0)
         mean = cost.mean()
         positive = mean > 0

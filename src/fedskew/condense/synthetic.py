@@ -72,7 +72,7 @@ def fresh_model(
     with torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(seed)
         model = model_factory()
-    return model if device is None else model.to(device)
+    return model if device is None else model.to(device, non_blocking=True)
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -170,7 +170,7 @@ def class_indices(y: torch.Tensor, classes: Sequence[int]) -> list[torch.Tensor]
 def sample_indices(idx: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
     """``min(k, len(idx))`` entries of ``idx`` drawn without replacement (drawn on the CPU, on ``idx``'s device)."""
     perm = torch.randperm(idx.numel(), generator=generator)[:k]
-    return idx[perm.to(idx.device)]
+    return idx[perm.to(idx.device, non_blocking=True)]
 
 
 def _channel_stats(values: Sequence[float] | torch.Tensor, channels: int, name: str) -> torch.Tensor:

@@ -65,6 +65,9 @@ class RunSettings:
     device: str = "auto"
     amp: Literal["off", "bf16", "fp16"] = "off"
     deterministic: bool = False
+    sgd_impl: Literal["default", "foreach", "fused"] = "default"  # core.device.SGD_IMPLS
+    compile: Literal["off", "default", "reduce-overhead"] = "off"  # core.device.COMPILE_MODES
+    tf32: bool = False
     engine: str = "local"  # "local", "ray", or one a plug-in registers (fedskew.core.engines)
     plugins: list[str] = field(default_factory=list)
 
@@ -303,11 +306,13 @@ class RunConfig:
     @functools.cached_property
     def compute(self) -> Compute:
         """Where and how the run computes: ``device`` resolved (refused in one line when this machine lacks
-        it), the workers' devices, ``amp`` checked against the device, ``deterministic``. Resolved once, on
-        first use (before any run of an experiment starts), and read by everything after."""
+        it), the workers' devices, ``amp`` and the launch-cutting switches (``sgd_impl``, ``compile``, ``tf32``)
+        checked against the device, ``deterministic``. Resolved once, on first use (before any run of an
+        experiment starts), and read by everything after."""
         from fedskew.core.device import resolve_compute
 
-        return resolve_compute(self.run.device, self.run.amp, self.run.deterministic)
+        run = self.run
+        return resolve_compute(run.device, run.amp, run.deterministic, run.sgd_impl, run.compile, run.tf32)
 
 
 def _registry(section: str) -> Any:

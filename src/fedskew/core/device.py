@@ -3,11 +3,17 @@
 A run names its device in the config (``device = "auto" | "cpu" | "cuda" | "cuda:N" | "mps"``); this
 module turns that word into a :class:`torch.device`, refusing in one line a device the machine does
 not have, and gives the autocast context every tensor path uses for ``amp = "off" | "bf16" | "fp16"``.
+Beside ``amp`` sit the switches that cut the kernel launches of a training step, all off by default
+(:class:`Compute`, docs/configuration.md): ``sgd_impl`` (torch's foreach or fused SGD), ``compile``
+(``torch.compile`` of the model's forward pass in local training) and ``tf32`` (TF32 matrix products on CUDA).
 
 Conventions the rest of fedskew follows, so that a seed gives the same draws on every device:
 
 - random draws come from CPU ``torch.Generator`` streams (:mod:`fedskew.core.seeding`) and are moved
-  to the device afterwards (:func:`randn`, :func:`rand`, :func:`randperm` below);
+  to the device afterwards (:func:`randn`, :func:`rand`, :func:`randperm` below), with ``non_blocking=True``:
+  a copy from ordinary (pageable) host memory is staged at once, so the host does not wait for the GPU's
+  queue to drain as a blocking copy makes it (PyTorch synchronises the stream after one); on the CPU it
+  is no copy at all;
 - tensors a computation creates take the device of its inputs (``device=x.device``);
 - what is saved or sent (checkpoints, model files, messages) is on the CPU (:func:`to_cpu`), so a run
   started on a GPU resumes on a CPU and the reverse.
@@ -17,7 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator, Mapping
+import dataclasses
+import functools
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +90,46 @@ def check_amp(amp: str, device: torch.device) -> None:
     if amp == "fp16" and device.type != "cuda":
         raise ConfigError(f"amp 'fp16' needs a CUDA device (it trains with a gradient scaler), got {device}; "
                           "use amp=bf16 or amp=off")
+
+
+SGD_IMPLS = ("default", "foreach", "fused")
+"""``sgd_impl``: torch's own choice (a loop over the tensors on the CPU, foreach on CUDA), or one of its
+multi-tensor (``foreach``) or single-kernel (``fused``) implementations."""
+COMPILE_MODES = ("off", "default", "reduce-overhead")
+"""``compile``: no compilation, ``torch.compile`` (inductor), or inductor with CUDA graphs (CUDA only)."""
+
+
+def check_speed(sgd_impl: str, compile: str, tf32: bool, device: torch.device) -> None:
+    """Refuse in one line a launch-cutting switch the device cannot run (see :class:`Compute`)."""
+    if sgd_impl not in SGD_IMPLS:
+        raise ConfigError(f"sgd_impl must be one of {', '.join(map(repr, SGD_IMPLS))}, got {sgd_impl!r}")
+    if compile not in COMPILE_MODES:
+        raise ConfigError(f"compile must be one of {', '.join(map(repr, COMPILE_MODES))}, got {compile!r}")
+    if sgd_impl == "fused" and device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"sgd_impl 'fused' runs on cpu or cuda, got {device}; use sgd_impl=default or foreach")
+    if compile == "reduce-overhead" and device.type != "cuda":
+        raise ConfigError(f"compile 'reduce-overhead' records CUDA graphs and needs a CUDA device, got {device}; "
+                          "use compile=default or compile=off")
+    if tf32 and device.type != "cuda":
+        raise ConfigError(f"tf32 = true needs a CUDA device (TF32 is a tensor-core format), got {device}; "
+                          "use tf32=false")
+
+
+def _forward(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model(x)
+
+
+@functools.cache
+def compiled_forward(mode: str) -> Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]:
+    """``forward(model, x) = model(x)`` through ``torch.compile`` in ``mode`` (``default`` or
+    ``reduce-overhead``), one compiled function per mode and process.
+
+    The model is an argument, not a compiled module's attribute: nothing is stored on the model (methods
+    deepcopy their models), and its weights may be reloaded in place between calls. Each batch shape
+    (the last, smaller batch of an epoch) and each model class is one more graph; past torch's
+    recompilation limit (``torch._dynamo.config.recompile_limit``, 8) a new one runs uncompiled.
+    """
+    return torch.compile(_forward, mode=None if mode == "default" else mode, dynamic=False)
 
 
 def autocast(device: torch.device, amp: str) -> contextlib.AbstractContextManager[Any]:
@@ -156,26 +204,38 @@ def to_cpu(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def randn(shape: tuple[int, ...], generator: torch.Generator, device: torch.device, **kw: Any) -> torch.Tensor:
     """``torch.randn`` drawn from a CPU stream, then moved: the same draw on every device."""
-    return torch.randn(shape, generator=generator, **kw).to(device)
+    return torch.randn(shape, generator=generator, **kw).to(device, non_blocking=True)
 
 
 def rand(shape: tuple[int, ...], generator: torch.Generator, device: torch.device, **kw: Any) -> torch.Tensor:
     """``torch.rand`` drawn from a CPU stream, then moved."""
-    return torch.rand(shape, generator=generator, **kw).to(device)
+    return torch.rand(shape, generator=generator, **kw).to(device, non_blocking=True)
 
 
 def randperm(n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
     """``torch.randperm`` drawn from a CPU stream, then moved."""
-    return torch.randperm(n, generator=generator).to(device)
+    return torch.randperm(n, generator=generator).to(device, non_blocking=True)
 
 
 @dataclass(frozen=True)
 class Compute:
-    """Where and how a process computes: the device, the mixed precision, deterministic kernels.
+    """Where and how a process computes: the device, the mixed precision, deterministic kernels, and the
+    switches that cut a training step's kernel launches (the run's top-level keys of the same names).
 
     Picklable (it travels to worker processes); the engine sets it for each client job and
     evaluation chunk with :func:`use_compute`, and the trainer, the evaluation and the condensation
     loops read it with :func:`current_compute`, so a method's code need not pass it around.
+
+    Attributes
+    ----------
+    sgd_impl
+        The SGD of local training (:func:`~fedskew.components.trainer.train_local`): ``default``,
+        ``foreach`` or ``fused`` (:data:`SGD_IMPLS`).
+    compile
+        ``torch.compile`` of the model's forward pass in local training (:data:`COMPILE_MODES`).
+    tf32
+        TF32 for float32 matrix products on CUDA (``torch.backends.cuda.matmul.allow_tf32``) inside
+        :func:`use_compute`; cuDNN's convolutions use TF32 in PyTorch's default settings already.
     """
 
     device: str = "cpu"
@@ -184,6 +244,9 @@ class Compute:
     workers: tuple[str, ...] = ()
     """The device of each worker process in turn (every visible GPU for ``auto`` and ``cuda``, one
     process each); empty: ``device``."""
+    sgd_impl: str = "default"
+    compile: str = "off"
+    tf32: bool = False
 
     @property
     def torch_device(self) -> torch.device:
@@ -191,6 +254,33 @@ class Compute:
 
     def precision(self) -> Precision:
         return Precision(self.torch_device, self.amp)
+
+    def check(self) -> None:
+        """Refuse in one line a setting this device cannot run (``amp``, ``sgd_impl``, ``compile``, ``tf32``)."""
+        check_amp(self.amp, self.torch_device)
+        check_speed(self.sgd_impl, self.compile, self.tf32, self.torch_device)
+
+    def on_device(self, device: torch.device) -> Compute:
+        """These settings on ``device``, less what it cannot run (a Flower node computing elsewhere than the
+        run's device): off CUDA, ``tf32`` goes off, ``compile = "reduce-overhead"`` becomes ``default`` and, off
+        the CPU too, fused SGD becomes foreach. ``amp`` stays as the run says (fp16 is refused off CUDA)."""
+        if device.type == "cuda":
+            return dataclasses.replace(self, device=str(device))
+        return dataclasses.replace(
+            self, device=str(device), tf32=False,
+            compile="default" if self.compile == "reduce-overhead" else self.compile,
+            sgd_impl="foreach" if self.sgd_impl == "fused" and device.type != "cpu" else self.sgd_impl,
+        )
+
+    def sgd_options(self) -> dict[str, bool]:
+        """Keyword arguments of ``torch.optim.SGD`` for :attr:`sgd_impl` (none for ``default``)."""
+        return {"foreach": {"foreach": True}, "fused": {"fused": True}}.get(self.sgd_impl, {})
+
+    def forward(self, model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``model``'s forward pass, compiled when :attr:`compile` asks for it."""
+        if self.compile == "off":
+            return model
+        return functools.partial(compiled_forward(self.compile), model)
 
 
 def worker_devices(spec: str) -> list[str]:
@@ -201,12 +291,18 @@ def worker_devices(spec: str) -> list[str]:
     return [str(resolve_device(spec))]
 
 
-def resolve_compute(device: str, amp: str = "off", deterministic: bool = False) -> Compute:
-    """A config's ``device``, ``amp`` and ``deterministic`` as one :class:`Compute`: the device resolved
-    and present, the precision possible on it, and the workers' devices."""
+def resolve_compute(
+    device: str, amp: str = "off", deterministic: bool = False, sgd_impl: str = "default", compile: str = "off",
+    tf32: bool = False,
+) -> Compute:
+    """A config's ``device``, ``amp``, ``deterministic`` and launch-cutting switches as one :class:`Compute`:
+    the device resolved and present, the precision and switches possible on it (refused in one line each
+    otherwise), and the workers' devices."""
     resolved = resolve_device(device)
-    check_amp(amp, resolved)
-    return Compute(str(resolved), amp, deterministic, tuple(worker_devices(device)))
+    compute = Compute(str(resolved), amp, deterministic, tuple(worker_devices(device)), sgd_impl=sgd_impl,
+                      compile=compile, tf32=tf32)
+    compute.check()
+    return compute
 
 
 _COMPUTE: contextvars.ContextVar[Compute | None] = contextvars.ContextVar("fedskew_compute", default=None)
@@ -225,10 +321,37 @@ def use_compute(compute: Compute) -> Iterator[Compute]:
         set_deterministic_env()  # every engine's process (pool, Ray, Flower node) before cuBLAS starts
     token = _COMPUTE.set(compute)
     try:
-        with deterministic_algorithms(compute.deterministic):
+        with deterministic_algorithms(compute.deterministic), tf32_matmul(compute.tf32):
             yield compute
     finally:
         _COMPUTE.reset(token)
+
+
+@contextlib.contextmanager
+def tf32_matmul(on: bool) -> Iterator[None]:
+    """TF32 float32 matrix products on CUDA for the block (``tf32 = true``); off: the process's setting as it is."""
+    if not on:
+        yield
+        return
+    matmul = torch.backends.cuda.matmul
+    # torch >= 2.9 has fp32_precision and refuses a mix of it and the older allow_tf32: use one of them.
+    key, value = ("fp32_precision", "tf32") if isinstance(getattr(matmul, "fp32_precision", None), str) \
+        else ("allow_tf32", True)
+    before = getattr(matmul, key)
+    setattr(matmul, key, value)
+    try:
+        yield
+    finally:
+        setattr(matmul, key, before)
+
+
+def host_floats(values: Sequence[torch.Tensor]) -> list[float]:
+    """Scalar tensors (on any device) as Python floats, in one copy to the host for all of them instead of a
+    sync each: ``[float(v) for v in values]``, the same numbers bit for bit (float64 holds every float32,
+    bf16 and fp16 value exactly)."""
+    if not values:
+        return []
+    return [float(v) for v in torch.stack([v.reshape(()) for v in values]).cpu().double().tolist()]
 
 
 def to_device(obj: Any, device: torch.device) -> Any:

@@ -46,18 +46,33 @@ class EvalCounts:
 
 def evaluate_chunk(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> EvalCounts:
     """Counts for one chunk (inference mode, eval-mode layers)."""
+    return _to_host([_chunk_on_device(model, x, y, num_classes)])[0]
+
+
+def _chunk_on_device(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One chunk's summed loss and its correct and total counts per class, left on the device (no host sync:
+    the counts compare the labels with every class instead of ``bincount``, whose output size needs one)."""
     was_training = model.training
     model.eval()
     with torch.inference_mode(), current_compute().precision().autocast():
         logits = model(as_model_format(x, is_channels_last(model)))
-        loss_sum = float(F.cross_entropy(logits.float(), y, reduction="sum"))
+        loss_sum = F.cross_entropy(logits.float(), y, reduction="sum")
         pred = logits.argmax(dim=1)
+        of_class = y[:, None] == torch.arange(num_classes, device=y.device)[None, :]
+        correct = (of_class & (pred == y)[:, None]).sum(dim=0)
+        total = of_class.sum(dim=0)
     if was_training:
         model.train()
-    yn = y.cpu().numpy()
-    correct = np.bincount(yn[pred.cpu().numpy() == yn], minlength=num_classes).astype(np.int64)
-    total = np.bincount(yn, minlength=num_classes).astype(np.int64)
-    return EvalCounts(correct, total, loss_sum)
+    return loss_sum, correct, total
+
+
+def _to_host(chunks: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> list[EvalCounts]:
+    """The chunks' counts on the host, in two copies for all of them (the losses, the counts)."""
+    losses = torch.stack([c[0] for c in chunks]).cpu().tolist()
+    counts = torch.stack([torch.stack(c[1:]) for c in chunks]).cpu().numpy().astype(np.int64)
+    return [EvalCounts(c[0], c[1], float(loss)) for loss, c in zip(losses, counts, strict=True)]
 
 
 def chunk_bounds(n: int, chunk: int) -> list[tuple[int, int]]:
@@ -68,8 +83,9 @@ def chunk_bounds(n: int, chunk: int) -> list[tuple[int, int]]:
 def evaluate_model(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, chunk: int = EVAL_CHUNK
 ) -> EvalCounts:
-    """Counts over the whole set, chunk by chunk, summed in order."""
+    """Counts over the whole set, chunk by chunk, summed in order (read from the device once, at the end)."""
     out = EvalCounts(np.zeros(num_classes, np.int64), np.zeros(num_classes, np.int64), 0.0)
-    for s, e in chunk_bounds(int(y.shape[0]), chunk):
-        out = out + evaluate_chunk(model, x[s:e], y[s:e], num_classes)
+    parts = [_chunk_on_device(model, x[s:e], y[s:e], num_classes) for s, e in chunk_bounds(int(y.shape[0]), chunk)]
+    for counts in _to_host(parts) if parts else []:
+        out = out + counts
     return out

@@ -38,7 +38,16 @@ def as_model_format(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
     return x
 
 
-def shuffled_batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
-    """One epoch of shuffled index batches (the last one may be smaller)."""
+def shuffled_batches(
+    n: int, batch_size: int, generator: torch.Generator, device: torch.device | None = None
+) -> list[torch.Tensor]:
+    """One epoch of shuffled index batches (the last one may be smaller).
+
+    The order is drawn on the CPU from ``generator`` (the same draw on every device) and, with ``device``,
+    moved there once for the whole epoch: the batches are views of that one copy, so a training step
+    makes no host-to-device copy of its indices.
+    """
     perm = torch.randperm(n, generator=generator)
+    if device is not None:
+        perm = perm.to(device, non_blocking=True)  # staged at once, no wait for the device (core/device.py)
     return list(perm.split(batch_size))

@@ -126,9 +126,14 @@ def handle(message: Message, context: Context) -> Message:
     info = info_from_json(str(head["info"]))
     x, y, test = load_shard(cid, run, info, context.node_config)
     algorithm = make_algorithm(run["algorithm"], info)
-    # The node's own config says where it computes (``device``, default auto); the run says the precision.
+    # The node's own config says where it computes (``device``, default auto); the run says the precision
+    # and the launch-cutting switches (less those the node's device cannot run).
     device = resolve_device(str(context.node_config.get("device", "auto")))
-    compute = Compute(str(device), str(run.get("amp", "off")), bool(run.get("deterministic", False)))
+    compute = Compute(
+        str(device), str(run.get("amp", "off")), bool(run.get("deterministic", False)),
+        sgd_impl=str(run.get("sgd_impl", "default")), compile=str(run.get("compile", "off")),
+        tf32=bool(run.get("tf32", False)),
+    ).on_device(device)
     reply, state = client_step_on(
         algorithm, task, from_records(message.content), cid, rnd, x, y, info, get_state(context.state, cid), compute,
         test=test,
