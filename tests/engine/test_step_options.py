@@ -152,3 +152,16 @@ def test_tf32_is_switched_for_the_block_only() -> None:
     assert matmul.fp32_precision == before
     with tf32_matmul(False):
         assert matmul.fp32_precision == before
+
+
+def test_a_resume_may_turn_the_switches_on_or_off(tmp_path: Path) -> None:
+    from fedskew.engine.experiment import resume_run
+
+    cfg = tiny_config(rounds=2, checkpoint_every=1, sgd_impl="fused")
+    path = tmp_path / "r"
+    path.mkdir()
+    (path / "config.toml").write_text(dump(cfg))
+    RoundLoop(cfg, path, progress=False).run()
+    res = resume_run(path, {"rounds": 3, "sgd_impl": "foreach", "compile": "off"}, data_dir=None, progress=False)
+    assert [r["round"] for r in res.records] == [1, 2, 3]
+    assert "sgd_impl = \"foreach\"" in (path / "config.toml").read_text()

@@ -105,7 +105,7 @@ def test_distribution_matching_steps_make_no_host_sync(sampler: str) -> None:
 
 
 @pytest.mark.parametrize("options", [{"sgd_impl": "fused"}, {"sgd_impl": "foreach"}, {"tf32": True},
-                                     {"compile": "reduce-overhead"}, {"compile": "default", "sgd_impl": "fused"}])
+                                     {"compile": "reduce-overhead"}])
 def test_launch_cutting_switches_train_close_to_the_plain_step(options: dict[str, Any]) -> None:
     x, y = _fmnist_like(200)
     cfg = LocalConfig(epochs=2, batch_size=32, lr=0.01, momentum=0.9)
