@@ -360,6 +360,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true", help="every part at tiny scale (the CPU dry run)")
     ap.add_argument("--budget", type=float, default=450.0, help="seconds for all parts together (default 450)")
     ap.add_argument("--quick-cap", type=float, default=60.0, help="--quick: seconds each part may take")
+    ap.add_argument("--cap", action="append", default=[], metavar="PART=SECONDS",
+                    help=f"another cap for a part (repeatable; parts: {', '.join(CAPS)})")
     ap.add_argument("--rounds", type=int, help="timed rounds of W (default 5; --quick 2)")
     ap.add_argument("--parts", nargs="+", default=["suite", "w", "steps", "compile", "paper"])
     ap.add_argument("--data-dir", default=os.environ.get("FEDSKEW_DATA"), help="datasets folder ($FEDSKEW_DATA)")
@@ -373,6 +375,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     import torch
 
+    caps = {**CAPS, **{k: float(v) for k, _, v in (c.partition("=") for c in args.cap)}}
     cuda = args.device.startswith("cuda")
     start, deadline = time.time(), time.perf_counter() + args.budget
     sampler = BusySampler(torch.device(args.device).index or 0 if cuda else 0)
@@ -398,7 +401,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for i, (name, spec) in enumerate(plan):
         runner_keys = absent_keys(RUNNERS.get(name.split(".", 1)[-1], {})) if name.startswith("w.") else []
         left = deadline - time.perf_counter() - 5 * (len(plan) - i - 1)  # 5 s kept for each part after this one
-        cap = min(args.quick_cap if args.quick else CAPS[name], left)
+        cap = min(args.quick_cap if args.quick else caps[name], left)
         if runner_keys:
             res: dict[str, Any] = {"status": "absent", "note": f"RunSettings has no {', '.join(runner_keys)} here"}
         elif cap < 5:

@@ -351,7 +351,8 @@ def host_floats(values: Sequence[torch.Tensor]) -> list[float]:
     bf16 and fp16 value exactly)."""
     if not values:
         return []
-    return [float(v) for v in torch.stack([v.reshape(()) for v in values]).cpu().double().tolist()]
+    scalars = values if all(v.dim() == 0 for v in values) else [v.reshape(()) for v in values]
+    return [float(v) for v in torch.stack(list(scalars)).cpu().double().tolist()]
 
 
 def to_device(obj: Any, device: torch.device) -> Any:

@@ -46,11 +46,11 @@ class EvalCounts:
 
 def evaluate_chunk(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> EvalCounts:
     """Counts for one chunk (inference mode, eval-mode layers)."""
-    return _to_host([_chunk_on_device(model, x, y, num_classes)])[0]
+    return _to_host([_chunk_on_device(model, x, y, torch.arange(num_classes, device=y.device))])[0]
 
 
 def _chunk_on_device(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, classes: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One chunk's summed loss and its correct and total counts per class, left on the device (no host sync:
     the counts compare the labels with every class instead of ``bincount``, whose output size needs one)."""
@@ -60,7 +60,7 @@ def _chunk_on_device(
         logits = model(as_model_format(x, is_channels_last(model)))
         loss_sum = F.cross_entropy(logits.float(), y, reduction="sum")
         pred = logits.argmax(dim=1)
-        of_class = y[:, None] == torch.arange(num_classes, device=y.device)[None, :]
+        of_class = y[:, None] == classes[None, :]
         correct = (of_class & (pred == y)[:, None]).sum(dim=0)
         total = of_class.sum(dim=0)
     if was_training:
@@ -85,7 +85,8 @@ def evaluate_model(
 ) -> EvalCounts:
     """Counts over the whole set, chunk by chunk, summed in order (read from the device once, at the end)."""
     out = EvalCounts(np.zeros(num_classes, np.int64), np.zeros(num_classes, np.int64), 0.0)
-    parts = [_chunk_on_device(model, x[s:e], y[s:e], num_classes) for s, e in chunk_bounds(int(y.shape[0]), chunk)]
+    classes = torch.arange(num_classes, device=y.device)
+    parts = [_chunk_on_device(model, x[s:e], y[s:e], classes) for s, e in chunk_bounds(int(y.shape[0]), chunk)]
     for counts in _to_host(parts) if parts else []:
         out = out + counts
     return out
