@@ -67,7 +67,7 @@ def _train(model: Any, x: Any, y: Any, compute: Any, steps: int, batch: int, see
     from fedskew.core.device import use_compute
 
     with use_compute(compute):
-        cfg = LocalConfig(1, batch, 0.01, max_steps=steps)
+        cfg = LocalConfig(epochs=1, batch_size=batch, lr=0.01, max_steps=steps)
         return train_local(model, x, y, cfg, torch.Generator().manual_seed(seed))
 
 

@@ -81,7 +81,7 @@ def test_the_sgd_implementation_reaches_local_training(monkeypatch: pytest.Monke
     x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
     for impl in ("default", "foreach", "fused"):
         with use_compute(Compute(sgd_impl=impl)):
-            train_local(torch.nn.Linear(4, 3), x, y, LocalConfig(1, 4, 0.1), torch.Generator())
+            train_local(torch.nn.Linear(4, 3), x, y, LocalConfig(epochs=1, batch_size=4, lr=0.1), torch.Generator())
     assert made == [{"foreach": None, "fused": None}, {"foreach": True, "fused": None},
                     {"foreach": None, "fused": True}]
 
@@ -106,12 +106,13 @@ def test_compile_sends_the_forward_pass_through_torch_compile(monkeypatch: pytes
     x, y = torch.randn(20, 4), torch.randint(0, 3, (20,))
     eager, compiled = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
     compiled.load_state_dict(eager.state_dict())
-    a = train_local(eager, x, y, LocalConfig(2, 8, 0.1), torch.Generator().manual_seed(0))
+    two, one = LocalConfig(epochs=2, batch_size=8, lr=0.1), LocalConfig(epochs=1, batch_size=8, lr=0.1)
+    a = train_local(eager, x, y, two, torch.Generator().manual_seed(0))
     try:
         with use_compute(Compute(compile="default")):
-            b = train_local(compiled, x, y, LocalConfig(2, 8, 0.1), torch.Generator().manual_seed(0))
+            b = train_local(compiled, x, y, two, torch.Generator().manual_seed(0))
             assert torch.equal(eager.weight, compiled.weight) and a.mean_loss == b.mean_loss
-            train_local(compiled, x, y, LocalConfig(1, 8, 0.1), torch.Generator().manual_seed(0))
+            train_local(compiled, x, y, one, torch.Generator().manual_seed(0))
     finally:
         device_module.compiled_forward.cache_clear()
     assert asked == [{"mode": None, "dynamic": False}]  # compiled once per mode and process
@@ -127,7 +128,7 @@ def test_compile_with_inductor_trains_like_eager_on_the_cpu() -> None:
                                    torch.nn.Linear(144, 3))
     compiled.load_state_dict(eager.state_dict())
     x, y = torch.randn(40, 1, 8, 8), torch.randint(0, 3, (40,))
-    cfg = LocalConfig(2, 16, 0.1, momentum=0.9)
+    cfg = LocalConfig(epochs=2, batch_size=16, lr=0.1, momentum=0.9)
     a = train_local(eager, x, y, cfg, torch.Generator().manual_seed(0))
     with use_compute(Compute(compile="default")):
         b = train_local(compiled, x, y, cfg, torch.Generator().manual_seed(0))
