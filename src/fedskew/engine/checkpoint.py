@@ -24,7 +24,7 @@ from fedskew.core.errors import FedskewError
 from fedskew.core.files import torch_bytes, write_atomic
 from fedskew.runs import CHECKPOINT_FILE, CONFIG_FILE
 
-RESUMABLE = ("rounds", "workers", "checkpoint_every", "device", "amp", "logging")
+RESUMABLE = ("rounds", "workers", "workers_per_device", "checkpoint_every", "device", "amp", "logging")
 """What a resumed run may change: its length, where it computes (checkpoints are device-free) and in
 which precision (an fp16 GPU run can go on on a CPU with ``amp=off`` or ``bf16``; rounds after the
 resume are computed in the new one), how often it saves, and what it logs besides its own files
