@@ -10,6 +10,9 @@ measured). Per run it prints round 1's seconds, the median of the later rounds a
     FEDSKEW_DATA=../shared/datasets python benchmarks/pool_startup.py --workers 2 --rounds 3
     PYTHONPATH=../before/src FEDSKEW_DATA=../shared/datasets python benchmarks/pool_startup.py   # another version
 
+``--threads-check`` instead trains W's CNN for 10 SGD steps (batch 32, a fixed draw) on 1 and on 2 intra-op
+threads and prints whether the weights are bit-equal: why a worker never gets spare cores as threads.
+
 The last line printed is one JSON object.
 """
 
@@ -62,12 +65,43 @@ label = "lr0.02"
 """
 
 
+def threads_check() -> dict[str, object]:
+    """W's CNN after 10 SGD steps on 1, 2 and again 1 intra-op threads: are the weights bit-equal?"""
+    import torch
+
+    from fedskew.algorithms.base import ModelSpec
+
+    def train(threads: int) -> dict[str, torch.Tensor]:
+        torch.set_num_threads(threads)
+        torch.manual_seed(0)
+        model = ModelSpec(name="fedavg_cnn", in_channels=1, num_classes=10, image_size=28, options=()).build()
+        g = torch.Generator().manual_seed(1)
+        x, y = torch.randn(320, 1, 28, 28, generator=g), torch.randint(0, 10, (320,), generator=g)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for i in range(10):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[i * 32:(i + 1) * 32]), y[i * 32:(i + 1) * 32]).backward()
+            opt.step()
+        return {k: v.clone() for k, v in model.state_dict().items()}
+
+    one, two, again = train(1), train(2), train(1)
+    return {
+        "one_thread_repeats": all(torch.equal(one[k], again[k]) for k in one),
+        "two_threads_equal_one": all(torch.equal(one[k], two[k]) for k in one),
+        "max_abs_diff": max(float((one[k] - two[k]).abs().max()) for k in one),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2, help="workers (0 = auto)")
     ap.add_argument("--extra", nargs="*", default=[], help="more KEY=VALUE overrides for fedskew run")
+    ap.add_argument("--threads-check", action="store_true", help="only the 1-vs-2-threads bit check")
     args = ap.parse_args()
+    if args.threads_check:
+        print(json.dumps(threads_check()))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "w.toml"
         cfg.write_text(CONFIG.format(rounds=args.rounds, workers=args.workers))
