@@ -193,12 +193,18 @@ def _init_worker(plugins: list[str], fed: Federation, compute: Compute, devices:
 
 
 def _warm_up(compute: Compute) -> None:
-    """Import now what a worker's first job would import: torch's first optimiser imports ``torch._dynamo`` and
-    ``use_deterministic_algorithms`` (entered by every job) ``torch._inductor``, 2-5 s of CPU on a 2-core box,
-    which the first round paid before. Nothing is drawn from any random stream."""
-    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    """Do now what a worker's first job would do once: torch's first optimiser imports ``torch._dynamo`` and
+    ``use_deterministic_algorithms`` (entered by every job) ``torch._inductor``, 2-5 s of CPU on a 2-core box
+    that the first round paid before; a first convolution and matrix product create the device's kernel
+    handles (on a GPU: cuDNN, cuBLAS). On zeros: nothing is drawn from any random stream."""
+    device = compute.torch_device
+    weight = torch.zeros(1, 1, 3, 3, device=device, requires_grad=True)
+    torch.optim.SGD([weight], lr=0.1)
     with use_compute(compute):
-        pass
+        torch.nn.functional.conv2d(torch.zeros(1, 1, 8, 8, device=device), weight).sum().backward()
+        torch.zeros(8, 8, device=device) @ torch.zeros(8, 8, device=device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _started() -> int:
