@@ -132,11 +132,14 @@ def run_plain(data_dir: str | None, rounds: int, device: str = "cpu") -> dict[st
     return {"round_seconds": times, "images": images, "accuracy": acc}
 
 
-def run_fedskew(data_dir: str | None, rounds: int, workers: int, device: str = "cpu") -> dict[str, Any]:
+def run_fedskew(
+    data_dir: str | None, rounds: int, workers: int, device: str = "cpu", per_device: int = 1
+) -> dict[str, Any]:
     from fedskew.engine.round_loop import RoundLoop
 
     cfg = {
         "name": "bench", "label": "fedskew", "rounds": rounds, "seed": 0, "workers": workers,
+        "workers_per_device": per_device,
         "eval_every": 1, "checkpoint_every": 0, "target_accuracy": None, "at_rounds": [],
         "dataset": {"name": "fashion_mnist"},
         "partition": {"name": "dirichlet", "num_clients": CLIENTS, "alpha": 0.1, "seed": 0},
@@ -243,7 +246,8 @@ def run_engine(engine: str, args: argparse.Namespace) -> dict[str, Any]:
     """Run one engine in a subprocess, sampling the process tree's memory."""
     out = Path(tempfile.mkstemp(suffix=".json")[1])
     cmd = [sys.executable, __file__, "--child", engine, "--rounds", str(args.rounds), "--workers",
-           str(args.workers), "--child-out", str(out), "--device", args.device,
+           str(args.workers), "--workers-per-device", str(args.workers_per_device), "--child-out", str(out),
+           "--device", args.device,
            "--flower-gpus-per-client", str(args.flower_gpus_per_client)]
     proc = subprocess.Popen(cmd)
     peak = peak_pss = 0
@@ -272,6 +276,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=ROUNDS)
     ap.add_argument("--reps", type=int, default=2, help="repetitions of each engine")
     ap.add_argument("--workers", type=int, default=0, help="fedskew workers (0 = auto)")
+    ap.add_argument("--workers-per-device", type=int, default=1, help="fedskew processes per GPU with --workers 0")
     ap.add_argument("--skip-flower", action="store_true", help="leave Flower out (quick checks)")
     ap.add_argument("--engines", nargs="+", default=None, help="subset of: plain fedskew flower")
     ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (every engine computes there)")
@@ -285,7 +290,7 @@ def main() -> None:
         if args.child == "plain":
             res = run_plain(data_dir, args.rounds, args.device)
         elif args.child == "fedskew":
-            res = run_fedskew(data_dir, args.rounds, args.workers, args.device)
+            res = run_fedskew(data_dir, args.rounds, args.workers, args.device, args.workers_per_device)
         else:
             res = run_flower(data_dir, args.rounds, args.device, args.flower_gpus_per_client)
         Path(args.child_out).write_text(json.dumps(res))
@@ -299,6 +304,7 @@ def main() -> None:
         imgs = [i for r in runs for i in r["images"]]
         results[engine] = {
             "s_round": statistics.median(secs),
+            "first_round_s": statistics.median(r["round_seconds"][0] for r in runs),  # worker start-up shows here
             "images_per_s": sum(imgs) / sum(secs),
             "accuracy": statistics.mean(r["accuracy"] for r in runs),
             "peak_mb": max((r["peak_mb"] or 0.0) for r in runs),
@@ -317,6 +323,7 @@ def main() -> None:
     summary: dict[str, Any] = {}
     for e, r in results.items():
         summary[f"{e}_s_round"] = round(r["s_round"], 4)
+        summary[f"{e}_first_round_s"] = round(r["first_round_s"], 4)
         summary[f"{e}_accuracy"] = round(r["accuracy"], 4)
         summary[f"{e}_peak_mb"] = round(r["peak_mb"], 1)
         summary[f"{e}_peak_pss_mb"] = round(r["peak_pss_mb"], 1)

@@ -26,7 +26,7 @@ from fedskew.core.device import (
     worker_devices,
 )
 from fedskew.core.errors import ConfigError
-from fedskew.engine import workers as workers_module
+from fedskew.engine import pool_size as pool_module
 from fedskew.engine.round_loop import RoundLoop
 from fedskew.engine.workers import default_workers, usable_cores
 from tests.conftest import tiny_config
@@ -142,27 +142,28 @@ def test_to_device_moves_nested_tensors_and_keeps_the_rest() -> None:
 
 def test_workers_zero_means_every_usable_core(monkeypatch: pytest.MonkeyPatch) -> None:
     assert default_workers(["cpu"]) == usable_cores() >= 1
-    monkeypatch.setattr(workers_module.os, "sched_getaffinity", lambda pid: set(range(64)))
-    monkeypatch.setattr(workers_module, "_cgroup_cpu_quota", lambda: None)
+    monkeypatch.setattr(pool_module.os, "sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.setattr(pool_module, "_cgroup_cpu_quota", lambda: None)
+    monkeypatch.setattr(pool_module, "available_memory", lambda: None)
     assert default_workers(["cpu"]) == 64  # not capped at 2 any more
-    monkeypatch.setattr(workers_module, "_cgroup_cpu_quota", lambda: 6)
+    monkeypatch.setattr(pool_module, "_cgroup_cpu_quota", lambda: 6)
     assert default_workers(["cpu"]) == 6  # a container's CPU quota wins over the affinity mask
     if NO_CUDA and "mps" not in available_devices():
         assert worker_devices("auto") == ["cpu"] and worker_devices("cpu") == ["cpu"]
 
 
 def test_cgroup_quota_is_read_from_cpu_max(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    real = workers_module.Path
+    real = pool_module.Path
 
     def fake(path: str) -> Path:
         mapped = {"/sys/fs/cgroup/cpu.max": tmp_path / "cpu.max"}
         return mapped.get(path, real(tmp_path / "absent"))
 
-    monkeypatch.setattr(workers_module, "Path", fake)
+    monkeypatch.setattr(pool_module, "Path", fake)
     (tmp_path / "cpu.max").write_text("250000 100000\n")
-    assert workers_module._cgroup_cpu_quota() == 3
+    assert pool_module._cgroup_cpu_quota() == 3
     (tmp_path / "cpu.max").write_text("max 100000\n")
-    assert workers_module._cgroup_cpu_quota() is None
+    assert pool_module._cgroup_cpu_quota() is None
 
 
 def test_a_resume_may_move_the_run_to_another_device(tmp_path: Path) -> None:
@@ -172,8 +173,8 @@ def test_a_resume_may_move_the_run_to_another_device(tmp_path: Path) -> None:
     _run(tiny_config(rounds=2, checkpoint_every=1), tmp_path / "part")
     res = resume_run(tmp_path / "part", {"rounds": 3, "device": "cpu"}, data_dir=None, progress=False)
     assert res.records == full
-    with pytest.raises(ConfigError, match=r"--resume accepts only the overrides rounds, workers, checkpoint_every, "
-                       r"device, amp, sgd_impl, compile, tf32, logging, not 'seed'"):
+    with pytest.raises(ConfigError, match=r"--resume accepts only the overrides rounds, workers, workers_per_device, "
+                       r"checkpoint_every, device, amp, sgd_impl, compile, tf32, logging, not 'seed'"):
         resume_run(tmp_path / "part", {"seed": 1}, data_dir=None, progress=False)
 
 

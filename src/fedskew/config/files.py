@@ -21,7 +21,9 @@ TOP_LEVEL: dict[str, str] = {
     "rounds": "number of communication rounds",
     "seed": "root seed of a single run",
     "seeds": "one run per seed (overrides seed)",
-    "workers": "worker processes for client jobs and evaluation (0 = one per core or per GPU; not with engine = ray)",
+    "workers": "worker processes for client jobs and evaluation (0 = auto: workers_per_device per GPU or CPU core, "
+               "at most the round's client jobs and what memory holds; not with engine = ray)",
+    "workers_per_device": "with workers = 0: worker processes per GPU (on a CPU, per core); results do not change",
     "eval_every": "evaluate the global model (and the clients' own models, see eval) every N rounds and after the last",
     "checkpoint_every": "write a checkpoint every N rounds (0 = only at the end)",
     "target_accuracy": "accuracy (fraction) for rounds-to-target and bytes-to-target",

@@ -57,6 +57,7 @@ class RunSettings:
     rounds: int = 20
     seed: int = 0
     workers: int = 0
+    workers_per_device: int = 1
     eval_every: int = 1
     checkpoint_every: int = 10
     target_accuracy: float | None = None
@@ -82,6 +83,8 @@ class RunSettings:
         check(self.seed >= 0, "seed", self.seed, "an integer >= 0")
         check(self.workers >= 0, "workers", self.workers, "an integer >= 0 (0 = auto)")
         check(self.workers <= MAX_WORKERS, "workers", self.workers, f"an integer <= {MAX_WORKERS} (0 = auto)")
+        check(1 <= self.workers_per_device <= MAX_WORKERS, "workers_per_device", self.workers_per_device,
+              f"an integer in [1, {MAX_WORKERS}]")
         check(self.eval_every >= 1, "eval_every", self.eval_every, "an integer >= 1")
         check(self.checkpoint_every >= 0, "checkpoint_every", self.checkpoint_every, "an integer >= 0")
         t = self.target_accuracy

@@ -24,7 +24,10 @@ from fedskew.core.errors import FedskewError
 from fedskew.core.files import torch_bytes, write_atomic
 from fedskew.runs import CHECKPOINT_FILE, CONFIG_FILE
 
-RESUMABLE = ("rounds", "workers", "checkpoint_every", "device", "amp", "sgd_impl", "compile", "tf32", "logging")
+RESUMABLE = (
+    "rounds", "workers", "workers_per_device", "checkpoint_every", "device", "amp", "sgd_impl", "compile", "tf32",
+    "logging",
+)
 """What a resumed run may change: its length, where it computes (checkpoints are device-free) and in
 which precision (an fp16 GPU run can go on on a CPU with ``amp=off`` or ``bf16``; rounds after the
 resume are computed in the new one) with which kernels (``sgd_impl``, ``compile``, ``tf32``: a GPU run's

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import gc
+import json
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +15,9 @@ from fedskew.config.files import flat_keys, read_toml, same_value, set_dotted
 from fedskew.config.schema import RunConfig, comparable_config, full_config, typed_config
 from fedskew.core.errors import ConfigError
 from fedskew.engine.checkpoint import RESUMABLE, check_resume, load_checkpoint
-from fedskew.engine.federation import Federation, federation_for, federation_key
+from fedskew.engine.federation import Federation, build_federation, same_data, sharing_tensors, with_model
 from fedskew.engine.round_loop import RunResult
+from fedskew.engine.runner import EngineCache
 from fedskew.engine.session import start_run
 from fedskew.progress import progress_bar
 from fedskew.runs import (
@@ -94,7 +97,10 @@ def run_experiment(
     Every run folder is claimed (:func:`~fedskew.runs.locked_run_folder`) before the first run starts and
     held until the last ends, so no other process runs, resumes or overwrites any of them meanwhile.
     ``on_round`` gets each round's record (a copy of the line ``metrics.jsonl`` holds, with the run's
-    ``label`` and ``seed`` added) once the round is written. With ``resume``, finished runs are kept as
+    ``label`` and ``seed`` added) once the round is written. Runs on the same data (dataset, partition, seed)
+    run one after another, in the order given otherwise, and share one federation and one worker pool (the
+    local engine's :class:`~fedskew.engine.workers.WorkerPool`, started once for them); results come back in
+    the order of ``runs``. With ``resume``, finished runs are kept as
     they are, interrupted ones continue from their last checkpoint, and the others start
     (:func:`run_state`, which also refuses a run folder made with another config; ``states`` gives them
     when the caller has them already, one per run). With more than one
@@ -106,40 +112,83 @@ def run_experiment(
         raise ConfigError(f"two runs would share a folder in {parent}; give the runs distinct labels and seeds")
     with os_errors_name(parent):
         parent.mkdir(parents=True, exist_ok=True)
-    feds: dict[str, Federation] = {}
-    results = []
     if states is None or not resume:
         states = [run_state(d, spec.typed) if resume else "new" for spec, d in zip(runs, folders, strict=True)]
+    configs = [spec.typed for spec in runs]
+    keys = [_data_key(config, data_dir) for config in configs]
+    first = {key: i for i, key in reversed(list(enumerate(keys)))}
+    order = sorted(range(len(runs)), key=lambda i: first[keys[i]])  # stable: runs on the same data together
+    results: list[RunResult | None] = [None] * len(runs)
     with ExitStack() as held:
         for run_dir in folders:
             held.enter_context(locked_run_folder(run_dir))
         bar = held.enter_context(progress_bar(  # a bar in a terminal, plain lines in a log file
             total=len(runs), desc=parent.name or "experiment", unit="run", enabled=progress and len(runs) >= 2,
         ))
-        for spec, run_dir, state in zip(runs, folders, states, strict=True):
-            cfg = spec.config
+        cache = held.enter_context(closing(EngineCache()))  # the worker pool, started once per data
+        data = _Data(cache, data_dir)
+        for i in order:
+            spec, run_dir, state, config = runs[i], folders[i], states[i], configs[i]
             if state == "done":
-                results.append(_finished(run_dir))
+                results[i] = _finished(run_dir)
                 bar.update(1)
                 continue
-            config = spec.typed
-            key = federation_key(config, data_dir)
-            if key not in feds:
-                feds.clear()  # keep one federation in memory at a time
-                feds[key] = federation_for(config, data_dir)
+            fed = with_model(data.get(keys[i], config), config.table("model"))
             if state == "new":
                 # A run started afresh (--force) leaves nothing of the old one to mix with or resume from.
                 with os_errors_name(run_dir, run=True):
                     old = (METRICS_FILE, TIMING_FILE, SUMMARY_FILE, MODEL_FILE, f"{CHECKPOINTS_DIR}/{CHECKPOINT_FILE}")
                     for f in old:
                         (run_dir / f).unlink(missing_ok=True)
-            results.append(start_run(
-                cfg, run_dir, resume=state == "partial", data_dir=data_dir, progress=progress,
-                federation=feds[key], on_round=_tagged(on_round, spec), config=config,
-            ))
+            results[i] = start_run(
+                spec.config, run_dir, resume=state == "partial", data_dir=data_dir, progress=progress,
+                federation=fed, on_round=_tagged(on_round, spec), config=config, engine_cache=cache,
+            )
             bar.update(1)
-    return results
+            del fed
+    done = [r for r in results if r is not None]
+    assert len(done) == len(runs)
+    return done
 
+
+def _data_key(config: RunConfig, data_dir: str | None) -> str:
+    """What a run's federation data depends on, as a key: runs of equal keys share the data (whatever their
+    model: it only names the spec the processes build)."""
+    return json.dumps([config.table("dataset"), config.table("partition"), config.run.seed, data_dir], sort_keys=True)
+
+
+class _Data:
+    """The federation of the runs now running, one in memory at a time, and the engines' cache (its worker
+    pool serves that federation)."""
+
+    def __init__(self, cache: EngineCache, data_dir: str | None) -> None:
+        self.cache, self.data_dir = cache, data_dir
+        self.key: str | None = None
+        self.fed: Federation | None = None
+
+    def get(self, key: str, config: RunConfig) -> Federation:
+        """The federation of ``config``'s data (``key``: :func:`_data_key`).
+
+        The previous one and its pool go before the next loads, unless both can hold the same data (the
+        partition seed is pinned and the whole training split used: a run seed then changes nothing but a
+        noise skew's draw): then the two are compared value by value, and equal data keeps the previous
+        tensors and the pool started on them.
+        """
+        if key == self.key and self.fed is not None:
+            return self.fed
+        previous, self.fed, self.key = self.fed, None, None
+        dataset, partition = config.table("dataset"), config.table("partition")
+        if previous is not None and (partition.get("seed") is None or dataset.get("train_fraction", 1.0) != 1.0):
+            previous = None
+            self.cache.release()
+            gc.collect()  # the last run's loop (a reference cycle) may still hold the tensors
+        fed = build_federation(dataset, partition, config.table("model"), config.run.seed, self.data_dir)
+        if previous is not None and same_data(previous, fed):
+            fed = sharing_tensors(fed, previous)
+        else:
+            self.cache.release()
+        self.fed, self.key = fed, key
+        return fed
 
 
 def run_state(run_dir: Path, config: RunConfig) -> str:

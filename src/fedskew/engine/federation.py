@@ -9,7 +9,6 @@ held-out test split sits the same way in ``x_client_test`` (offsets ``client_tes
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -142,19 +141,10 @@ def build_federation(
                     s, e = ct_offsets[cid], ct_offsets[cid + 1]
                     x_ct[s:e] += std * torch.randn(x_ct[s:e].shape, generator=torch_generator(seed, "noise-test", cid))
 
-    mopts = dict(model)
-    mname = mopts.pop("name")
-    spec = ModelSpec(
-        name=mname,
-        in_channels=ds.in_channels,
-        num_classes=ds.num_classes,
-        image_size=ds.image_size,
-        options=tuple(sorted((k, freeze(v)) for k, v in mopts.items())),
-    )
     info = FederationInfo(
         num_clients=num_clients,
         num_classes=ds.num_classes,
-        model=spec,
+        model=model_spec(model, ds.in_channels, ds.num_classes, ds.image_size),
         seed=seed,
         mean=tuple(ds.mean),
         std=tuple(ds.std),
@@ -175,7 +165,38 @@ def federation_for(config: RunConfig, data_dir: str | None = None) -> Federation
     )
 
 
-def federation_key(config: RunConfig, data_dir: str | None = None) -> str:
-    """What makes two runs' federations the same: runs of an experiment with equal keys share one."""
-    tables = [config.table(section) for section in ("dataset", "partition", "model")]
-    return json.dumps([*tables, config.run.seed, data_dir], sort_keys=True)
+def model_spec(model: dict[str, Any], in_channels: int, num_classes: int, image_size: int) -> ModelSpec:
+    """The ``[model]`` table as the spec every process builds the model from."""
+    options = dict(model)
+    name = options.pop("name")
+    return ModelSpec(name=name, in_channels=in_channels, num_classes=num_classes, image_size=image_size,
+                     options=tuple(sorted((k, freeze(v)) for k, v in options.items())))
+
+
+TENSORS = ("x", "y", "x_test", "y_test", "x_client_test", "y_client_test")
+"""The federation's data tensors, by field name."""
+
+
+def with_model(fed: Federation, model: dict[str, Any]) -> Federation:
+    """``fed`` for a run of another ``[model]``: the same tensors (the same objects), the run's model spec."""
+    spec = model_spec(model, fed.info.model.in_channels, fed.info.num_classes, fed.info.model.image_size)
+    return fed if spec == fed.info.model else dataclasses.replace(fed, info=dataclasses.replace(fed.info, model=spec))
+
+
+def same_data(a: Federation, b: Federation) -> bool:
+    """Whether two federations hold equal data (shards, test sets, per-client test splits), value by value."""
+    if a.offsets != b.offsets or a.client_test_offsets != b.client_test_offsets:
+        return False
+    for name in TENSORS:
+        ta, tb = getattr(a, name), getattr(b, name)
+        if (ta is None) != (tb is None):
+            return False
+        if ta is not None and (ta.dtype != tb.dtype or ta.shape != tb.shape or not torch.equal(ta, tb)):
+            return False
+    return True
+
+
+def sharing_tensors(fed: Federation, data: Federation) -> Federation:
+    """``fed`` holding ``data``'s tensor objects (equal by :func:`same_data`): a worker pool started on
+    ``data`` serves it."""
+    return dataclasses.replace(fed, **{name: getattr(data, name) for name in TENSORS})

@@ -37,7 +37,7 @@ from fedskew.engine.callbacks.checkpoints import restore_state
 from fedskew.engine.client_eval import ClientEvaluation
 from fedskew.engine.federation import Federation, federation_for
 from fedskew.engine.pipeline import ReplyPipeline, RoundBook, Task
-from fedskew.engine.runner import ClientJob, ClientSide, EngineContext, Runner, make_runner
+from fedskew.engine.runner import ClientJob, ClientSide, EngineCache, EngineContext, Runner, make_runner
 from fedskew.engine.summary import Recorder, run_summary
 from fedskew.metrics import Ledger
 from fedskew.models.evaluation import EVAL_CHUNK, EvalCounts, chunk_bounds
@@ -59,16 +59,18 @@ class RoundLoop:
     """Runs one configured algorithm on one federation, round by round (simulated or deployed clients).
 
     ``cfg`` is the run's resolved config (its dict form); ``config`` its typed form when the caller has
-    it already (else it is built here, once). ``callbacks`` run after the standard ones.
+    it already (else it is built here, once). ``callbacks`` run after the standard ones. ``engine_cache``:
+    where the engine keeps what the experiment's next run may use (its worker pool); None: the run's own.
     """
 
     def __init__(
         self, cfg: dict[str, Any], run_dir: Path, *, data_dir: str | None = None, progress: bool = True,
         federation: Federation | None = None, on_round: Callable[[Record], None] | None = None,
         clients: ClientSide | None = None, config: RunConfig | None = None,
-        callbacks: Sequence[RoundCallback] = (),
+        callbacks: Sequence[RoundCallback] = (), engine_cache: EngineCache | None = None,
     ) -> None:
         self.cfg, self.run_dir, self.clients = cfg, Path(run_dir), clients  # clients None: the engine's runner
+        self.engine_cache = engine_cache
         self.config = config = config or typed_config(cfg)  # imports the config's plug-ins first
         self.fed = federation or federation_for(config, data_dir)
         self.algorithm = ALGORITHMS.get(config.algorithm.name)(config.algorithm.params, self.fed.info)
@@ -181,7 +183,9 @@ class RoundLoop:
         keep_freed_memory()  # page faults cost a third of a small ConvNet's step (core/allocator.py)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         records: list[Record] = []
-        ctx = EngineContext(self.fed, self.config.algorithm.name, self.algorithm.params, self.config, self.compute)
+        ctx = EngineContext(
+            self.fed, self.config.algorithm.name, self.algorithm.params, self.config, self.compute, self.engine_cache
+        )
         try:
             for callback in self.callbacks:  # a log that cannot be written is one line before any client runs
                 callback.start(self, resume)

@@ -13,9 +13,9 @@ holding a function decorated with :func:`register_engine` (docs/architecture.md,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 
@@ -87,16 +87,58 @@ class RemoteClients:
         self.local.close()
 
 
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=Closable)
+
+
+class EngineCache:
+    """What engines keep from one run of an experiment to the next (the local engine's worker pool), so that
+    it starts once: one held object per ``slot``, kept while the runs ask for it with an equal ``key``.
+
+    :func:`~fedskew.engine.experiment.run_experiment` holds one and closes it when the experiment ends; a
+    run started alone has none, and its runner starts and ends what it needs.
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[Hashable, Closable]] = {}
+
+    def get(self, slot: str, key: Hashable, make: Callable[[], C]) -> C:
+        """The object held in ``slot`` if it was made for ``key`` and is not broken (a ``broken`` attribute that
+        is true), else a new one from ``make()`` (the one held before is closed first)."""
+        held = self._held.get(slot)
+        if held is not None and held[0] == key and not getattr(held[1], "broken", False):
+            return held[1]  # type: ignore[return-value]  # made by the same slot's make()
+        self.release(slot)
+        made = make()
+        self._held[slot] = (key, made)
+        return made
+
+    def release(self, slot: str | None = None) -> None:
+        """Close what ``slot`` holds (None: every slot)."""
+        for name in [slot] if slot is not None else list(self._held):
+            held = self._held.pop(name, None)
+            if held is not None:
+                held[1].close()
+
+    def close(self) -> None:
+        self.release()
+
+
 @dataclass(frozen=True)
 class EngineContext:
     """What an engine gets to build a run's runner: the federation, the algorithm's name and typed
-    parameters (its client half runs in the runner), the run's typed config and its resolved compute."""
+    parameters (its client half runs in the runner), the run's typed config and its resolved compute;
+    ``cache`` where the run is one of an experiment's (what the engine may keep for the next run)."""
 
     fed: Federation
     algorithm: str
     params: Any
     config: RunConfig
     compute: Compute
+    cache: EngineCache | None = None
 
 
 def register_engine(name: str) -> Callable[[Callable[[EngineContext], Runner]], Callable[[EngineContext], Runner]]:

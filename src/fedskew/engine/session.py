@@ -14,7 +14,7 @@ from fedskew.engine.callbacks import Record, RoundCallback
 from fedskew.engine.checkpoint import check_resume, load_checkpoint
 from fedskew.engine.federation import Federation
 from fedskew.engine.round_loop import RoundLoop, RunResult
-from fedskew.engine.runner import ClientSide
+from fedskew.engine.runner import ClientSide, EngineCache
 from fedskew.runs import CHECKPOINT_FILE, CHECKPOINTS_DIR, CONFIG_FILE, os_errors_name
 
 
@@ -23,9 +23,12 @@ def start_run(
     federation: Federation | None = None, on_round: Callable[[Record], None] | None = None,
     clients: ClientSide | None = None, stored: dict[str, Any] | None = None,
     before: Callable[[RoundLoop], None] | None = None, callbacks: Sequence[RoundCallback] = (),
-    config: RunConfig | None = None,
+    config: RunConfig | None = None, engine_cache: EngineCache | None = None,
 ) -> RunResult:
     """Run (``resume``: continue) the run configured as ``cfg`` in ``run_dir``; the caller holds the folder.
+
+    ``engine_cache`` is an experiment's (:func:`~fedskew.engine.experiment.run_experiment`): its engine keeps
+    there what the next run may use, such as a started worker pool.
 
     1. The typed config (``config``, or built here), built once and used by everything after.
     2. Resuming: the last checkpoint against the run's rounds and the config the folder holds (``stored``,
@@ -45,7 +48,7 @@ def start_run(
             check_resume(ck, ck_path, stored, config.run.rounds)
         loop = RoundLoop(
             cfg, run_dir, config=config, data_dir=data_dir, progress=progress, federation=federation,
-            on_round=on_round, clients=clients, callbacks=callbacks,
+            on_round=on_round, clients=clients, callbacks=callbacks, engine_cache=engine_cache,
         )
         if ck is not None:
             assert stored is not None  # read above whenever a checkpoint was

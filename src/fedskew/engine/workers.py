@@ -2,21 +2,22 @@
 
 Every task runs on one intra-op thread (see :mod:`fedskew.core.threads`), and tasks are returned in
 submission order, so results are bit-identical for any number of workers. Worker processes receive the
-federation's tensors once, through shared memory, at start-up.
+federation's tensors once, through shared memory, when the pool starts; the pool starts all of them before
+the first round, once per experiment for the runs on the same data (:class:`WorkerPool`). How many there
+are: :mod:`fedskew.engine.pool_size`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
+import itertools
 import multiprocessing as mp
 import os
 import pickle
 import threading
-from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
@@ -24,22 +25,20 @@ import torch.multiprocessing as tmp
 
 from fedskew.algorithms.base import ALGORITHMS, EVALUATE, Algorithm, ClientContext, FederationInfo, ModelSpec
 from fedskew.core.allocator import keep_freed_memory
-from fedskew.core.device import (
-    Compute,
-    set_deterministic_env,
-    to_cpu,
-    to_device,
-    use_compute,
-)
+from fedskew.core.device import Compute, set_deterministic_env, to_cpu, to_device, use_compute
 from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message
 from fedskew.core.threads import num_threads
 from fedskew.engine.federation import Federation
+from fedskew.engine.pool_size import default_workers, usable_cores
 from fedskew.engine.replies import Undecodable, decode_reply, encode_reply
 from fedskew.engine.runner import ClientJob, EngineContext
 from fedskew.models.evaluation import EvalCounts, evaluate_chunk
 from fedskew.models.layout import use_channels_last
 from fedskew.plugins import load_plugins, loaded_plugins
+
+__all__ = ["BROKEN", "RunSetup", "WorkerPool", "Workers", "client_step_on", "default_workers", "local_engine",
+           "round_jobs", "usable_cores"]
 
 FEDERATION_ON_DEVICE_BYTES = 4 * 2**30
 """A federation up to this size is copied to a GPU whole, once (Fashion-MNIST, CIFAR-10); a larger one
@@ -49,10 +48,12 @@ stays in pinned CPU memory and each job's shard is moved when the job starts."""
 class _Runtime:
     """Per-process state: the federation, the algorithm's client half, reusable models, the device."""
 
-    def __init__(self, fed: Federation, algo_name: str, params: Any, compute: Compute | None = None) -> None:
+    def __init__(
+        self, fed: Federation, algo_name: str, params: Any, compute: Compute | None = None, place: bool = True
+    ) -> None:
         self.compute = compute or Compute()
         self.device = self.compute.torch_device
-        self.fed = _place(fed, self.device)
+        self.fed = _place(fed, self.device) if place else fed  # place=False: ``fed`` is on the device already
         self.algo: Algorithm = ALGORITHMS.get(algo_name)(params, fed.info)
         self.models: dict[ModelSpec, torch.nn.Module] = {}
         self.eval_model: torch.nn.Module | None = None
@@ -122,7 +123,31 @@ def _place(fed: Federation, device: torch.device) -> Federation:
     return dataclasses.replace(fed, **placed)
 
 
-_RUNTIME: _Runtime | None = None
+_FED: Federation | None = None  # a pool worker's federation, placed on its device once
+_COMPUTE: Compute | None = None  # a pool worker's compute (its device) as it started
+_RUN: tuple[int, _Runtime] | None = None  # the runtime of the run whose jobs this worker runs now
+_BARRIER: Any = None  # the pool's start-up barrier (see WorkerPool)
+START_TIMEOUT_S = 600.0
+"""How long the pool waits for every worker to start (import torch, map the federation) before giving up."""
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """What a pool worker needs to run one run's jobs; it travels with each job, and a worker builds the run's
+    runtime (the algorithm's client half, reusable models) on the first job of the run and keeps it until a
+    job of another run comes. ``params`` travels pickled: a worker unpickles it only once it has imported the
+    run's plug-ins, which may define its class. ``info`` is the run's (its seed and model: the data may be
+    shared by runs of other seeds and models); ``compute`` its amp and determinism (the device is the worker's)."""
+
+    token: int
+    plugins: tuple[str, ...]
+    info: FederationInfo
+    algo_name: str
+    params: bytes
+    compute: Compute
+
+
+_RUN_TOKENS = itertools.count(1)
 
 
 def _die_with_parent() -> None:
@@ -144,14 +169,12 @@ def _die_with_parent() -> None:
     threading.Thread(target=watch, name="fedskew-parent-watch", daemon=True).start()
 
 
-def _init_worker(
-    plugins: list[str], fed: Federation, algo_name: str, params: bytes, compute: Compute, devices: Any
-) -> None:
-    """Start a pool worker; ``devices`` hands each worker its device in turn (one GPU each, round robin).
+def _init_worker(plugins: list[str], fed: Federation, compute: Compute, devices: Any, barrier: Any) -> None:
+    """Start a pool worker; ``devices`` hands each worker its device in turn (round robin over the GPUs).
 
-    The parent's plug-ins are imported first, then ``params`` unpickled: its class may be a plug-in's.
+    The parent's plug-ins are imported first (each run's jobs bring the run's, see :class:`RunSetup`).
     """
-    global _RUNTIME
+    global _FED, _COMPUTE, _BARRIER
     _die_with_parent()
     load_plugins(plugins)
     torch.set_num_threads(1)
@@ -163,20 +186,58 @@ def _init_worker(
         # This worker's GPU becomes its current device, so that kernels, caches and any tensor made
         # without a device index go there rather than to GPU 0.
         torch.cuda.set_device(torch.device(device))
-    _RUNTIME = _Runtime(fed, algo_name, pickle.loads(params), dataclasses.replace(compute, device=device))
+    _COMPUTE = dataclasses.replace(compute, device=device)
+    _FED = _place(fed, _COMPUTE.torch_device)
+    _BARRIER = barrier
+    _warm_up(_COMPUTE)
 
 
-def _client_task(job: ClientJob) -> tuple[bytes | str, dict[str, Any]]:
+def _warm_up(compute: Compute) -> None:
+    """Do now what a worker's first job would do once: torch's first optimiser imports ``torch._dynamo`` and
+    ``use_deterministic_algorithms`` (entered by every job) ``torch._inductor``, 2-5 s of CPU on a 2-core box
+    that the first round paid before; a first convolution and matrix product create the device's kernel
+    handles (on a GPU: cuDNN, cuBLAS). On zeros: nothing is drawn from any random stream."""
+    device = compute.torch_device
+    weight = torch.zeros(1, 1, 3, 3, device=device, requires_grad=True)
+    torch.optim.SGD([weight], lr=0.1)
+    with use_compute(compute):
+        torch.nn.functional.conv2d(torch.zeros(1, 1, 8, 8, device=device), weight).sum().backward()
+        torch.zeros(8, 8, device=device) @ torch.zeros(8, 8, device=device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _started() -> int:
+    """A start-up task: it returns once every worker of the pool holds one, so each has started."""
+    _BARRIER.wait(START_TIMEOUT_S)
+    return os.getpid()
+
+
+def _runtime(setup: RunSetup) -> _Runtime:
+    """This worker's runtime for ``setup``'s run: kept from the run's earlier jobs, else built afresh (as a
+    worker of a pool of its own would build it at start-up), the previous run's dropped first."""
+    global _RUN
+    assert _FED is not None and _COMPUTE is not None
+    if _RUN is None or _RUN[0] != setup.token:
+        _RUN = None
+        load_plugins(setup.plugins)
+        compute = dataclasses.replace(setup.compute, device=_COMPUTE.device)
+        fed = dataclasses.replace(_FED, info=setup.info)
+        _RUN = setup.token, _Runtime(fed, setup.algo_name, pickle.loads(setup.params), compute, place=False)
+    return _RUN[1]
+
+
+def _client_task(args: tuple[RunSetup, ClientJob]) -> tuple[bytes | str, dict[str, Any]]:
     """Run a job in a worker; the reply goes back as safetensors bytes (see Message.to_bytes), or as the
     reason it cannot (:func:`~fedskew.engine.replies.encode_reply`)."""
-    assert _RUNTIME is not None
-    reply, state = _RUNTIME.run_client(job)
+    setup, job = args
+    reply, state = _runtime(setup).run_client(job)
     return encode_reply(reply), state
 
 
-def _eval_task(args: tuple[dict[str, torch.Tensor], int, int]) -> EvalCounts:
-    assert _RUNTIME is not None
-    return _RUNTIME.run_eval(*args)
+def _eval_task(args: tuple[RunSetup, dict[str, torch.Tensor], int, int]) -> EvalCounts:
+    setup, model_state, start, stop = args
+    return _runtime(setup).run_eval(model_state, start, stop)
 
 
 T = TypeVar("T")
@@ -188,66 +249,107 @@ BROKEN = (
 )
 
 
-def _gather(futures: list[Future[T]]) -> list[T]:
-    try:
-        return [f.result() for f in futures]
-    except BrokenProcessPool as e:
-        raise FedskewError(BROKEN.format(detail=f" ({e})" if str(e) else "")) from None
+class WorkerPool:
+    """``size`` spawned worker processes holding one federation's tensors (shared memory, placed on each
+    worker's device once), all started before this returns; they run the jobs of any run on that federation.
+
+    ``devices`` lists the device of each worker (worker k gets ``devices[k % len(devices)]``). An experiment
+    keeps one pool for its runs on the same data (:class:`~fedskew.engine.runner.EngineCache`); a run
+    started alone has a pool of its own. A dead worker breaks the pool (``broken``) and is reported as
+    :data:`BROKEN`.
+    """
+
+    def __init__(self, fed: Federation, size: int, compute: Compute, devices: list[str]) -> None:
+        if mp.parent_process() is not None and mp.current_process().name != "MainProcess":
+            # We are being imported by a spawned worker: starting a pool here would recurse.
+            raise FedskewError(BROKEN.format(detail=" while starting"))
+        self.fed, self.size, self.broken = fed, size, False
+        fed.share_memory()
+        ctx = tmp.get_context("spawn")
+        queue = None
+        if len(set(devices)) > 1:
+            queue = ctx.Queue()
+            for k in range(size):
+                queue.put(devices[k % len(devices)])
+        else:
+            compute = dataclasses.replace(compute, device=devices[0])
+        barrier = ctx.Barrier(size)
+        # A ProcessPoolExecutor, not multiprocessing.Pool: if a worker dies (out of memory, or a script
+        # without a main guard), the executor breaks and we report it; a Pool would silently respawn workers
+        # forever.
+        self._executor: ProcessPoolExecutor | None = ProcessPoolExecutor(
+            size, mp_context=ctx, initializer=_init_worker,
+            initargs=(loaded_plugins(), fed, compute, queue, barrier),
+        )
+        # The executor spawns a worker per submitted task while none is idle, and each start-up task waits
+        # at the barrier until all ``size`` are held: so every worker starts now, not in a later round.
+        try:
+            pids = self.gather([self.submit(_started) for _ in range(size)])
+        except threading.BrokenBarrierError:
+            self.close()
+            raise FedskewError(f"the {size} worker processes did not all start within {START_TIMEOUT_S:.0f} s; "
+                               "set fewer workers") from None
+        except BaseException:
+            self.close()
+            raise
+        self.pids: list[int] = pids  # one per worker: the barrier held them all at once
+
+    def submit(self, fn: Any, *args: Any) -> Future[Any]:
+        assert self._executor is not None
+        return self._executor.submit(fn, *args)
+
+    def gather(self, futures: list[Future[T]]) -> list[T]:
+        try:
+            return [f.result() for f in futures]
+        except BrokenProcessPool as e:
+            self.broken = True
+            raise FedskewError(BROKEN.format(detail=f" ({e})" if str(e) else "")) from None
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
 
 
 class Workers:
-    """Runs client jobs and evaluation chunks, inline (``workers=1``) or in a process pool.
-
-    ``devices`` lists the device of each pool worker (worker k gets ``devices[k % len(devices)]``:
-    one process per GPU when the run uses several); inline, the first is used.
+    """A run's runner on this machine: its client jobs and evaluation chunks run inline (``workers=1``, in
+    this process) or in a :class:`WorkerPool`: ``pool`` when given (an experiment's, kept open by
+    :meth:`close`), else one of its own of ``workers`` processes on ``devices`` (closed by :meth:`close`).
     """
 
     def __init__(
         self, fed: Federation, algo_name: str, params: Any, workers: int,
-        compute: Compute | None = None, devices: list[str] | None = None,
+        compute: Compute | None = None, devices: list[str] | None = None, pool: WorkerPool | None = None,
     ) -> None:
         compute = compute or Compute()
         devices = devices or [compute.device]
-        self.workers = workers
         self._offsets = fed.offsets
-        self._pool: Any = None
+        self._own = pool is None
+        self._pool: WorkerPool | None = None
         self._inline: _Runtime | None = None
-        if workers <= 1:
+        if pool is None and workers <= 1:
+            self.workers = 1
             self._inline = _Runtime(fed, algo_name, params, dataclasses.replace(compute, device=devices[0]))
-        else:
-            if mp.parent_process() is not None and mp.current_process().name != "MainProcess":
-                # We are being imported by a spawned worker: starting a pool here would recurse.
-                raise FedskewError(BROKEN.format(detail=" while starting"))
-            fed.share_memory()
-            ctx = tmp.get_context("spawn")
-            queue = None
-            if len(set(devices)) > 1:
-                queue = ctx.Queue()
-                for k in range(workers):
-                    queue.put(devices[k % len(devices)])
-            else:
-                compute = dataclasses.replace(compute, device=devices[0])
-            # A ProcessPoolExecutor, not multiprocessing.Pool: if a worker dies (out of memory, or
-            # a script without a main guard), the executor breaks and we report it; a Pool would
-            # silently respawn workers forever.
-            # The plug-ins this process imported go first; the Params travel pickled, so that a worker
-            # unpickles them only once it has imported the plug-in that defines their class.
-            self._pool = ProcessPoolExecutor(
-                workers, mp_context=ctx, initializer=_init_worker,
-                initargs=(loaded_plugins(), fed, algo_name, pickle.dumps(params), compute, queue),
-            )
+            return
+        self._pool = pool or WorkerPool(fed, workers, compute, devices)
+        self.workers = self._pool.size
+        self._setup = RunSetup(
+            next(_RUN_TOKENS), tuple(loaded_plugins()), fed.info, algo_name, pickle.dumps(params), compute
+        )
 
     def run_clients(self, jobs: list[ClientJob]) -> list[tuple[Message | Undecodable, dict[str, Any]]]:
         if self._inline is not None:
             return [self._inline.run_client(j) for j in jobs]
+        assert self._pool is not None
         # Largest client first: the pool hands the next job to whichever worker frees up, so the
         # round does not end with one worker still training a big client while the other idles.
         sizes = [self._size(j.cid) for j in jobs]
         order = sorted(range(len(jobs)), key=lambda i: -sizes[i])
         for job in jobs:
             _share(job.msg.arrays, job.state)
-        pending = {i: self._pool.submit(_client_task, jobs[i]) for i in order}
-        return [(decode_reply(data), state) for data, state in _gather([pending[i] for i in range(len(jobs))])]
+        pending = {i: self._pool.submit(_client_task, (self._setup, jobs[i])) for i in order}
+        done = self._pool.gather([pending[i] for i in range(len(jobs))])
+        return [(decode_reply(data), state) for data, state in done]
 
     def _size(self, cid: int) -> int:
         return self._offsets[cid + 1] - self._offsets[cid]
@@ -255,13 +357,14 @@ class Workers:
     def evaluate_chunks(self, model_state: dict[str, torch.Tensor], bounds: list[tuple[int, int]]) -> list[EvalCounts]:
         if self._inline is not None:
             return [self._inline.run_eval(model_state, s, e) for s, e in bounds]
+        assert self._pool is not None
         _share(model_state)
-        return _gather([self._pool.submit(_eval_task, (model_state, s, e)) for s, e in bounds])
+        return self._pool.gather([self._pool.submit(_eval_task, (self._setup, model_state, s, e)) for s, e in bounds])
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        if self._pool is not None and self._own:
+            self._pool.close()
+        self._pool = None
 
 
 def _share(*tables: dict[str, Any]) -> None:
@@ -278,45 +381,24 @@ def _share(*tables: dict[str, Any]) -> None:
                 value.share_memory_()
 
 
-def usable_cores() -> int:
-    """CPU cores this process may use: its CPU affinity, capped by a cgroup (container) CPU quota."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    quota = _cgroup_cpu_quota()
-    return max(1, min(cores, quota) if quota is not None else cores)
-
-
-def _cgroup_cpu_quota() -> int | None:
-    """CPUs allowed by a cgroup v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us`` limit, or None if unlimited."""
-    try:
-        text = Path("/sys/fs/cgroup/cpu.max").read_text().split()
-        if text and text[0] != "max":
-            return max(1, math.ceil(int(text[0]) / int(text[1])))
-        return None
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        quota = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
-        period = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
-        return max(1, math.ceil(quota / period)) if quota > 0 else None
-    except (OSError, ValueError):
-        return None
-
-
-def default_workers(devices: Sequence[str] = ("cpu",)) -> int:
-    """Worker processes when the config says 0 (auto), for the workers' ``devices`` (:attr:`Compute.workers`):
-    one per GPU on GPUs, else one per usable core."""
-    if devices[0].startswith("cuda"):
-        return len(devices)
-    if devices[0] == "mps":
-        return 1
-    return usable_cores()
+def round_jobs(ctx: EngineContext) -> int:
+    """Client jobs of a round: the algorithm's ``clients_per_round`` (every client for one without it)."""
+    n = ctx.fed.info.num_clients
+    per_round = getattr(ctx.params, "clients_per_round", None)
+    return min(per_round, n) if isinstance(per_round, int) and per_round >= 1 else n
 
 
 def local_engine(ctx: EngineContext) -> Workers:
-    """``engine = "local"``: :class:`Workers` on this machine, ``workers`` of them (0: :func:`default_workers`)."""
-    devices = list(ctx.compute.workers or (ctx.compute.device,))
-    workers = ctx.config.run.workers or default_workers(devices)
-    return Workers(ctx.fed, ctx.algorithm, ctx.params, workers, ctx.compute, devices)
+    """``engine = "local"``: :class:`Workers` on this machine, ``workers`` of them (0: :func:`default_workers`
+    for the round's jobs and ``workers_per_device``). Within an experiment (``ctx.cache``) the pool is the one
+    the previous run used when it has the same data, size, devices and determinism."""
+    run = ctx.config.run
+    devices = list(ctx.compute.workers or (ctx.compute.device,))  # resolved once, with the run's device
+    size = run.workers or default_workers(devices, round_jobs(ctx), run.workers_per_device)
+    if size <= 1 or ctx.cache is None:
+        if ctx.cache is not None:
+            ctx.cache.release("local")  # an inline run leaves no idle pool holding memory
+        return Workers(ctx.fed, ctx.algorithm, ctx.params, size, ctx.compute, devices)
+    key = (tuple(id(t) for t in ctx.fed.tensors()), size, tuple(devices), ctx.compute.deterministic)
+    pool = ctx.cache.get("local", key, lambda: WorkerPool(ctx.fed, size, ctx.compute, devices))
+    return Workers(ctx.fed, ctx.algorithm, ctx.params, size, ctx.compute, devices, pool=pool)
