@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedskew.components.batching import FunctionalTerm, with_functional
 from fedskew.components.trainer import GradHook, LossTerm
 from fedskew.models.registry import FedModel
 
@@ -44,7 +45,13 @@ def proximal_term(anchor: dict[str, torch.Tensor], mu: float) -> LossTerm:
         sq = sum(((p - anchor[name]) ** 2).sum() for name, p in model.named_parameters())
         return 0.5 * mu * torch.as_tensor(sq)
 
-    return term
+    return with_functional(term, FunctionalTerm(_stacked_proximal, anchor, (mu,)))
+
+
+def _stacked_proximal(params: dict[str, torch.Tensor], anchor: dict[str, torch.Tensor], mu: float) -> torch.Tensor:
+    """:func:`proximal_term` of K clients at once (parameters and anchors stacked on a first axis)."""
+    sq = sum(((p - anchor[name]) ** 2).flatten(1).sum(1) for name, p in params.items())
+    return 0.5 * mu * torch.as_tensor(sq)
 
 
 def linear_term(coef: dict[str, torch.Tensor]) -> LossTerm:
@@ -57,7 +64,12 @@ def linear_term(coef: dict[str, torch.Tensor]) -> LossTerm:
     def term(model: nn.Module, x: torch.Tensor, y: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         return -torch.as_tensor(sum((p * coef[name]).sum() for name, p in model.named_parameters()))
 
-    return term
+    return with_functional(term, FunctionalTerm(_stacked_linear, coef))
+
+
+def _stacked_linear(params: dict[str, torch.Tensor], coef: dict[str, torch.Tensor]) -> torch.Tensor:
+    """:func:`linear_term` of K clients at once (parameters and coefficients stacked on a first axis)."""
+    return -torch.as_tensor(sum((p * coef[name]).flatten(1).sum(1) for name, p in params.items()))
 
 
 class FeatureTap:

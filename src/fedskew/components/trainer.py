@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedskew.components.batching import hand_off
 from fedskew.core.device import current_compute, host_floats
 from fedskew.core.params import check, next_checks
 from fedskew.models.layout import as_model_format, is_channels_last, shuffled_batches
@@ -101,7 +102,13 @@ def train_local(
         Drives the shuffling, so the run is reproducible whatever process executes it.
     terms, grad_hooks
         Method-specific additions, see :data:`LossTerm` and :data:`GradHook`.
+
+    Under a batched runner (``clients_in_parallel``) the training is handed to it when it can be batched
+    (:func:`~fedskew.components.batching.hand_off`): same batches and update rule, other clients alongside.
     """
+    batched = hand_off(model, x, y, cfg, generator, terms, grad_hooks)
+    if batched is not None:
+        return batched
     model.train()
     compute = current_compute()
     opt = torch.optim.SGD(

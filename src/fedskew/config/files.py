@@ -36,6 +36,8 @@ TOP_LEVEL: dict[str, str] = {
     "compile": "torch.compile the model's forward pass in local training: off, default, reduce-overhead (CUDA graphs)",
     "tf32": "CUDA: TF32 float32 matrix products (faster, about 3 fewer significant digits)",
     "engine": "where client jobs run: local (this machine's workers), ray (a Ray cluster) or a plug-in's engine",
+    "clients_in_parallel": "clients trained together on one device, batched: 1 (one at a time), N, or auto "
+                           "(all of a round's on one GPU, else 1)",
     "dataset": "table: name = dataset, data_dir, train_fraction, and the dataset's options",
     "partition": "table: name = partitioner, num_clients, seed (optional), client_test_fraction, and its parameters",
     "model": "table: name = model, and its options",

@@ -36,6 +36,8 @@ MAX_ROUNDS = 1_000_000
 """The most rounds a run may have (a bound, so that a typo such as ``rounds=99999999999999999999`` is refused)."""
 MAX_WORKERS = 1024
 """The most worker processes a run may ask for."""
+MAX_CLIENTS_IN_PARALLEL = 1_000_000
+"""The most clients a run may batch at once (a bound against typos; a round's clients are all it uses)."""
 
 NAMED = ("dataset", "partition", "model", "algorithm")
 """Tables that name a registered object (``name = ...``) and hold that object's options."""
@@ -71,6 +73,7 @@ class RunSettings:
     tf32: bool = False
     engine: str = "local"  # "local", "ray", or one a plug-in registers (fedskew.core.engines)
     plugins: list[str] = field(default_factory=list)
+    clients_in_parallel: int | str = 1  # 1: one client at a time; N: N batched; "auto" (engine/batched_runner.py)
 
     def __post_init__(self) -> None:
         check(DEVICE_PATTERN.fullmatch(self.device) is not None, "device", self.device,
@@ -91,6 +94,14 @@ class RunSettings:
         check(t is None or 0 < t <= 1, "target_accuracy", t, "a fraction in (0, 1]")
         check(all(1 <= r <= MAX_ROUNDS for r in self.at_rounds), "at_rounds", self.at_rounds,
               f"a list of rounds in [1, {MAX_ROUNDS:_}]")
+        width = self.clients_in_parallel
+        check(width == "auto" or (isinstance(width, int) and 1 <= width <= MAX_CLIENTS_IN_PARALLEL),
+              "clients_in_parallel", width, f'"auto" or an integer in [1, {MAX_CLIENTS_IN_PARALLEL:_}]')
+        batched = width not in (1, "auto")
+        check(not batched or self.workers <= 1, "clients_in_parallel", width,
+              "1 or \"auto\" with workers >= 2 (batched clients train in one process; set workers = 1)")
+        check(not batched or self.engine == "local", "clients_in_parallel", width,
+              f"1 or \"auto\" with engine = {self.engine!r} (it batches the local engine's clients)")
 
 
 @dataclass

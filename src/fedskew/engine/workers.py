@@ -18,7 +18,7 @@ import threading
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.multiprocessing as tmp
@@ -39,6 +39,9 @@ from fedskew.plugins import load_plugins, loaded_plugins
 
 __all__ = ["BROKEN", "RunSetup", "WorkerPool", "Workers", "client_step_on", "default_workers", "local_engine",
            "round_jobs", "usable_cores"]
+
+if TYPE_CHECKING:
+    from fedskew.engine.batched_runner import BatchedClients
 
 FEDERATION_ON_DEVICE_BYTES = 4 * 2**30
 """A federation up to this size is copied to a GPU whole, once (Fashion-MNIST, CIFAR-10); a larger one
@@ -388,10 +391,18 @@ def round_jobs(ctx: EngineContext) -> int:
     return min(per_round, n) if isinstance(per_round, int) and per_round >= 1 else n
 
 
-def local_engine(ctx: EngineContext) -> Workers:
+def local_engine(ctx: EngineContext) -> Workers | BatchedClients:
     """``engine = "local"``: :class:`Workers` on this machine, ``workers`` of them (0: :func:`default_workers`
     for the round's jobs and ``workers_per_device``). Within an experiment (``ctx.cache``) the pool is the one
-    the previous run used when it has the same data, size, devices and determinism."""
+    the previous run used when it has the same data, size, devices and determinism. The batched runner
+    where ``clients_in_parallel`` asks for it (:mod:`fedskew.engine.batched_runner`)."""
+    from fedskew.engine.batched_runner import batched_runner
+
+    batched = batched_runner(ctx)
+    if batched is not None:
+        if ctx.cache is not None:
+            ctx.cache.release("local")  # it runs in this process: no idle pool holding memory
+        return batched
     run = ctx.config.run
     devices = list(ctx.compute.workers or (ctx.compute.device,))  # resolved once, with the run's device
     size = run.workers or default_workers(devices, round_jobs(ctx), run.workers_per_device)

@@ -1,0 +1,178 @@
+"""The hand-off between :func:`~fedskew.components.trainer.train_local` and a batched runner.
+
+A batched runner (``clients_in_parallel``, :mod:`fedskew.engine.batched_runner`) runs each client job of
+a round in its own thread with a :class:`Rendezvous` installed (:func:`batching`). When such a job calls
+``train_local`` and its training can be batched, :func:`hand_off` draws the client's batch order from
+its generator exactly as ``train_local`` would, then gives the runner a :class:`BatchRequest` and waits:
+the runner trains every waiting client together (:mod:`fedskew.components.batched`) and hands each its
+:class:`~fedskew.components.trainer.LocalResult`, with the trained weights in the client's model. A
+training that cannot be batched (see :func:`why_sequential`) runs in place, as without a runner, so any
+method batches whatever of its local training can be, with no change to its code.
+
+Loss terms batch when they carry a :class:`FunctionalTerm` (``term.functional``): the same term written
+on the stacked parameters of many clients at once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+from torch import nn
+
+from fedskew.core.device import current_compute
+from fedskew.models.layout import shuffled_batches
+
+if TYPE_CHECKING:
+    from fedskew.components.trainer import GradHook, LocalConfig, LocalResult, LossTerm
+
+BATCHED_DTYPES = (torch.float32, torch.float64)
+"""Parameter dtypes the batched trainer takes (mixed precision runs one client at a time)."""
+
+
+@dataclass(frozen=True)
+class FunctionalTerm:
+    """A loss term on the stacked parameters of K clients: ``fn(params, data, *consts)`` returns the K
+    clients' terms, a tensor of shape ``(K,)``.
+
+    ``params`` maps every parameter name to its K clients' values stacked on a first axis (what
+    ``model.named_parameters()`` gives one client, in its order, with a client axis in front); ``data`` holds this
+    client's own tensors (a FedProx anchor), which the batched trainer stacks the same way; ``consts``
+    are plain numbers shared by the clients that batch together. ``fn`` must compute, for each client,
+    what the term's ordinary form computes on that client's model (up to float rounding), and use only
+    the parameters (not the batch).
+    """
+
+    fn: Callable[..., torch.Tensor]
+    data: Mapping[str, torch.Tensor]
+    consts: tuple[float, ...] = ()
+
+    def key(self) -> tuple[Any, ...]:
+        """Terms of equal keys batch together (same function, constants and data shapes)."""
+        shapes = tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(self.data.items()))
+        return (self.fn, self.consts, shapes)
+
+
+def with_functional(term: LossTerm, functional: FunctionalTerm) -> LossTerm:
+    """``term`` marked with its batched form (``term.functional``)."""
+    term.functional = functional  # type: ignore[attr-defined]
+    return term
+
+
+def functional_of(term: LossTerm) -> FunctionalTerm | None:
+    """The batched form of a loss term, if it has one."""
+    found = getattr(term, "functional", None)
+    return found if isinstance(found, FunctionalTerm) else None
+
+
+@dataclass
+class BatchRequest:
+    """One client's local training, handed to the batched trainer.
+
+    ``batches`` are the index batches of every step, drawn as ``train_local`` draws them; ``terms`` the
+    batched forms of the loss terms and ``closures`` their ordinary forms (for a one-sample probe of which
+    parameters the loss reaches).
+    """
+
+    model: nn.Module
+    x: torch.Tensor
+    y: torch.Tensor
+    cfg: LocalConfig
+    batches: list[torch.Tensor]
+    terms: list[FunctionalTerm]
+    closures: list[LossTerm]
+
+
+class Rendezvous(Protocol):
+    """What a job thread talks to: the runner's coordinator."""
+
+    def train(self, request: BatchRequest) -> LocalResult:
+        """Wait until the request has been trained together with the others; its result."""
+        ...
+
+    def sequential(self, reason: str) -> None:
+        """Note that a training ran one client at a time, and why."""
+        ...
+
+
+class _Slot(threading.local):
+    rendezvous: Rendezvous | None = None
+
+
+_SLOT = _Slot()
+
+
+@contextmanager
+def batching(rendezvous: Rendezvous) -> Iterator[None]:
+    """Within the block (in this thread), ``train_local`` hands batchable trainings to ``rendezvous``."""
+    _SLOT.rendezvous = rendezvous
+    try:
+        yield
+    finally:
+        _SLOT.rendezvous = None
+
+
+def draw_batches(n: int, cfg: LocalConfig, generator: torch.Generator) -> list[torch.Tensor]:
+    """The index batches of every step of ``train_local``, drawn from ``generator`` as it draws them
+    (one shuffle per epoch, the epoch's remaining batches unused once ``max_steps`` is reached)."""
+    out: list[torch.Tensor] = []
+    for _ in range(cfg.epochs):
+        for idx in shuffled_batches(n, cfg.batch_size, generator):
+            if cfg.max_steps is not None and len(out) >= cfg.max_steps:
+                break
+            out.append(idx)
+    return out
+
+
+_RUNNING_STATS = (nn.modules.batchnorm._NormBase,)
+
+
+def why_sequential(
+    model: nn.Module, x: torch.Tensor, terms: Sequence[LossTerm], grad_hooks: Sequence[GradHook]
+) -> str | None:
+    """Why this training cannot be batched (None: it can)."""
+    if grad_hooks:
+        return "it edits gradients (a gradient hook, e.g. SCAFFOLD's correction)"
+    if any(functional_of(t) is None for t in terms):
+        return "a loss term has no batched form (e.g. MOON's contrastive term)"
+    if current_compute().amp != "off":
+        return f"mixed precision (amp = {current_compute().amp})"
+    params = list(model.parameters())
+    if not params or not any(p.requires_grad for p in params):
+        return "the model has no trainable parameters"
+    dtypes = {p.dtype for p in params}
+    if len(dtypes) != 1 or dtypes.pop() not in BATCHED_DTYPES or x.dtype not in BATCHED_DTYPES:
+        return "parameters or data are not all float32 or float64"
+    if x.shape[0] == 0:
+        return "the client holds no data"
+    for m in model.modules():
+        if isinstance(m, _RUNNING_STATS) and m.track_running_stats:
+            return f"the model keeps running statistics ({type(m).__name__})"
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+            return f"the model draws random numbers ({type(m).__name__})"
+        if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks:
+            return "the model has hooks on its forward or backward pass"
+    return None
+
+
+def hand_off(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: LocalConfig, generator: torch.Generator,
+    terms: Sequence[LossTerm], grad_hooks: Sequence[GradHook],
+) -> LocalResult | None:
+    """Train ``model`` batched with the round's other clients, if a runner batches this thread and the
+    training can be batched; None otherwise (``train_local`` then trains it as usual)."""
+    rendezvous = _SLOT.rendezvous
+    if rendezvous is None:
+        return None
+    reason = why_sequential(model, x, terms, grad_hooks)
+    if reason is not None:
+        rendezvous.sequential(reason)
+        return None
+    model.train()
+    batches = draw_batches(int(y.shape[0]), cfg, generator)
+    functional = [f for f in (functional_of(t) for t in terms) if f is not None]
+    return rendezvous.train(BatchRequest(model, x, y, cfg, batches, functional, list(terms)))
