@@ -111,6 +111,15 @@ def test_frozen_and_unreached_parameters_stay_put() -> None:
         assert torch.equal(m.spare.weight, b)
 
 
+def test_frozen_channels_last_body() -> None:
+    """FedRep's head epochs: the convolutions (channels-last) frozen, the head trained."""
+    models = [_cnn(k) for k in range(3)]
+    for m in models:
+        for name, p in m.named_parameters():
+            p.requires_grad_(name.startswith("classifier"))
+    _compare(models, [_data(n, k) for k, n in enumerate([30, 9, 17])], LocalConfig(2, 8, 0.1, momentum=0.9))
+
+
 def test_group_norm_model_takes_the_layered_forward() -> None:
     torch.manual_seed(0)
     models = [create_model("convnet", in_channels=1, num_classes=4, image_size=8, net_width=8, net_depth=1,

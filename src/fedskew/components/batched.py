@@ -171,7 +171,8 @@ class _StackedTraining:
             # (N*K,): parameter by parameter, the K clients' copies of each side by side
             self.flat = torch.cat([torch.stack([m[n] for m in models]).reshape(-1) for n in self.names])
             fixed = [n for n in named if n not in self.names] + [n for n, _ in first.named_buffers()]
-            self.fixed = {n: torch.stack([_tensor(r.model, n) for r in requests]) for n in fixed}
+            # contiguous: the forward takes views of their natural layout (a conv weight may be channels-last)
+            self.fixed = {n: torch.stack([_tensor(r.model, n) for r in requests]).contiguous() for n in fixed}
             offsets = np.cumsum([0, *[int(r.y.shape[0]) for r in requests]]).tolist()
             self.x = torch.cat([r.x for r in requests]) if k > 1 else requests[0].x
             self.y = torch.cat([r.y for r in requests]) if k > 1 else requests[0].y
