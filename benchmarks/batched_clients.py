@@ -2,25 +2,35 @@
 
 Workload W as in benchmarks/simulation.py (Fashion-MNIST, 100 clients, Dirichlet alpha=0.1, FedAvg, 10
 clients a round, 1 local epoch, batch 32, SGD lr 0.01, fedavg_cnn, test-set evaluation every round).
-For each runner (``clients_in_parallel = 1``, the sequential runner, and ``= 10``, the round's clients
-batched) this runs ``--rounds`` rounds under ``torch.profiler`` and counts the aten operations a round,
-all of them and those of the clients' jobs alone (the evaluation is the same for both), then times
-``--rounds`` more rounds without the profiler. Aten operations stand in for kernel launches where there
-is no GPU: each is one dispatch from Python and, on a GPU, about one launch.
+Runners: ``clients_in_parallel = 1`` (the sequential runner, ``workers`` processes) and ``= 10`` (the
+round's clients batched, in this process); on a CPU also ``= 10`` with the layout the batched step uses
+on a GPU (NCHW; on a CPU it feeds channels-last models channels-last batches, which is faster there).
+
+1. Launch cost: each runner runs ``--profile-rounds`` rounds under ``torch.profiler``; the aten
+   operations a round are counted, all of them and those of the clients' jobs alone (evaluation,
+   aggregation and the reply checks are the rest). Each aten operation is one dispatch from Python and,
+   on a GPU, about one kernel launch (counted too with ``--device cuda``).
+2. Speed: ``--reps`` runs of ``--rounds`` rounds per runner, the runners interleaved (A B A B), without
+   the profiler: median seconds a round, and the final accuracy (the runners agree up to float rounding).
+
 The last line printed is one JSON object.
 
-    FEDSKEW_DATA=../shared/datasets python benchmarks/batched_clients.py               # CPU, 3 rounds each
+    FEDSKEW_DATA=../shared/datasets python benchmarks/batched_clients.py               # CPU
+    FEDSKEW_DATA=../shared/datasets python benchmarks/batched_clients.py --workers 2   # sequential on 2 processes
     FEDSKEW_DATA=../shared/datasets python benchmarks/batched_clients.py --device cuda
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from simulation import BATCH, CLIENTS, LR, PER_ROUND
 
 
-def w_config(rounds: int, width: int | str, device: str) -> dict[str, Any]:
+def w_config(rounds: int, width: int, device: str, workers: int) -> dict[str, Any]:
     return {
-        "name": "bench", "label": "fedskew", "rounds": rounds, "seed": 0, "workers": 1,
+        "name": "bench", "label": "fedskew", "rounds": rounds, "seed": 0, "workers": workers if width == 1 else 1,
         "eval_every": 1, "checkpoint_every": 0, "target_accuracy": None, "at_rounds": [],
         "dataset": {"name": "fashion_mnist"},
         "partition": {"name": "dirichlet", "num_clients": CLIENTS, "alpha": 0.1, "seed": 0},
@@ -41,15 +51,31 @@ def w_config(rounds: int, width: int | str, device: str) -> dict[str, Any]:
     }
 
 
-def measure(width: int | str, rounds: int, device: str, data_dir: str | None, fed: Any) -> dict[str, Any]:
-    import torch
-    from torch.profiler import ProfilerActivity, profile, record_function
+@contextlib.contextmanager
+def layout(gpu_layout: bool) -> Iterator[None]:
+    """The batched step's layout: the GPU's (NCHW) on every device, or as shipped."""
+    from fedskew.components import batched
+
+    before = set(batched.CHANNELS_LAST_DEVICES)
+    if gpu_layout:
+        batched.CHANNELS_LAST_DEVICES.clear()
+    try:
+        yield
+    finally:
+        batched.CHANNELS_LAST_DEVICES.clear()
+        batched.CHANNELS_LAST_DEVICES.update(before)
+
+
+@contextlib.contextmanager
+def labelled_clients() -> Iterator[None]:
+    """The clients' jobs of every runner inside a profiler range named ``fedskew_clients``."""
+    from torch.profiler import record_function
 
     from fedskew.engine import round_loop
 
     make_runner = round_loop.make_runner
 
-    def traced_runner(*args: Any, **kwargs: Any) -> Any:  # the clients' jobs in a labelled profiler range
+    def traced(*args: Any, **kwargs: Any) -> Any:
         runner = make_runner(*args, **kwargs)
         run_clients = runner.run_clients
 
@@ -60,63 +86,96 @@ def measure(width: int | str, rounds: int, device: str, data_dir: str | None, fe
         runner.run_clients = labelled
         return runner
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
-    with tempfile.TemporaryDirectory() as tmp:
-        round_loop.make_runner = traced_runner
-        try:
-            with profile(activities=activities) as prof:
-                round_loop.RoundLoop(w_config(rounds, width, device), Path(tmp) / "p", data_dir=data_dir,
-                                     progress=False, federation=fed).run()
-        finally:
-            round_loop.make_runner = make_runner
-        events = prof.events()
-        aten = [e for e in events if e.name.startswith("aten::")]
+    round_loop.make_runner = traced
+    try:
+        yield
+    finally:
+        round_loop.make_runner = make_runner
 
-        def in_clients(e: Any) -> bool:
-            while e is not None:
-                if e.name == "fedskew_clients":
-                    return True
-                e = e.cpu_parent
-            return False
 
-        clients = sum(1 for e in aten if in_clients(e))
-        kernels = sum(1 for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA)
-        t0 = time.perf_counter()
-        round_loop.RoundLoop(w_config(rounds, width, device), Path(tmp) / "t", data_dir=data_dir,
-                             progress=False, federation=fed).run()
-        elapsed = time.perf_counter() - t0
-        timing = [json.loads(line)["seconds"] for line in (Path(tmp) / "t" / "timing.jsonl").read_text().splitlines()]
-    return {
-        "clients_in_parallel": width, "aten_ops_per_round": len(aten) / rounds,
-        "client_aten_ops_per_round": clients / rounds,
-        "cuda_kernels_per_round": kernels / rounds if kernels else None,
-        "round_seconds_median": statistics.median(timing), "round_seconds": timing, "wall_seconds": elapsed,
-    }
+def count_ops(runner: dict[str, Any], rounds: int, args: argparse.Namespace, fed: Any) -> dict[str, float]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from fedskew.engine.round_loop import RoundLoop
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
+    cfg = w_config(rounds, runner["width"], args.device, args.workers)
+    with (tempfile.TemporaryDirectory() as tmp, layout(runner["gpu_layout"]), labelled_clients(),
+          profile(activities=activities) as prof):
+        RoundLoop(cfg, Path(tmp), data_dir=args.data_dir, progress=False, federation=fed).run()
+    events = prof.events()
+    aten = [e for e in events if e.name.startswith("aten::")]
+
+    def in_clients(e: Any) -> bool:
+        while e is not None:
+            if e.name == "fedskew_clients":
+                return True
+            e = e.cpu_parent
+        return False
+
+    cuda = torch.autograd.DeviceType.CUDA
+    kernels = sum(1 for e in events if getattr(e, "device_type", None) == cuda)
+    return {"aten_ops_per_round": len(aten) / rounds,
+            "client_aten_ops_per_round": sum(1 for e in aten if in_clients(e)) / rounds,
+            "cuda_kernels_per_round": kernels / rounds}
+
+
+def time_rounds(runner: dict[str, Any], args: argparse.Namespace, fed: Any) -> tuple[list[float], list[float], float]:
+    """Wall seconds a round (timing.jsonl), this process's CPU seconds a round (workers=1 only), accuracy."""
+    from fedskew.engine.round_loop import RoundLoop
+
+    cfg = w_config(args.rounds, runner["width"], args.device, args.workers)
+    marks: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp, layout(runner["gpu_layout"]):
+        loop = RoundLoop(cfg, Path(tmp), data_dir=args.data_dir, progress=False, federation=fed,
+                         on_round=lambda record: marks.append(time.process_time()))
+        marks.append(time.process_time())
+        result = loop.run()
+        seconds = [json.loads(line)["seconds"] for line in (Path(tmp) / "timing.jsonl").read_text().splitlines()]
+    cpu = [b - a for a, b in itertools.pairwise(marks)]
+    return seconds, cpu, float(result.records[-1]["accuracy"])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of each timed run")
+    ap.add_argument("--reps", type=int, default=2, help="timed runs per runner, interleaved")
+    ap.add_argument("--profile-rounds", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=1, help="worker processes of the sequential runner")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--data-dir", default=None)
     args = ap.parse_args()
     from fedskew.engine.federation import build_federation
 
-    cfg = w_config(args.rounds, 1, args.device)
+    cfg = w_config(1, 1, args.device, 1)
     fed = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], 0, args.data_dir)
-    out = {"device": args.device, "rounds": args.rounds, "runners": []}
-    for width in (1, PER_ROUND):
-        res = measure(width, args.rounds, args.device, args.data_dir, fed)
-        out["runners"].append(res)
-        print(f"clients_in_parallel={width}: {res['aten_ops_per_round']:.0f} aten ops a round "
-              f"({res['client_aten_ops_per_round']:.0f} in the clients' jobs), "
-              f"{res['round_seconds_median']:.2f} s/round", flush=True)
-    seq, bat = out["runners"]
-    out["aten_ratio"] = bat["aten_ops_per_round"] / seq["aten_ops_per_round"]
-    out["client_aten_ratio"] = bat["client_aten_ops_per_round"] / seq["client_aten_ops_per_round"]
-    print(f"batched / sequential: {out['aten_ratio']:.3f} of the aten ops a round "
-          f"({out['client_aten_ratio']:.3f} in the clients' jobs)")
-    print(json.dumps(out))
+    runners = [{"name": f"sequential (workers={args.workers})", "width": 1, "gpu_layout": False},
+               {"name": f"batched ({PER_ROUND})", "width": PER_ROUND, "gpu_layout": False}]
+    if args.device == "cpu":
+        runners.append({"name": f"batched ({PER_ROUND}), NCHW as on a GPU", "width": PER_ROUND, "gpu_layout": True})
+    for r in runners:
+        r.update(count_ops(r, args.profile_rounds, args, fed))
+        r["round_seconds"], r["round_cpu_seconds"], r["accuracy"] = [], [], []
+        print(f"{r['name']}: {r['aten_ops_per_round']:.0f} aten ops a round "
+              f"({r['client_aten_ops_per_round']:.0f} in the clients' jobs)", flush=True)
+    for _ in range(args.reps):
+        for r in runners:
+            seconds, cpu, accuracy = time_rounds(r, args, fed)
+            r["round_seconds"] += seconds
+            r["round_cpu_seconds"] += cpu
+            r["accuracy"].append(accuracy)
+    base = runners[0]
+    for r in runners:
+        r["round_seconds_median"] = statistics.median(r["round_seconds"])
+        r["round_cpu_seconds_median"] = statistics.median(r["round_cpu_seconds"])
+        r["aten_ratio"] = r["aten_ops_per_round"] / base["aten_ops_per_round"]
+        r["client_aten_ratio"] = r["client_aten_ops_per_round"] / base["client_aten_ops_per_round"]
+        print(f"{r['name']}: {r['round_seconds_median']:.2f} s/round (median of {len(r['round_seconds'])}; "
+              f"this process's CPU {r['round_cpu_seconds_median']:.2f} s/round), "
+              f"accuracy {r['accuracy'][-1]:.4f}; aten ops {r['aten_ratio']:.3f} of the sequential runner's "
+              f"({r['client_aten_ratio']:.3f} in the clients' jobs)", flush=True)
+    print(json.dumps({"device": args.device, "rounds": args.rounds, "runners": runners}))
 
 
 if __name__ == "__main__":
