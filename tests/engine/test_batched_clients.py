@@ -196,3 +196,20 @@ def test_every_method_under_the_batched_runner(tmp_path: Path, name: str) -> Non
         return cfg
 
     assert _max_diff(_final_model(config(1), tmp_path / "s"), _final_model(config(3), tmp_path / "b")) <= 1e-4
+
+
+def test_evaluation_several_chunks_a_pass_equals_chunk_by_chunk() -> None:
+    from fedskew.engine.batched_runner import evaluate_together
+    from fedskew.models import create_model
+    from fedskew.models.evaluation import chunk_bounds, evaluate_chunk
+
+    torch.manual_seed(0)
+    model = create_model("cnn", in_channels=1, num_classes=4, image_size=8).double()
+    x, y = torch.randn(1030, 1, 8, 8, dtype=torch.float64), torch.randint(0, 4, (1030,))
+    for bounds in (chunk_bounds(1030, 250), [(0, 100), (100, 130), (130, 500), (700, 1030)]):
+        one_by_one = [evaluate_chunk(model, x[s:e], y[s:e], 4) for s, e in bounds]
+        together = evaluate_together(model, x, y, 4, bounds, span=600)
+        assert len(together) == len(bounds)
+        for a, b in zip(one_by_one, together, strict=True):
+            assert (a.correct == b.correct).all() and (a.total == b.total).all()
+            assert a.loss_sum == pytest.approx(b.loss_sum, rel=1e-6)  # the losses are float32

@@ -54,7 +54,8 @@ def evaluate_together(
     span: int,
 ) -> list[EvalCounts]:
     """:func:`~fedskew.models.evaluation.evaluate_chunk` of each chunk in ``bounds``, adjacent chunks of up to
-    ``span`` samples in one forward pass: the same counts, loss sums equal up to float rounding."""
+    ``span`` samples in one forward pass. Loss sums equal the chunk by chunk ones up to float rounding, and so
+    do the logits, so a prediction whose two best classes tie within rounding may come out the other way."""
     out: list[EvalCounts] = []
     i = 0
     while i < len(bounds):
@@ -78,8 +79,12 @@ def _evaluate_span(
     with torch.inference_mode(), current_compute().precision().autocast():
         logits = model(as_model_format(xs, is_channels_last(model)))
         losses = F.cross_entropy(logits.float(), ys, reduction="none")
-        chunk = torch.repeat_interleave(torch.arange(len(bounds), device=device), torch.tensor(sizes, device=device))
-        sums = torch.zeros(len(bounds), dtype=losses.dtype, device=device).index_add_(0, chunk, losses).tolist()
+        width = sizes[0]
+        if all(n == width for n in sizes[:-1]):  # the engine's chunks: equal but the last; padded, one sum
+            padded = F.pad(losses, (0, width * len(sizes) - losses.shape[0]))
+            sums = padded.view(len(sizes), width).sum(1).tolist()
+        else:
+            sums = torch.stack([part.sum() for part in losses.split(sizes)]).tolist()
         pred = logits.argmax(dim=1).cpu().numpy()
     if was_training:
         model.train()
