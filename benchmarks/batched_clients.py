@@ -154,9 +154,12 @@ def main() -> None:
                {"name": f"batched ({PER_ROUND})", "width": PER_ROUND, "gpu_layout": False}]
     if args.device == "cpu":
         runners.append({"name": f"batched ({PER_ROUND}), NCHW as on a GPU", "width": PER_ROUND, "gpu_layout": True})
+    counted = args.workers == 1  # the profiler sees this process only: no counts of a pool's workers
     for r in runners:
-        r.update(count_ops(r, args.profile_rounds, args, fed))
         r["round_seconds"], r["round_cpu_seconds"], r["accuracy"] = [], [], []
+        if not counted:
+            continue
+        r.update(count_ops(r, args.profile_rounds, args, fed))
         print(f"{r['name']}: {r['aten_ops_per_round']:.0f} aten ops a round "
               f"({r['client_aten_ops_per_round']:.0f} in the clients' jobs)", flush=True)
     for _ in range(args.reps):
@@ -169,12 +172,14 @@ def main() -> None:
     for r in runners:
         r["round_seconds_median"] = statistics.median(r["round_seconds"])
         r["round_cpu_seconds_median"] = statistics.median(r["round_cpu_seconds"])
-        r["aten_ratio"] = r["aten_ops_per_round"] / base["aten_ops_per_round"]
-        r["client_aten_ratio"] = r["client_aten_ops_per_round"] / base["client_aten_ops_per_round"]
-        print(f"{r['name']}: {r['round_seconds_median']:.2f} s/round (median of {len(r['round_seconds'])}; "
-              f"this process's CPU {r['round_cpu_seconds_median']:.2f} s/round), "
-              f"accuracy {r['accuracy'][-1]:.4f}; aten ops {r['aten_ratio']:.3f} of the sequential runner's "
-              f"({r['client_aten_ratio']:.3f} in the clients' jobs)", flush=True)
+        line = (f"{r['name']}: {r['round_seconds_median']:.2f} s/round (median of {len(r['round_seconds'])}; "
+                f"this process's CPU {r['round_cpu_seconds_median']:.2f} s/round), accuracy {r['accuracy'][-1]:.4f}")
+        if counted:
+            r["aten_ratio"] = r["aten_ops_per_round"] / base["aten_ops_per_round"]
+            r["client_aten_ratio"] = r["client_aten_ops_per_round"] / base["client_aten_ops_per_round"]
+            line += (f"; aten ops {r['aten_ratio']:.3f} of the sequential runner's "
+                     f"({r['client_aten_ratio']:.3f} in the clients' jobs)")
+        print(line, flush=True)
     print(json.dumps({"device": args.device, "rounds": args.rounds, "runners": runners}))
 
 
