@@ -10,7 +10,10 @@ on a GPU (NCHW; on a CPU it feeds channels-last models channels-last batches, wh
    operations a round are counted, all of them and those of the clients' jobs alone (evaluation,
    aggregation and the reply checks are the rest). Each aten operation is one dispatch from Python and,
    on a GPU, about one kernel launch (counted too with ``--device cuda``).
-2. Speed: ``--reps`` runs of ``--rounds`` rounds per runner, the runners interleaved (A B A B), without
+2. Training alone: round 1's ten clients of W (their data, their batch orders), trained one after another
+   with ``train_local`` and together with ``train_batched`` (both layouts), one thread, CPU seconds, best
+   of ``--reps``.
+3. Speed: ``--reps`` runs of ``--rounds`` rounds per runner, the runners interleaved (A B A B), without
    the profiler: median seconds a round, and the final accuracy (the runners agree up to float rounding).
 
 The last line printed is one JSON object.
@@ -137,6 +140,59 @@ def time_rounds(runner: dict[str, Any], args: argparse.Namespace, fed: Any) -> t
     return seconds, cpu, float(result.records[-1]["accuracy"])
 
 
+def train_only(fed: Any, device: str, reps: int) -> dict[str, float]:
+    """CPU seconds to train round 1's clients of W: sequential, batched, batched in the GPU layout."""
+    import torch
+
+    from fedskew.components import batched
+    from fedskew.components.batching import BatchRequest, draw_batches
+    from fedskew.components.selection import uniform_sample
+    from fedskew.components.trainer import LocalConfig, train_local
+    from fedskew.core.seeding import numpy_rng, seeded_init, torch_generator
+    from fedskew.core.threads import num_threads
+    from fedskew.models.layout import use_channels_last
+
+    cfg = LocalConfig(1, BATCH, LR)
+    chosen = [int(c) for c in uniform_sample(CLIENTS, PER_ROUND, numpy_rng(0, "server", 1, "select"))]
+    data = [tuple(t.to(device) for t in fed.client_data(c)) for c in chosen]
+    start = use_channels_last(seeded_init(fed.info.model.build, 0, "init").to(device)).state_dict()
+
+    def models() -> list[Any]:
+        out = []
+        for _ in chosen:
+            m = use_channels_last(fed.info.model.build().to(device))
+            m.load_state_dict(start)
+            out.append(m)
+        return out
+
+    def sequential() -> None:
+        for m, c, (x, y) in zip(models(), chosen, data, strict=True):
+            train_local(m, x, y, cfg, torch_generator(0, "client", c, 1, "train"))
+
+    def together(gpu_layout: bool) -> None:
+        reqs = []
+        for m, c, (x, y) in zip(models(), chosen, data, strict=True):
+            batches = draw_batches(len(y), cfg, torch_generator(0, "client", c, 1, "train"))
+            reqs.append(BatchRequest(m, x, y, cfg, batches, [], []))
+        with layout(gpu_layout):
+            batched.train_batched(reqs)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    out = {}
+    with num_threads(1):
+        for name, run in (("sequential", sequential), ("batched", lambda: together(False)),
+                          ("batched_gpu_layout", lambda: together(True))):
+            run()  # warm-up
+            times = []
+            for _ in range(reps):
+                t0 = time.process_time() if device == "cpu" else time.perf_counter()
+                run()
+                times.append((time.process_time() if device == "cpu" else time.perf_counter()) - t0)
+            out[name] = min(times)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3, help="rounds of each timed run")
@@ -162,6 +218,9 @@ def main() -> None:
         r.update(count_ops(r, args.profile_rounds, args, fed))
         print(f"{r['name']}: {r['aten_ops_per_round']:.0f} aten ops a round "
               f"({r['client_aten_ops_per_round']:.0f} in the clients' jobs)", flush=True)
+    training = train_only(fed, args.device, max(args.reps, 3))
+    print("training round 1's clients alone, best of 3 (" + ("CPU" if args.device == "cpu" else "wall") + " s): "
+          + ", ".join(f"{k} {v:.2f}" for k, v in training.items()), flush=True)
     for _ in range(args.reps):
         for r in runners:
             seconds, cpu, accuracy = time_rounds(r, args, fed)
@@ -180,7 +239,7 @@ def main() -> None:
             line += (f"; aten ops {r['aten_ratio']:.3f} of the sequential runner's "
                      f"({r['client_aten_ratio']:.3f} in the clients' jobs)")
         print(line, flush=True)
-    print(json.dumps({"device": args.device, "rounds": args.rounds, "runners": runners}))
+    print(json.dumps({"device": args.device, "rounds": args.rounds, "runners": runners, "training_only": training}))
 
 
 if __name__ == "__main__":
