@@ -152,7 +152,7 @@ def train_only(fed: Any, device: str, reps: int) -> dict[str, float]:
     from fedskew.core.threads import num_threads
     from fedskew.models.layout import use_channels_last
 
-    cfg = LocalConfig(1, BATCH, LR)
+    cfg = LocalConfig(epochs=1, batch_size=BATCH, lr=LR)
     chosen = [int(c) for c in uniform_sample(CLIENTS, PER_ROUND, numpy_rng(0, "server", 1, "select"))]
     data = [tuple(t.to(device) for t in fed.client_data(c)) for c in chosen]
     start = use_channels_last(seeded_init(fed.info.model.build, 0, "init").to(device)).state_dict()

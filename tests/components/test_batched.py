@@ -117,7 +117,8 @@ def test_frozen_channels_last_body() -> None:
     for m in models:
         for name, p in m.named_parameters():
             p.requires_grad_(name.startswith("classifier"))
-    _compare(models, [_data(n, k) for k, n in enumerate([30, 9, 17])], LocalConfig(2, 8, 0.1, momentum=0.9))
+    cfg = LocalConfig(epochs=2, batch_size=8, lr=0.1, momentum=0.9)
+    _compare(models, [_data(n, k) for k, n in enumerate([30, 9, 17])], cfg)
 
 
 def test_group_norm_model_takes_the_layered_forward() -> None:
@@ -138,7 +139,8 @@ def test_unknown_layer_takes_the_vmap_forward() -> None:
 
     models = [build() for _ in range(3)]
     assert isinstance(stacked_forward(models[0], 3, channels_last=False), VmapForward)
-    _compare(models, [_data(n, k) for k, n in enumerate([25, 9, 40])], LocalConfig(1, 8, 0.1, momentum=0.9))
+    cfg = LocalConfig(epochs=1, batch_size=8, lr=0.1, momentum=0.9)
+    _compare(models, [_data(n, k) for k, n in enumerate([25, 9, 40])], cfg)
 
 
 def test_what_cannot_batch_says_why() -> None:

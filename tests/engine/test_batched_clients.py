@@ -148,15 +148,13 @@ def test_default_and_auto_on_a_cpu_are_the_sequential_runner() -> None:
     assert isinstance(runner, BatchedClients) and runner.width == 3
 
 
-def test_auto_on_one_gpu_batches_the_whole_round(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_on_one_gpu_batches_the_whole_round() -> None:
     """The choice only (this machine has no GPU): one CUDA device in one process batches every client."""
-    from fedskew.engine import batched_runner
-
-    monkeypatch.setattr(batched_runner, "worker_devices", lambda spec: ["cuda:0"])
-    ctx = dataclasses.replace(_context(clients_in_parallel="auto"), compute=Compute("cuda:0"))
-    assert clients_in_parallel(ctx) == 0  # 0: every client of a round at once
-    monkeypatch.setattr(batched_runner, "worker_devices", lambda spec: ["cuda:0", "cuda:1"])
-    assert clients_in_parallel(ctx) == 1  # several GPUs: one worker process each, as today
+    ctx = _context(clients_in_parallel="auto")
+    one = dataclasses.replace(ctx, compute=Compute("cuda:0", workers=("cuda:0",)))
+    assert clients_in_parallel(one) == 0  # 0: every client of a round at once
+    two = dataclasses.replace(ctx, compute=Compute("cuda:0", workers=("cuda:0", "cuda:1")))
+    assert clients_in_parallel(two) == 1  # several GPUs: one worker process each, as today
 
 
 def test_a_failing_batch_fails_the_round(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
