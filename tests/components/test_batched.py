@@ -111,6 +111,31 @@ def test_frozen_and_unreached_parameters_stay_put() -> None:
         assert torch.equal(m.spare.weight, b)
 
 
+def test_nothing_to_train_fails_as_train_local_does() -> None:
+    """Only an unused parameter is trainable: train_local's backward fails, and so does the batched step."""
+
+    class Unused(FedModel):
+        def __init__(self) -> None:
+            super().__init__(nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU()), nn.Linear(16, 4))
+            self.spare = nn.Linear(3, 3)
+
+    models = []
+    for k in range(2):
+        torch.manual_seed(k)
+        m = Unused()
+        for name, p in m.named_parameters():
+            p.requires_grad_(name.startswith("spare"))
+        models.append(m)
+    cfg = LocalConfig(epochs=2, batch_size=8, lr=0.1)
+    x, y = _data(30, 0)
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        train_local(copy.deepcopy(models[0]), x, y, cfg, torch.Generator().manual_seed(0))
+    requests = [BatchRequest(m, x, y, cfg, draw_batches(30, cfg, torch.Generator().manual_seed(0)), [], [])
+                for m in models]
+    with pytest.raises(RuntimeError, match="does not require grad"):  # the probe's autograd.grad
+        batched.train_batched(requests)
+
+
 def test_frozen_channels_last_body() -> None:
     """FedRep's head epochs: the convolutions (channels-last) frozen, the head trained."""
     models = [_cnn(k) for k in range(3)]

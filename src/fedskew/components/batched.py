@@ -144,6 +144,10 @@ def _train_group(requests: list[BatchRequest]) -> list[LocalResult]:
     return [r for r in results if r is not None]
 
 
+def _trainable(r: BatchRequest) -> list[str]:
+    return [n for n, p in r.model.named_parameters() if p.requires_grad]
+
+
 class _StackedTraining:
     """The batched SGD of K clients ordered by steps (most first).
 
@@ -162,7 +166,7 @@ class _StackedTraining:
         named = dict(first.named_parameters())
         self.param_names = list(named)
         self.natural_shapes = {n: tuple(p.shape) for n, p in named.items()}
-        self.names = _reached(requests[0], [n for n, p in named.items() if p.requires_grad])
+        self.names = _reached(requests[0], _trainable(requests[0]))
         self.shapes = [tuple(named[n].shape) for n in self.names]
         k = len(requests)
         self.starts = np.cumsum([0, *[k * named[n].numel() for n in self.names]]).tolist()
