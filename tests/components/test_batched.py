@@ -13,6 +13,7 @@ from fedskew.components.batching import BatchRequest, draw_batches, functional_o
 from fedskew.components.stacked_forward import LayeredForward, VmapForward, stacked_forward
 from fedskew.components.terms import FeatureTap, contrastive_term, correction_hook, linear_term, proximal_term
 from fedskew.components.trainer import LocalConfig, train_local
+from fedskew.core.device import Compute, use_compute
 from fedskew.models import create_model
 from fedskew.models.layout import use_channels_last
 from fedskew.models.registry import FedModel
@@ -183,4 +184,6 @@ def test_what_cannot_batch_says_why() -> None:
     assert "running statistics" in str(why_sequential(bn, x, [], []))
     assert "random" in str(why_sequential(nn.Sequential(nn.Flatten(), nn.Dropout(0.5), nn.Linear(64, 4)), x, [], []))
     assert "float32 or float64" in str(why_sequential(m.half(), x, [], []))
+    with use_compute(Compute("cpu", compile="default")):
+        assert "compile" in str(why_sequential(_cnn(0), x, [], []))
     assert why_sequential(_cnn(0), x, [], []) is None

@@ -211,3 +211,17 @@ def test_evaluation_several_chunks_a_pass_equals_chunk_by_chunk() -> None:
         for a, b in zip(one_by_one, together, strict=True):
             assert (a.correct == b.correct).all() and (a.total == b.total).all()
             assert a.loss_sum == pytest.approx(b.loss_sum, rel=1e-6)  # the losses are float32
+
+
+def test_a_resume_may_switch_to_batched_clients(tmp_path: Path, spy: list[list[int]]) -> None:
+    from fedskew.config import dump
+    from fedskew.engine.experiment import resume_run
+
+    cfg = {**_config(), "checkpoint_every": 1}  # 2 rounds
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "config.toml").write_text(dump(cfg))
+    RoundLoop(cfg, tmp_path / "r", progress=False).run()
+    assert not spy
+    res = resume_run(tmp_path / "r", {"rounds": 3, "clients_in_parallel": 4}, data_dir=None, progress=False)
+    assert [r["round"] for r in res.records] == [1, 2, 3]
+    assert spy  # round 3 trained batched

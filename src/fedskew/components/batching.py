@@ -139,8 +139,11 @@ def why_sequential(
         return "it edits gradients (a gradient hook, e.g. SCAFFOLD's correction)"
     if any(functional_of(t) is None for t in terms):
         return "a loss term has no batched form (e.g. MOON's contrastive term)"
-    if current_compute().amp != "off":
-        return f"mixed precision (amp = {current_compute().amp})"
+    compute = current_compute()
+    if compute.amp != "off":
+        return f"mixed precision (amp = {compute.amp})"
+    if compute.compile != "off":
+        return f"the run compiles the model's forward pass (compile = {compute.compile})"
     params = list(model.parameters())
     if not params or not any(p.requires_grad for p in params):
         return "the model has no trainable parameters"
