@@ -17,9 +17,10 @@ from fedskew.core.device import Compute
 from fedskew.core.errors import ConfigError
 from fedskew.engine.batched_runner import BatchedClients, clients_in_parallel
 from fedskew.engine.federation import Federation, build_federation
+from fedskew.engine.local import local_engine
 from fedskew.engine.round_loop import RoundLoop
 from fedskew.engine.runner import EngineContext
-from fedskew.engine.workers import Workers, local_engine
+from fedskew.engine.workers import Workers
 from tests.algorithms.test_all_algorithms import config_for
 from tests.conftest import tiny_config
 

@@ -17,14 +17,16 @@ from fedskew.config.schema import typed_config
 from fedskew.core.device import Compute
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.core.message import Message, state_to_arrays
+from fedskew.engine import local as local_module
 from fedskew.engine import pool_size as pool_module
 from fedskew.engine import workers as workers_module
 from fedskew.engine.experiment import run_experiment
 from fedskew.engine.federation import build_federation
+from fedskew.engine.local import round_jobs
 from fedskew.engine.pool_size import WORKER_BYTES, pool_size
 from fedskew.engine.round_loop import RoundLoop
 from fedskew.engine.runner import ClientJob, EngineCache, EngineContext
-from fedskew.engine.workers import WorkerPool, Workers, round_jobs
+from fedskew.engine.workers import WorkerPool, Workers
 from tests.conftest import tiny_config
 
 GB = 2**30
@@ -111,7 +113,8 @@ def pools(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             started.append(size)
             super().__init__(fed, size, *args)
 
-    monkeypatch.setattr(workers_module, "WorkerPool", Spied)
+    monkeypatch.setattr(local_module, "WorkerPool", Spied)  # an experiment's pool
+    monkeypatch.setattr(workers_module, "WorkerPool", Spied)  # a lone run's own
     return started
 
 

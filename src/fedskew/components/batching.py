@@ -19,16 +19,14 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
+from fedskew.components.trainer import GradHook, LocalConfig, LocalResult, LossTerm, install_hand_off
 from fedskew.core.device import current_compute
 from fedskew.models.layout import shuffled_batches
-
-if TYPE_CHECKING:
-    from fedskew.components.trainer import GradHook, LocalConfig, LocalResult, LossTerm
 
 BATCHED_DTYPES = (torch.float32, torch.float64)
 """Parameter dtypes the batched trainer takes (mixed precision runs one client at a time)."""
@@ -179,3 +177,6 @@ def hand_off(
     batches = draw_batches(int(y.shape[0]), cfg, generator)
     functional = [f for f in (functional_of(t) for t in terms) if f is not None]
     return rendezvous.train(BatchRequest(model, x, y, cfg, batches, functional, list(terms)))
+
+
+install_hand_off(hand_off)

@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedskew.components.batching import hand_off
 from fedskew.core.device import current_compute, host_floats
 from fedskew.core.params import check, next_checks
 from fedskew.models.layout import as_model_format, is_channels_last, shuffled_batches
@@ -24,6 +23,20 @@ LossTerm = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch
 
 GradHook = Callable[[nn.Module], None]
 """Called after ``backward`` and before the optimiser step; may edit ``p.grad`` in place."""
+
+HandOff = Callable[..., "LocalResult | None"]
+"""``hand_off(model, x, y, cfg, generator, terms, grad_hooks)``: trains the model elsewhere and returns its
+result, or None to let :func:`train_local` train it (see :func:`install_hand_off`)."""
+
+_HAND_OFF: list[HandOff] = []
+
+
+def install_hand_off(hand_off: HandOff) -> None:
+    """Let ``hand_off`` take trainings first (once per process): the batched runner's
+    (:func:`fedskew.components.batching.hand_off`, installed when that module is imported) hands a
+    batchable training to the round's rendezvous and returns None outside one."""
+    if hand_off not in _HAND_OFF:
+        _HAND_OFF.append(hand_off)
 
 
 @dataclass
@@ -106,9 +119,10 @@ def train_local(
     Under a batched runner (``clients_in_parallel``) the training is handed to it when it can be batched
     (:func:`~fedskew.components.batching.hand_off`): same batches and update rule, other clients alongside.
     """
-    batched = hand_off(model, x, y, cfg, generator, terms, grad_hooks)
-    if batched is not None:
-        return batched
+    for hand_off in _HAND_OFF:
+        batched = hand_off(model, x, y, cfg, generator, terms, grad_hooks)
+        if batched is not None:
+            return batched
     model.train()
     compute = current_compute()
     opt = torch.optim.SGD(

@@ -14,7 +14,7 @@ from typing import Any
 from fedskew.core.errors import ConfigError
 
 ENGINES: dict[str, str | Callable[..., Any]] = {
-    "local": "fedskew.engine.workers:local_engine",
+    "local": "fedskew.engine.local:local_engine",
     "ray": "fedskew.engine.ray_workers:ray_engine",
 }
 """Engine name -> its runner builder, or the ``module:function`` path of one."""

@@ -18,7 +18,7 @@ import threading
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.multiprocessing as tmp
@@ -32,16 +32,13 @@ from fedskew.core.threads import num_threads
 from fedskew.engine.federation import Federation
 from fedskew.engine.pool_size import default_workers, usable_cores
 from fedskew.engine.replies import Undecodable, decode_reply, encode_reply
-from fedskew.engine.runner import ClientJob, EngineContext
+from fedskew.engine.runner import ClientJob
 from fedskew.models.evaluation import EvalCounts, evaluate_chunk
 from fedskew.models.layout import use_channels_last
 from fedskew.plugins import load_plugins, loaded_plugins
 
-__all__ = ["BROKEN", "RunSetup", "WorkerPool", "Workers", "client_step_on", "default_workers", "local_engine",
-           "round_jobs", "usable_cores"]
+__all__ = ["BROKEN", "RunSetup", "WorkerPool", "Workers", "client_step_on", "default_workers", "usable_cores"]
 
-if TYPE_CHECKING:
-    from fedskew.engine.batched_runner import BatchedClients
 
 FEDERATION_ON_DEVICE_BYTES = 4 * 2**30
 """A federation up to this size is copied to a GPU whole, once (Fashion-MNIST, CIFAR-10); a larger one
@@ -382,34 +379,3 @@ def _share(*tables: dict[str, Any]) -> None:
         for value in table.values():
             if isinstance(value, torch.Tensor) and value.device.type == "cpu" and not value.is_shared():
                 value.share_memory_()
-
-
-def round_jobs(ctx: EngineContext) -> int:
-    """Client jobs of a round: the algorithm's ``clients_per_round`` (every client for one without it)."""
-    n = ctx.fed.info.num_clients
-    per_round = getattr(ctx.params, "clients_per_round", None)
-    return min(per_round, n) if isinstance(per_round, int) and per_round >= 1 else n
-
-
-def local_engine(ctx: EngineContext) -> Workers | BatchedClients:
-    """``engine = "local"``: :class:`Workers` on this machine, ``workers`` of them (0: :func:`default_workers`
-    for the round's jobs and ``workers_per_device``). Within an experiment (``ctx.cache``) the pool is the one
-    the previous run used when it has the same data, size, devices and determinism. The batched runner
-    where ``clients_in_parallel`` asks for it (:mod:`fedskew.engine.batched_runner`)."""
-    from fedskew.engine.batched_runner import batched_runner
-
-    batched = batched_runner(ctx)
-    if batched is not None:
-        if ctx.cache is not None:
-            ctx.cache.release("local")  # it runs in this process: no idle pool holding memory
-        return batched
-    run = ctx.config.run
-    devices = list(ctx.compute.workers or (ctx.compute.device,))  # resolved once, with the run's device
-    size = run.workers or default_workers(devices, round_jobs(ctx), run.workers_per_device)
-    if size <= 1 or ctx.cache is None:
-        if ctx.cache is not None:
-            ctx.cache.release("local")  # an inline run leaves no idle pool holding memory
-        return Workers(ctx.fed, ctx.algorithm, ctx.params, size, ctx.compute, devices)
-    key = (tuple(id(t) for t in ctx.fed.tensors()), size, tuple(devices), ctx.compute.deterministic)
-    pool = ctx.cache.get("local", key, lambda: WorkerPool(ctx.fed, size, ctx.compute, devices))
-    return Workers(ctx.fed, ctx.algorithm, ctx.params, size, ctx.compute, devices, pool=pool)
