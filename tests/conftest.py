@@ -72,3 +72,32 @@ def tiny_config(**over: Any) -> dict[str, Any]:
 @pytest.fixture
 def tiny() -> dict[str, Any]:
     return tiny_config()
+
+
+def run_records(cfg: dict[str, Any], path: Path) -> list[dict[str, Any]]:
+    """Run ``cfg`` alone (a round loop, its config written first) into ``path``; its metrics.jsonl records."""
+    import json
+
+    from fedskew.config import dump
+    from fedskew.engine.round_loop import RoundLoop
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.toml").write_text(dump(cfg))
+    RoundLoop(cfg, path, progress=False).run()
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def spy_pools(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of every worker pool started from now on (an experiment's and a lone run's), in order."""
+    from fedskew.engine import local, workers
+
+    started: list[int] = []
+
+    class Spied(workers.WorkerPool):
+        def __init__(self, fed: Any, size: int, *args: Any) -> None:
+            started.append(size)
+            super().__init__(fed, size, *args)
+
+    monkeypatch.setattr(local, "WorkerPool", Spied)
+    monkeypatch.setattr(workers, "WorkerPool", Spied)
+    return started

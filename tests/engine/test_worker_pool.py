@@ -17,9 +17,7 @@ from fedskew.config.schema import typed_config
 from fedskew.core.device import Compute
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.core.message import Message, state_to_arrays
-from fedskew.engine import local as local_module
 from fedskew.engine import pool_size as pool_module
-from fedskew.engine import workers as workers_module
 from fedskew.engine.experiment import run_experiment
 from fedskew.engine.federation import build_federation
 from fedskew.engine.local import round_jobs
@@ -27,7 +25,7 @@ from fedskew.engine.pool_size import WORKER_BYTES, pool_size
 from fedskew.engine.round_loop import RoundLoop
 from fedskew.engine.runner import ClientJob, EngineCache, EngineContext
 from fedskew.engine.workers import WorkerPool, Workers
-from tests.conftest import tiny_config
+from tests.conftest import spy_pools, tiny_config
 
 GB = 2**30
 
@@ -106,16 +104,7 @@ def _metrics(cfg: dict[str, Any], path: Path) -> bytes:
 @pytest.fixture
 def pools(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The size of every worker pool started from now on, in order."""
-    started: list[int] = []
-
-    class Spied(WorkerPool):
-        def __init__(self, fed: Any, size: int, *args: Any) -> None:
-            started.append(size)
-            super().__init__(fed, size, *args)
-
-    monkeypatch.setattr(local_module, "WorkerPool", Spied)  # an experiment's pool
-    monkeypatch.setattr(workers_module, "WorkerPool", Spied)  # a lone run's own
-    return started
+    return spy_pools(monkeypatch)
 
 
 def test_workers_per_device_does_not_change_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -5,33 +5,23 @@ Skipped without CUDA (tests/gpu/conftest.py). On a GPU machine: ``python -m pyte
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
 from fedskew.algorithms.base import ALGORITHMS
-from fedskew.config import dump
 from fedskew.engine.experiment import resume_run
-from fedskew.engine.round_loop import RoundLoop
 from tests.algorithms.test_all_algorithms import config_for, runnable_config
+from tests.conftest import run_records
 
 pytestmark = pytest.mark.gpu
-
-
-def _run(cfg: dict[str, Any], path: Path) -> list[dict[str, Any]]:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.toml").write_text(dump(cfg))
-    RoundLoop(cfg, path, progress=False).run()
-    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.parametrize("name", ALGORITHMS.names())
 def test_every_method_runs_two_rounds_on_cuda(tmp_path: Path, name: str) -> None:
     # `local` has no global model: it is measured on the clients' own test splits (runnable_config gives them).
-    records = _run(runnable_config(name, rounds=2, device="cuda:0", workers=1), tmp_path / name)
+    records = run_records(runnable_config(name, rounds=2, device="cuda:0", workers=1), tmp_path / name)
     score = "accuracy" if ALGORITHMS.get(name).has_global_model else "personal_accuracy_mean"
     assert len(records) == 2 and all(0.0 <= r[score] <= 1.0 for r in records)
     assert all(r["rejected"] == [] for r in records)
@@ -42,12 +32,12 @@ def test_every_method_runs_two_rounds_on_cuda(tmp_path: Path, name: str) -> None
 @pytest.mark.parametrize("name", ["fedavg", "scaffold", "feddm"])
 def test_deterministic_runs_repeat_exactly(tmp_path: Path, name: str) -> None:
     cfg = config_for(name, rounds=2, device="cuda:0", deterministic=True, workers=1)
-    assert _run(cfg, tmp_path / "a") == _run(cfg, tmp_path / "b")
+    assert run_records(cfg, tmp_path / "a") == run_records(cfg, tmp_path / "b")
 
 
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])
 def test_mixed_precision_on_cuda(tmp_path: Path, amp: str) -> None:
-    records = _run(config_for("fedavg", rounds=2, device="cuda:0", amp=amp, workers=1), tmp_path / amp)
+    records = run_records(config_for("fedavg", rounds=2, device="cuda:0", amp=amp, workers=1), tmp_path / amp)
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in records)
 
 
@@ -55,7 +45,7 @@ def test_mixed_precision_on_cuda(tmp_path: Path, amp: str) -> None:
 def test_resume_moves_between_gpu_and_cpu(tmp_path: Path, first: str, then: str) -> None:
     cfg = config_for("scaffold", rounds=3, device=first, workers=1, checkpoint_every=1)
     part = dict(cfg, rounds=2)
-    _run(part, tmp_path / "r")
+    run_records(part, tmp_path / "r")
     res = resume_run(tmp_path / "r", {"rounds": 3, "device": then}, data_dir=None, progress=False)
     assert len(res.records) == 3 and res.records[-1]["round"] == 3
 
@@ -64,4 +54,4 @@ def test_resume_moves_between_gpu_and_cpu(tmp_path: Path, first: str, then: str)
 def test_several_gpus_give_the_metrics_of_one_when_deterministic(tmp_path: Path) -> None:
     one = config_for("fedavg", rounds=2, device="cuda:0", deterministic=True, workers=1)
     many = config_for("fedavg", rounds=2, device="cuda", deterministic=True, workers=torch.cuda.device_count())
-    assert _run(one, tmp_path / "one") == _run(many, tmp_path / "many")
+    assert run_records(one, tmp_path / "one") == run_records(many, tmp_path / "many")
