@@ -393,8 +393,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         plan.append(("steps", {**base, "kind": "steps", "steps": 10 if args.quick else 60, "compiled": False}))
     if "compile" in args.parts:
         plan.append(("compile", {**base, "kind": "steps", "steps": 10 if args.quick else 60, "compiled": True}))
-    best = next((RUNNERS[r] for r in ("clients_in_parallel", "workers_per_device") if not absent_keys(RUNNERS[r])),
-                RUNNERS["sequential"])
+    # The condensation methods do not batch (docs/performance.md, "Batched clients"): their round runs its
+    # clients in several processes sharing the GPU.
+    best = RUNNERS["sequential"] if absent_keys(RUNNERS["workers_per_device"]) else RUNNERS["workers_per_device"]
     if "paper" in args.parts:
         plan += [(f"paper.{m}", {**base, "kind": "paper", "label": m, "runner": best}) for m in ("FedDM", "FedAF")]
     results: dict[str, Any] = {}
