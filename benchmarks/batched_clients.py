@@ -39,19 +39,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from simulation import BATCH, CLIENTS, LR, PER_ROUND
+from simulation import w_config as simulation_w_config
 
 
 def w_config(rounds: int, width: int, device: str, workers: int) -> dict[str, Any]:
-    return {
-        "name": "bench", "label": "fedskew", "rounds": rounds, "seed": 0, "workers": workers if width == 1 else 1,
-        "eval_every": 1, "checkpoint_every": 0, "target_accuracy": None, "at_rounds": [],
-        "dataset": {"name": "fashion_mnist"},
-        "partition": {"name": "dirichlet", "num_clients": CLIENTS, "alpha": 0.1, "seed": 0},
-        "model": {"name": "fedavg_cnn"},
-        "algorithm": {"name": "fedavg", "clients_per_round": PER_ROUND, "local_epochs": 1,
-                      "batch_size": BATCH, "lr": LR},
-        "faults": {}, "device": device, "clients_in_parallel": width,
-    }
+    """W with ``clients_in_parallel = width`` (its own process: one worker)."""
+    return simulation_w_config(rounds, device, workers if width == 1 else 1, clients_in_parallel=width)
 
 
 @contextlib.contextmanager

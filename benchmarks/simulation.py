@@ -132,22 +132,26 @@ def run_plain(data_dir: str | None, rounds: int, device: str = "cpu") -> dict[st
     return {"round_seconds": times, "images": images, "accuracy": acc}
 
 
-def run_fedskew(
-    data_dir: str | None, rounds: int, workers: int, device: str = "cpu", per_device: int = 1
-) -> dict[str, Any]:
-    from fedskew.engine.round_loop import RoundLoop
-
-    cfg = {
+def w_config(rounds: int, device: str, workers: int, **run: Any) -> dict[str, Any]:
+    """Workload W as fedskew's config; ``run``: more top-level keys (``workers_per_device``, ...)."""
+    return {
         "name": "bench", "label": "fedskew", "rounds": rounds, "seed": 0, "workers": workers,
-        "workers_per_device": per_device,
         "eval_every": 1, "checkpoint_every": 0, "target_accuracy": None, "at_rounds": [],
         "dataset": {"name": "fashion_mnist"},
         "partition": {"name": "dirichlet", "num_clients": CLIENTS, "alpha": 0.1, "seed": 0},
         "model": {"name": "fedavg_cnn"},
         "algorithm": {"name": "fedavg", "clients_per_round": PER_ROUND, "local_epochs": 1,
                       "batch_size": BATCH, "lr": LR},
-        "faults": {}, "device": device,
+        "faults": {}, "device": device, **run,
     }
+
+
+def run_fedskew(
+    data_dir: str | None, rounds: int, workers: int, device: str = "cpu", per_device: int = 1
+) -> dict[str, Any]:
+    from fedskew.engine.round_loop import RoundLoop
+
+    cfg = w_config(rounds, device, workers, workers_per_device=per_device)
     with tempfile.TemporaryDirectory() as tmp:
         res = RoundLoop(cfg, Path(tmp), data_dir=data_dir, progress=False).run()
         timing = [json.loads(line)["seconds"] for line in (Path(tmp) / "timing.jsonl").read_text().splitlines()]
