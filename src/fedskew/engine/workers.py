@@ -30,14 +30,13 @@ from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message
 from fedskew.core.threads import num_threads
 from fedskew.engine.federation import Federation
-from fedskew.engine.pool_size import default_workers, usable_cores
 from fedskew.engine.replies import Undecodable, decode_reply, encode_reply
 from fedskew.engine.runner import ClientJob
 from fedskew.models.evaluation import EvalCounts, evaluate_chunk
 from fedskew.models.layout import use_channels_last
 from fedskew.plugins import load_plugins, loaded_plugins
 
-__all__ = ["BROKEN", "RunSetup", "WorkerPool", "Workers", "client_step_on", "default_workers", "usable_cores"]
+__all__ = ["BROKEN", "RunSetup", "WorkerPool", "Workers", "client_step_on"]
 
 
 FEDERATION_ON_DEVICE_BYTES = 4 * 2**30
