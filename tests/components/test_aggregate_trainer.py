@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from fedskew.components.aggregate import weighted_mean
+from fedskew.components.aggregate import Aggregation, robust_average, update_norms, weighted_mean
 from fedskew.components.selection import uniform_sample
 from fedskew.components.trainer import LocalConfig, train_local
 from fedskew.core.errors import FedskewError
@@ -17,6 +17,46 @@ def test_weighted_mean_by_hand() -> None:
     assert out["n"].item() == 5 and out["w"].dtype == torch.float32
     with pytest.raises(FedskewError):
         weighted_mean([], [])
+
+
+def _states(n: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """Client states of mixed shapes and dtypes: a non-contiguous float32 tensor, float16, an int counter."""
+    g = torch.Generator().manual_seed(seed)
+    return [{"conv": torch.randn(4, 3, 3, 2, generator=g).transpose(1, 3), "bias": torch.randn(7, generator=g),
+             "half": torch.randn(5, generator=g).half(), "count": torch.tensor(i, dtype=torch.int64)}
+            for i in range(n)]
+
+
+def test_weighted_mean_equals_the_key_by_key_float64_sum_bit_for_bit() -> None:
+    """Joining each client's tensors into one vector changes no bit of the mean (same products, same order)."""
+    items, weights = _states(5), [3.0, 1.0, 7.0, 2.0, 5.0]
+    out = weighted_mean(items, weights)
+    for key, first in items[0].items():
+        if not first.is_floating_point():
+            assert out[key].item() == 4
+            continue
+        acc = torch.zeros(first.shape, dtype=torch.float64)
+        for item, w in zip(items, weights, strict=True):
+            acc.add_(item[key].to(torch.float64), alpha=w / sum(weights))
+        assert out[key].dtype == first.dtype and out[key].shape == first.shape
+        assert torch.equal(out[key], acc.to(first.dtype)), key
+    assert list(out) == list(items[0])
+
+
+def test_update_norms_and_the_one_pass_mean_agree_with_their_definitions() -> None:
+    items, reference = _states(4), _states(1, seed=9)[0]
+    keys = ["conv", "bias", "half"]
+    expected = [float(sum((it[k].double() - reference[k].double()).pow(2).sum() for k in keys)) ** 0.5 for it in items]
+    assert update_norms(items, reference) == pytest.approx(expected, rel=1e-12)
+    # no outlier: robust_average's one pass (mean and norms together) is weighted_mean exactly
+    state, rejected = robust_average(items, [1.0, 2.0, 3.0, 4.0], reference, Aggregation())
+    assert rejected == [] and all(torch.equal(state[k], v) for k, v in weighted_mean(items, [1.0, 2.0, 3.0, 4.0]).items())
+    # an outlier: rejected, and the mean is that of the others
+    items[2] = {k: (v * 1000 if v.is_floating_point() else v) for k, v in items[2].items()}
+    state, rejected = robust_average(items, [1.0, 2.0, 3.0, 4.0], reference, Aggregation())
+    assert [i for i, _ in rejected] == [2] and "exceeds 10 x the round's median" in rejected[0][1]
+    kept = weighted_mean([items[0], items[1], items[3]], [1.0, 2.0, 4.0])
+    assert all(torch.equal(state[k], v) for k, v in kept.items())
 
 
 def test_uniform_sample_distinct_sorted_capped() -> None:

@@ -70,6 +70,17 @@ def test_out_of_range_labels_and_bad_metrics_are_rejected() -> None:
     assert "not a tensor" in str(check_reply(wrong, None, 10, 10_000))
 
 
+def test_the_finite_check_names_the_array_that_holds_nan_or_inf() -> None:
+    """All floating arrays are checked at once; a failure still names the array (any dtype, any position)."""
+    arrays = {"a": torch.zeros(3), "h": torch.ones(2, 2, dtype=torch.float16), "n": torch.tensor([1, 2]),
+              "e": torch.zeros(0), "z": torch.ones(4, 2).t()}
+    assert check_reply(Message(arrays=dict(arrays)), None, 10, 10_000) is None
+    for name, bad in [("h", float("inf")), ("z", float("nan")), ("a", float("-inf"))]:
+        broken = {k: v.clone() for k, v in arrays.items()}
+        broken[name][(-1,) * broken[name].dim()] = bad
+        assert check_reply(Message(arrays=broken), None, 10, 10_000) == f"array {name!r} holds NaN or inf"
+
+
 def _records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
 

@@ -22,23 +22,61 @@ def weighted_mean(
     Floating tensors are averaged in float64 and cast back, in the given order, so the result does not
     depend on float32 summation order. Integer tensors (BatchNorm's ``num_batches_tracked``) take the
     maximum, which is what a counter means after averaging.
+
+    The floating tensors of each item are joined into one vector first (:func:`flatten`), so a client
+    costs a few operations whatever the model (on a GPU: a few kernels, not a few a tensor); each element
+    is the same sum of the same products as tensor by tensor, so the result is the same, bit for bit.
     """
+    return _mean_and_norms(items, weights, None)[0]
+
+
+def _mean_and_norms(
+    items: Sequence[dict[str, torch.Tensor]], weights: Sequence[float], reference: dict[str, torch.Tensor] | None
+) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """:func:`weighted_mean`, and with a ``reference`` also :func:`update_norms`, each item joined once."""
     if not items:
         raise FedskewError("cannot aggregate: no client replied this round")
     total = float(sum(weights))
     if total <= 0:
         raise FedskewError(f"cannot aggregate: weights sum to {total}")
+    first = items[0]
+    keys = float_keys(first)
     out: dict[str, torch.Tensor] = {}
-    for key, first in items[0].items():
-        if first.is_floating_point():
-            wide = torch.float32 if first.device.type == "mps" else torch.float64  # MPS has no float64
-            acc = torch.zeros(first.shape, dtype=wide, device=first.device)
-            for item, w in zip(items, weights, strict=True):
-                acc.add_(item[key].to(wide), alpha=float(w) / total)
-            out[key] = acc.to(first.dtype)
-        else:
+    norms: list[float] = [0.0] * len(items) if reference is not None else []
+    if keys:
+        wide = _wide(first[keys[0]])
+        acc = torch.zeros(sum(first[k].numel() for k in keys), dtype=wide, device=first[keys[0]].device)
+        start = flatten(reference, keys, wide) if reference is not None else None
+        squares = []
+        for item, w in zip(items, weights, strict=True):
+            flat = flatten(item, keys, wide)
+            if start is not None:
+                squares.append((flat - start).pow_(2).sum())
+            acc.add_(flat, alpha=float(w) / total)
+        out = unflatten(acc, first, keys)
+        if squares:
+            norms = [math.sqrt(v) for v in torch.stack(squares).tolist()]
+    for key in first:
+        if key not in out:
             out[key] = torch.stack([item[key] for item in items]).amax(dim=0)
-    return out
+    return {key: out[key] for key in first}, norms
+
+
+def float_keys(state: dict[str, torch.Tensor]) -> list[str]:
+    """The keys of ``state``'s floating-point tensors, in its order."""
+    return [k for k, v in state.items() if v.is_floating_point()]
+
+
+def flatten(state: dict[str, torch.Tensor], keys: Sequence[str], dtype: torch.dtype) -> torch.Tensor:
+    """The tensors ``keys`` of ``state`` joined into one vector of ``dtype``, in order (exact where
+    ``dtype`` is at least as wide as each of them)."""
+    return torch.cat([state[k].reshape(-1) for k in keys]).to(dtype)
+
+
+def unflatten(flat: torch.Tensor, like: dict[str, torch.Tensor], keys: Sequence[str]) -> dict[str, torch.Tensor]:
+    """:func:`flatten` undone: ``flat`` cut into the shapes and dtypes of ``like[keys]``."""
+    parts = flat.split([like[k].numel() for k in keys])
+    return {k: part.view(like[k].shape).to(like[k].dtype) for k, part in zip(keys, parts, strict=True)}
 
 
 @dataclass
@@ -76,12 +114,15 @@ class Aggregation:
 
 
 def update_norms(items: Sequence[dict[str, torch.Tensor]], reference: dict[str, torch.Tensor]) -> list[float]:
-    """L2 norm of each item's floating tensors minus ``reference``'s (the update a client sent)."""
-    keys = [k for k, v in items[0].items() if v.is_floating_point()] if items else []
-    return [
-        math.sqrt(sum(float((item[k].to(_wide(item[k])) - reference[k].to(_wide(item[k]))).pow(2).sum()) for k in keys))
-        for item in items
-    ]
+    """L2 norm of each item's floating tensors minus ``reference``'s (the update a client sent), summed in
+    float64 (float32 on MPS); one read of the device for all items."""
+    keys = float_keys(items[0]) if items else []
+    if not keys:
+        return [0.0] * len(items)
+    wide = _wide(items[0][keys[0]])
+    start = flatten(reference, keys, wide)
+    squares = torch.stack([(flatten(item, keys, wide) - start).pow_(2).sum() for item in items])
+    return [math.sqrt(v) for v in squares.tolist()]
 
 
 def robust_average(
@@ -95,17 +136,17 @@ def robust_average(
     With the default settings and no outlier this is exactly :func:`weighted_mean` (same arithmetic,
     so results are unchanged). ``reference`` is the global model the clients started from.
     """
-    norms = update_norms(items, reference) if (cfg.max_norm_ratio > 0 and len(items) >= 3) or cfg.clip_norm else []
-    rejected: list[tuple[int, str]] = []
-    keep = list(range(len(items)))
-    if cfg.max_norm_ratio > 0 and len(items) >= 3:
-        median = statistics.median(norms)
-        bound = cfg.max_norm_ratio * median
-        for i, n in enumerate(norms):
-            if median > 0 and n > bound:
-                rejected.append((i, f"update norm {n:.4g} exceeds {cfg.max_norm_ratio:g} x the round's median "
-                                    f"{median:.4g}"))
-        keep = [i for i in keep if i not in {j for j, _ in rejected}]
+    bounded = cfg.max_norm_ratio > 0 and len(items) >= 3
+    norms: list[float] | None = None
+    if cfg.rule == "mean" and bounded and not cfg.clip_norm:
+        # The common case: the mean of all and the norms in one pass; redone below if one is rejected.
+        mean, norms = _mean_and_norms(items, weights, reference)
+        if not _outliers(norms, cfg.max_norm_ratio):
+            return mean, []
+    if norms is None:
+        norms = update_norms(items, reference) if bounded or cfg.clip_norm else []
+    rejected = _outliers(norms, cfg.max_norm_ratio) if bounded else []
+    keep = [i for i in range(len(items)) if i not in {j for j, _ in rejected}]
     if not keep:
         raise FedskewError("cannot aggregate: every update was rejected")
     kept = [items[i] for i in keep]
@@ -127,6 +168,14 @@ def robust_average(
             value = stack[cut : n - cut].mean(dim=0)
         out[key] = value.to(first.dtype)
     return out, rejected
+
+
+def _outliers(norms: list[float], ratio: float) -> list[tuple[int, str]]:
+    """``(index, reason)`` of each norm above ``ratio`` times the median norm."""
+    median = statistics.median(norms)
+    bound = ratio * median
+    return [(i, f"update norm {n:.4g} exceeds {ratio:g} x the round's median {median:.4g}")
+            for i, n in enumerate(norms) if median > 0 and n > bound]
 
 
 def _clipped(

@@ -101,8 +101,9 @@ class _Schedule:
     """The steps of K clients (ordered by steps, most first) as index tensors into their joined data."""
 
     def __init__(
-        self, requests: Sequence[BatchRequest], offsets: list[int], device: torch.device, dtype: torch.dtype
+        self, requests: Sequence[BatchRequest], offsets: list[int], y: torch.Tensor, dtype: torch.dtype
     ) -> None:
+        device = y.device
         steps = [len(r.batches) for r in requests]
         self.steps, self.total = steps, max(steps)
         width = max(len(b) for r in requests for b in r.batches)
@@ -120,9 +121,12 @@ class _Schedule:
                 sizes[t, c] = len(ids)
         self.active = [sum(s > t for s in steps) for t in range(self.total)]
         self.full = [bool((sizes[t, : self.active[t]] == width).all()) for t in range(self.total)]
-        self.index = torch.from_numpy(index).to(device)
+        # Batch-major (step, B, K): a step's index as the layered forward takes it, without a transpose.
+        self.index_bk = torch.from_numpy(np.ascontiguousarray(index.transpose(0, 2, 1))).to(device)
         # The gradient of each client's summed loss is 1 / its batch size: the gradient of its mean loss.
         self.scale = torch.from_numpy(1.0 / sizes).to(device, dtype)
+        # Every step's labels, (step, K, B): the clients' labels are small, and a step then reads a slice.
+        self.labels = y[torch.from_numpy(index).to(device)]
         self.weights: torch.Tensor | None = None
         if not all(self.full):
             w = (np.arange(width)[None, None, :] < sizes[:, :, None]).astype(np.float64)
@@ -184,7 +188,7 @@ class _StackedTraining:
                 {key: torch.stack([r.terms[j].data[key] for r in requests]) for key in requests[0].terms[j].data}
                 for j in range(len(requests[0].terms))
             ]
-        self.schedule = _Schedule(requests, offsets, self.x.device, self.flat.dtype)
+        self.schedule = _Schedule(requests, offsets, self.y, self.flat.dtype)
         self.grad = torch.zeros_like(self.flat)
         cfg = requests[0].cfg
         self.lr, self.momentum, self.weight_decay = cfg.lr, cfg.momentum, cfg.weight_decay
@@ -198,12 +202,11 @@ class _StackedTraining:
         self.params: dict[str, torch.Tensor] = {}
         self.data: list[dict[str, torch.Tensor]] = []
 
-    def _rows(self, tensor: torch.Tensor, j: int, rows: int, first: int = 0) -> torch.Tensor:
-        """Rows ``first .. first + rows`` of parameter ``j`` in a flat tensor, as a ``(rows, *shape)`` view."""
+    def _row(self, j: int, c: int) -> torch.Tensor:
+        """Client ``c``'s parameter ``j`` in :attr:`flat`, as a view of its shape."""
         shape = self.shapes[j]
         size = int(np.prod(shape))
-        strides = [size] + [int(np.prod(shape[i + 1:])) for i in range(len(shape))]
-        return tensor.as_strided((rows, *shape), strides, self.starts[j] + first * size)
+        return self.flat.as_strided(shape, _contiguous(shape), self.starts[j] + c * size)
 
     def _activate(self, k: int) -> None:
         """The first ``k`` clients' parameters as autograd leaves (views of ``flat`` in the forward's layouts,
@@ -245,12 +248,11 @@ class _StackedTraining:
 
     def _step(self, t: int, k: int) -> None:
         s = self.schedule
-        index = s.index[t, :k]
         scale = s.scale[t, :k]
         with torch.enable_grad():
-            logits = self.forward.forward(self.params, self.forward.gather(self.x, index), k)
+            logits = self.forward.forward(self.params, self.forward.gather_bk(self.x, s.index_bk[t, :, :k]), k)
             width = logits.shape[1]
-            ce = F.cross_entropy(logits.reshape(k * width, -1), self.y[index].reshape(-1), reduction="none")
+            ce = F.cross_entropy(logits.reshape(k * width, -1), s.labels[t, :k].view(-1), reduction="none")
             ce = ce.view(k, width)
             if not s.full[t]:
                 assert s.weights is not None
@@ -261,11 +263,11 @@ class _StackedTraining:
                      for term, data in zip(self.requests[0].terms, self.data, strict=True)]
             # d/dw of sum_k (mean loss_k + terms_k), the mean taken as the sum times 1 / batch size
             torch.autograd.backward([summed, *terms], [scale, *[torch.ones_like(x) for x in terms]])
-        loss = summed.detach() * scale
-        for term in terms:
-            loss = loss + term.detach()
         with torch.no_grad():
-            self.loss_sum[:k] += loss
+            # float64 sums of the float32 losses, without a cast of its own (the product is widened as it goes)
+            self.loss_sum[:k].addcmul_(summed, scale)
+            for term in terms:
+                self.loss_sum[:k] += term
             if self.weight_decay:
                 self.grad.add_(self.flat, alpha=self.weight_decay)
             step = self.grad
@@ -281,12 +283,17 @@ class _StackedTraining:
         with torch.no_grad():
             targets: list[torch.Tensor] = []
             sources: list[torch.Tensor] = []
-            for j, name in enumerate(self.names):
-                rows = self._rows(self.flat, j, stop - first, first)
-                for r, row in zip(self.requests[first:stop], rows.unbind(0), strict=True):
-                    targets.append(dict(r.model.named_parameters())[name])
-                    sources.append(row)
+            for c in range(first, stop):
+                params = dict(self.requests[c].model.named_parameters())
+                for j, name in enumerate(self.names):
+                    targets.append(params[name])
+                    sources.append(self._row(j, c))
             torch._foreach_copy_(targets, sources)
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a contiguous tensor of ``shape``."""
+    return tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
 
 
 def _tensor(model: nn.Module, name: str) -> torch.Tensor:

@@ -101,6 +101,10 @@ class StackedForward(Protocol):
         """The batch of K clients: ``x[index]`` for ``index`` of shape ``(K, B)``, in this forward's layout."""
         ...
 
+    def gather_bk(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """:meth:`gather` of ``index.t()``: the same batch from its ``(B, K)`` (batch-major) index."""
+        ...
+
     def forward(self, params: Params, batch: torch.Tensor, k: int) -> torch.Tensor:
         """Logits ``(k, B, classes)`` of the first k clients, their parameters in :attr:`layouts`."""
         ...
@@ -117,11 +121,14 @@ class LayeredForward:
         self.grouped_input, self.channels_last = grouped_input, channels_last
 
     def gather(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return x[index] if not self.grouped_input else self.gather_bk(x, index.t())
+
+    def gather_bk(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         if not self.grouped_input:
-            return x[index]  # (K, B, F)
-        k, b = index.shape
-        h = x[index.t()]  # (B, K, C, H, W)
-        h = h.reshape(b, k * h.shape[2], *h.shape[3:])
+            return x[index.t()]  # (K, B, F)
+        b, k = index.shape
+        h = x[index]  # (B, K, C, H, W)
+        h = h.view(b, k * h.shape[2], *h.shape[3:])
         return h.contiguous(memory_format=torch.channels_last) if self.channels_last and h.dim() == 4 else h
 
     def forward(self, params: Params, batch: torch.Tensor, k: int) -> torch.Tensor:
@@ -228,6 +235,9 @@ class VmapForward:
 
     def gather(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         return x[index]
+
+    def gather_bk(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return x[index.t()]
 
     def forward(self, params: Params, batch: torch.Tensor, k: int) -> torch.Tensor:
         out = self._batched(dict(params), batch)

@@ -86,6 +86,16 @@ def _shape_mismatch(
     return None
 
 
+def all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether every value of the floating ``tensors`` is finite: one check (and one read of the device)
+    for all the tensors on a device, not one a tensor."""
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for t in tensors:
+        if t.numel():
+            by_device.setdefault(t.device, []).append(t.reshape(-1))
+    return all(bool(torch.isfinite(torch.cat(group)).all()) for group in by_device.values())
+
+
 def check_reply(msg: object, spec: Spec | None, num_classes: int, max_bytes: int) -> str | None:
     """Why ``msg`` must be rejected, or None if it is acceptable.
 
@@ -132,9 +142,11 @@ def check_reply(msg: object, spec: Spec | None, num_classes: int, max_bytes: int
                 return reason
             if t.dtype != dtype:
                 return f"array {name!r} has dtype {t.dtype}, expected {dtype}"
+    if not all_finite([t for t in msg.arrays.values() if t.is_floating_point()]):
+        for name, t in msg.arrays.items():
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                return f"array {name!r} holds NaN or inf"
     for name, t in msg.arrays.items():
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            return f"array {name!r} holds NaN or inf"
         if _is_label_key(name) and not t.is_floating_point() and t.numel() > 0:
             lo, hi = int(t.min()), int(t.max())
             if lo < 0 or hi >= num_classes:
