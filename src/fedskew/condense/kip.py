@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedskew.condense.handoff import say_unbatched
 from fedskew.condense.synthetic import INITS, SynthesisOptions, SyntheticSet, check_data, start_set
 from fedskew.core.device import Precision
 from fedskew.core.errors import ConfigError, DataError
@@ -267,6 +268,11 @@ def _checked_start(start: SyntheticSet, x_real: torch.Tensor, num_classes: int) 
     return SyntheticSet(start.images.to(device=x_real.device, dtype=torch.float32), labels.to(x_real.device))
 
 
+KIP_UNBATCHED = ("KIP has no batched form yet: each client's kernel ridge regression runs in its job "
+                 "(docs/performance.md, \"Batched condensation\")")
+"""What a batched runner is told when KIP runs (:func:`fedskew.condense.handoff.say_unbatched`)."""
+
+
 def kip(
     x_real: torch.Tensor,
     y_real: torch.Tensor,
@@ -307,6 +313,7 @@ def kip(
         ``None``.
     """
     check_data(x_real, y_real)
+    say_unbatched(KIP_UNBATCHED)
     device = x_real.device
     if device.type == "mps":
         raise ConfigError("KIP computes its kernels in float64, which MPS lacks; run it on device cpu or cuda")

@@ -1,0 +1,427 @@
+"""Distribution matching of many clients at once: one batched step of every client's images.
+
+:func:`condense_batched` takes the :class:`~fedskew.condense.distribution_matching.DMRequest` of each
+client (FedDM's and FedAF's condensations, handed over by a batched runner, ``clients_in_parallel``) and
+runs their matching steps together. At each step, every client draws exactly what it draws alone, in the
+same order, from its own generator: its network (its own sampler), then each class's real batch. Then:
+
+- **one forward** of all K clients' real and synthetic batches through their K networks: the networks'
+  weights are copied into stacked tensors (one ``_foreach_copy_``), and the batches sit side by side on
+  the channel axis, so that each convolution is one grouped convolution and the classifier one batched
+  product (:mod:`fedskew.components.stacked_forward`'s layered forward). Each client's batch is padded to
+  the largest one with copies of its own samples, which count nowhere: they are left out of the class
+  means, and out of the batch statistics of BatchNorm layers (here a masked batch normalisation, per
+  client, as each client's network normalises its own batch); instance and group norms, pooling and
+  activations act per sample anyway;
+- the class means of all clients as one segment sum, L_DM of every client, and FedAF's CDC term
+  (:class:`~fedskew.condense.swd.ClassSWD`) of every client and class as one batched sliced Wasserstein
+  distance (directions drawn from each client's own stream, as alone); with BatchNorm, the term's
+  evaluation-mode logits come from a second batched forward of the synthetic images with the running
+  statistics each network would hold after the step's forward, as they are alone;
+- **one backward** and **one SGD update** (``torch.optim.SGD``'s rule) of all clients' images, which sit
+  in one tensor; FedDM's gradient clipping scales each client's part by its own norm.
+
+Results equal :func:`~fedskew.condense.distribution_matching.distribution_matching` per client up to
+float rounding (tests/components/test_batched_condensation.py, float64). What cannot batch says why
+(:func:`why_dm_sequential`) and runs one client at a time: mixed precision, DSA (one transform per class
+and client), an extra loss other than FedAF's, a sampler that does not say its network (DM's random
+networks), and networks with layers the layered forward does not know (BatchNorm without running
+statistics, dropout, custom modules).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedskew.components.stacked_forward import MERGED, NATURAL, Layout, Step, _plan
+from fedskew.condense.distribution_matching import (
+    DMRequest,
+    at_least_float32,
+    prepared,
+    sampler_template,
+)
+from fedskew.condense.swd import ClassSWD, sliced_wasserstein_stacked
+from fedskew.condense.synthetic import SyntheticSet, sample_indices
+from fedskew.models.registry import FedModel
+
+CHANNELS_LAST_DEVICES = {"cpu"}
+"""Device types whose batched forward takes channels-last batches (as :mod:`fedskew.components.batched`)."""
+
+_DTYPES = (torch.float32, torch.float64)
+
+
+@dataclass
+class _Norms:
+    """What the masked batch normalisations of one stacked forward share: which samples count, whether the
+    pass is the training-mode one, and each layer's batch statistics from the last training-mode pass."""
+
+    mask: torch.Tensor | None = None
+    """``(B, K, 1, 1, 1)``: 1 for a client's own samples, 0 for padding (None: no padding)."""
+    count: torch.Tensor | None = None
+    """``(1, K, 1, 1, 1)``: each client's number of samples."""
+    training: bool = True
+    stats: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+
+@dataclass
+class _Plan:
+    features: list[Step]
+    classifier: list[Step] | None
+    layouts: dict[str, Layout]
+    norms: _Norms
+    batch_norm: bool
+
+
+def _plain(module: nn.Module, cls: type) -> bool:
+    return isinstance(module, cls) and type(module).forward is cls.forward  # type: ignore[attr-defined]
+
+
+def _plan_module(
+    module: nn.Module, prefix: str, grouped: bool, layouts: dict[str, Layout], norms: _Norms
+) -> tuple[list[Step], bool] | None:
+    """The layered steps of ``module`` (stacked_forward's, and masked batch normalisation), or None."""
+    if _plain(module, nn.Sequential):
+        steps: list[Step] = []
+        for name, child in module.named_children():
+            sub = _plan_module(child, f"{prefix}{name}.", grouped, layouts, norms)
+            if sub is None:
+                return None
+            steps += sub[0]
+            grouped = sub[1]
+        return steps, grouped
+    if type(module) is nn.BatchNorm2d:
+        bn: nn.BatchNorm2d = module
+        if not grouped or not bn.affine or not bn.track_running_stats or bn.momentum is None:
+            return None
+        layouts.update({prefix + n: MERGED for n in ("weight", "bias", "running_mean", "running_var")})
+        return [_batch_norm(bn, prefix, norms)], True
+    # The layers stacked_forward knows (convolution, linear, group norm, flatten, point-wise, pooling).
+    return _plan(module, prefix, grouped, layouts)
+
+
+def _batch_norm(module: nn.BatchNorm2d, prefix: str, norms: _Norms) -> Step:
+    """BatchNorm2d of K clients side by side: in training mode each client's channels are normalised
+    by the mean and (biased) variance over its own samples only; in evaluation mode by the running
+    statistics its network holds after the training-mode pass (momentum update with the unbiased
+    variance), as a network's BatchNorm in training mode leaves them."""
+    channels, eps, momentum = module.num_features, module.eps, module.momentum
+    assert momentum is not None
+
+    def step(params: dict[str, torch.Tensor] | Any, h: torch.Tensor, k: int) -> torch.Tensor:
+        hv = h.unflatten(1, (k, channels))  # (B, K, C, H, W)
+        w = params[prefix + "weight"].view(1, k, channels, 1, 1)
+        b = params[prefix + "bias"].view(1, k, channels, 1, 1)
+        if norms.training:
+            assert norms.count is not None
+            n = norms.count * (hv.shape[3] * hv.shape[4])
+            if norms.mask is None:
+                mean = hv.sum(dim=(0, 3, 4), keepdim=True) / n
+                diff = hv - mean
+                var = (diff * diff).sum(dim=(0, 3, 4), keepdim=True) / n
+            else:
+                mean = (hv * norms.mask).sum(dim=(0, 3, 4), keepdim=True) / n
+                diff = hv - mean
+                var = (diff * diff * norms.mask).sum(dim=(0, 3, 4), keepdim=True) / n
+            norms.stats[prefix] = (mean.detach(), var.detach(), n)
+            out = diff * torch.rsqrt(var + eps) * w + b
+        else:
+            mean, var, n = norms.stats[prefix]
+            rm = params[prefix + "running_mean"].view(1, k, channels, 1, 1)
+            rv = params[prefix + "running_var"].view(1, k, channels, 1, 1)
+            run_mean = (1.0 - momentum) * rm + momentum * mean
+            run_var = (1.0 - momentum) * rv + momentum * (var * n / (n - 1))
+            out = (hv - run_mean) * torch.rsqrt(run_var + eps) * w + b
+        return out.flatten(1, 2)
+
+    return step
+
+
+def _network_plan(template: nn.Module, classifier: bool) -> _Plan | None:
+    """The stacked forward of ``template``'s features (and, for FedAF's term, of its classifier), or None."""
+    features = getattr(template, "features", None)
+    if not isinstance(features, nn.Module):
+        return None
+    layouts: dict[str, Layout] = {}
+    norms = _Norms()
+    feats = _plan_module(features, "features.", True, layouts, norms)
+    if feats is None or feats[1]:  # the features must come out flat, one row a sample
+        return None
+    head = None
+    if classifier:
+        if not isinstance(template, FedModel) or not _plain(template, FedModel):
+            return None
+        planned = _plan(template.classifier, "classifier.", False, layouts)
+        if planned is None:
+            return None
+        head = planned[0]
+    batch_norm = any(isinstance(m, nn.BatchNorm2d) for m in features.modules())
+    return _Plan(feats[0], head, layouts, norms, batch_norm)
+
+
+def why_dm_sequential(request: DMRequest) -> str | None:
+    """Why this distribution matching cannot run batched with other clients' (None: it can)."""
+    cfg = request.cfg
+    if cfg.amp != "off":
+        return f"mixed precision (amp = {cfg.amp})"
+    if cfg.dsa is not None:
+        return "DSA draws a transform for every class of every client (no batched form)"
+    extra = request.extra_loss
+    if extra is not None and not isinstance(extra, ClassSWD):
+        return "an extra loss term without a batched form"
+    template = sampler_template(request.sampler)
+    if template is None:
+        return "its sampler does not say its network (e.g. DM's fresh random networks)"
+    params = list(template.parameters())
+    dtypes = {p.dtype for p in params}
+    if not params or len(dtypes) != 1 or dtypes.pop() not in _DTYPES or request.x_real.dtype not in _DTYPES:
+        return "the network's parameters or the data are not all float32 or float64"
+    for m in template.modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+            return f"the network draws random numbers ({type(m).__name__})"
+        if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks:
+            return "the network has hooks on its forward or backward pass"
+    if _network_plan(template, extra is not None) is None:
+        return (f"the stacked forward does not know a layer of {type(template).__name__} "
+                "(e.g. BatchNorm without running statistics, a custom module)")
+    return None
+
+
+def condense_batched(requests: Sequence[DMRequest]) -> list[SyntheticSet]:
+    """Run every request's distribution matching, batched; the condensed sets in request order.
+
+    Requests that cannot share a step (other networks, settings, data shapes, extra terms) form separate
+    groups, run one after another. Each request must have a generator and a sampler of its own.
+    """
+    groups: dict[tuple[Any, ...], list[int]] = defaultdict(list)
+    for i, r in enumerate(requests):
+        groups[_group_key(r)].append(i)
+    out: list[SyntheticSet | None] = [None] * len(requests)
+    for members in groups.values():
+        for i, res in zip(members, _StackedDM([requests[i] for i in members]).run(), strict=True):
+            out[i] = res
+    return [r for r in out if r is not None]
+
+
+def _group_key(r: DMRequest) -> tuple[Any, ...]:
+    net = sampler_template(r.sampler)
+    assert net is not None
+    params = tuple((n, tuple(p.shape), p.dtype) for n, p in net.named_parameters())
+    buffers = tuple((n, tuple(b.shape), b.dtype) for n, b in net.named_buffers())
+    cfg = r.cfg
+    settings = (cfg.iterations, cfg.image_lr, cfg.momentum, cfg.clip_norm, cfg.real_batch)
+    data = (tuple(r.x_real.shape[1:]), r.x_real.dtype, r.x_real.device, r.start.dtype)
+    extra = r.extra_loss
+    term = None if not isinstance(extra, ClassSWD) else ("swd", extra.projections, extra.local, extra.p)
+    return (type(net), repr(net), params, buffers, settings, data, term)
+
+
+class _StackedDM:
+    """The batched matching of K clients of one group (see the module's docstring)."""
+
+    def __init__(self, requests: list[DMRequest]) -> None:
+        self.requests = requests
+        first = requests[0]
+        template = sampler_template(first.sampler)
+        assert template is not None
+        self.cfg = first.cfg
+        self.device = first.x_real.device
+        self.swd = [r.extra_loss for r in requests if isinstance(r.extra_loss, ClassSWD)]
+        if self.swd and len(self.swd) != len(requests):
+            raise ValueError("every request of a group has FedAF's term or none has")
+        plan = _network_plan(template, bool(self.swd))
+        assert plan is not None
+        self.plan = plan
+        k = self.k = len(requests)
+        # the stacked weights: name -> (K, *shape), filled from the K networks at every step
+        self.names = [n for n, _ in template.named_parameters()] + [
+            n for n, b in template.named_buffers() if b.is_floating_point()]
+        shapes = dict(template.named_parameters()) | dict(template.named_buffers())
+        dtype = next(template.parameters()).dtype
+        self.stacked = {n: torch.zeros((k, *shapes[n].shape), dtype=dtype, device=self.device) for n in self.names}
+        self.params: dict[str, torch.Tensor] = {}
+        for n, t in self.stacked.items():
+            size, strides = plan.layouts.get(n, NATURAL).view(k, tuple(t.shape[1:]))
+            self.params[n] = t.as_strided(size, strides)
+        self.channels_last = self.device.type in CHANNELS_LAST_DEVICES
+        self._layout(requests)
+
+    def _layout(self, requests: list[DMRequest]) -> None:
+        """Where each client's samples sit in the stacked batch (fixed for the whole condensation: a class
+        takes min(real_batch, its real images) real images every step, and all its synthetic ones)."""
+        k, cfg = self.k, self.cfg
+        self.x = torch.cat([r.x_real for r in requests]) if k > 1 else requests[0].x_real
+        x_offsets = np.cumsum([0, *[int(r.x_real.shape[0]) for r in requests]]).tolist()
+        self.real_cpu = [[idx.cpu() for idx in r.real_indices] for r in requests]
+        self.real_counts = [[min(cfg.real_batch, int(idx.numel())) for idx in r.real_indices] for r in requests]
+        sizes = [int(r.start.shape[0]) for r in requests]
+        img_offsets = np.cumsum([0, *sizes]).tolist()
+        self.x_offsets, self.img_offsets, self.sizes = x_offsets, img_offsets, sizes
+        real_total = [sum(c) for c in self.real_counts]
+        syn_orders = [torch.cat(r.syn_indices).cpu() for r in requests]
+        self.r_width, self.s_width = max(real_total), max(int(o.numel()) for o in syn_orders)
+        width = self.r_width + self.s_width
+        syn_index = np.zeros((k, self.s_width), dtype=np.int64)
+        segment = np.zeros((k, width), dtype=np.int64)
+        counts: list[int] = []
+        real_seg: list[int] = []
+        syn_seg: list[int] = []
+        mask = np.zeros((width, k), dtype=np.float64)
+        self.slots: list[dict[int, int]] = []  # client -> its synthetic row -> its slot in the syn part
+        for c, r in enumerate(requests):
+            order = syn_orders[c].numpy() + img_offsets[c]
+            syn_index[c, : len(order)] = order
+            syn_index[c, len(order):] = order[0]
+            self.slots.append({int(row): i for i, row in enumerate(syn_orders[c].tolist())})
+            at_real, at_syn = 0, self.r_width
+            for j, idx in enumerate(r.syn_indices):
+                n_real, n_syn = self.real_counts[c][j], int(idx.numel())
+                real_id, syn_id = len(counts), len(counts) + 1
+                counts += [n_real, n_syn]
+                real_seg.append(real_id)
+                syn_seg.append(syn_id)
+                segment[c, at_real : at_real + n_real] = real_id
+                segment[c, at_syn : at_syn + n_syn] = syn_id
+                mask[at_real : at_real + n_real, c] = 1.0
+                mask[at_syn : at_syn + n_syn, c] = 1.0
+                at_real += n_real
+                at_syn += n_syn
+            dump = -1  # padding: the last segment, whose mean is never read
+            segment[c, at_real : self.r_width] = dump
+            segment[c, at_syn:] = dump
+        segment[segment == -1] = len(counts)
+        counts.append(1)
+        dev = self.device
+        dtype = self.stacked[self.names[0]].dtype
+        self.syn_index = torch.from_numpy(syn_index).to(dev)
+        self.segment = torch.from_numpy(segment.reshape(-1)).to(dev)
+        self.counts = torch.tensor(counts, dtype=dtype, device=dev)
+        self.real_seg = torch.tensor(real_seg, device=dev)
+        self.syn_seg = torch.tensor(syn_seg, device=dev)
+        self.num_segments = len(counts)
+        norms = self.plan.norms
+        norms.mask = None if bool(mask.all()) else torch.from_numpy(mask).to(dev, dtype).view(width, k, 1, 1, 1)
+        norms.count = torch.from_numpy(mask.sum(0)).to(dev, dtype).view(1, k, 1, 1, 1)
+        # which images are whose, for the per-client gradient clipping
+        self.owner = torch.repeat_interleave(torch.arange(k), torch.tensor(sizes)).to(dev)
+
+    def run(self) -> list[SyntheticSet]:
+        cfg, requests = self.cfg, self.requests
+        images = torch.cat([r.start for r in requests]).detach().clone().requires_grad_(True)
+        buf: torch.Tensor | None = None
+        for step in range(cfg.iterations):
+            loss = self._loss(step, images)
+            images.grad = None
+            loss.backward(inputs=[images])
+            grad = images.grad
+            assert grad is not None
+            with torch.no_grad():
+                if cfg.clip_norm is not None:
+                    self._clip(grad, cfg.clip_norm)
+                # torch.optim.SGD's rule (no weight decay, no dampening): the first step's buffer is the gradient
+                if cfg.momentum:
+                    buf = grad.clone() if buf is None else buf.mul_(cfg.momentum).add_(grad)
+                    images.add_(buf, alpha=-cfg.image_lr)
+                else:
+                    images.add_(grad, alpha=-cfg.image_lr)
+        done = images.detach()
+        return [r.result(done[self.img_offsets[c] : self.img_offsets[c + 1]].clone())
+                for c, r in enumerate(requests)]
+
+    def _draw(self, step: int) -> torch.Tensor:
+        """Every client's draws of this step, in its own order: its network (its weights into the stacked
+        tensors), then each class's real batch. The real batch indices, ``(K, R)``, into the joined data."""
+        index = np.zeros((self.k, self.r_width), dtype=np.int64)
+        sources: list[torch.Tensor] = []
+        targets: list[torch.Tensor] = []
+        for c, r in enumerate(self.requests):
+            net = prepared(r.sampler(step, r.generator), self.device)
+            state = dict(net.named_parameters()) | dict(net.named_buffers())
+            for n in self.names:
+                sources.append(state[n])
+                targets.append(self.stacked[n][c])
+            drawn = [sample_indices(idx, r.cfg.real_batch, r.generator) for idx in self.real_cpu[c]]
+            ids = torch.cat(drawn).numpy() + self.x_offsets[c]
+            index[c, : len(ids)] = ids
+            index[c, len(ids):] = ids[0]
+        with torch.no_grad():
+            torch._foreach_copy_(targets, sources)
+        return torch.from_numpy(index).to(self.device, non_blocking=True)
+
+    def _stacked_input(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """``(B, K, C, H, W)`` parts joined on the batch axis, as ``(B, K*C, H, W)``."""
+        h = torch.cat(parts) if len(parts) > 1 else parts[0]
+        h = h.reshape(h.shape[0], self.k * h.shape[2], *h.shape[3:])
+        return h.contiguous(memory_format=torch.channels_last) if self.channels_last else h
+
+    def _features(self, h: torch.Tensor, training: bool) -> torch.Tensor:
+        self.plan.norms.training = training
+        for step in self.plan.features:
+            h = step(self.params, h, self.k)
+        return h  # (K, B, D)
+
+    def _loss(self, step: int, images: torch.Tensor) -> torch.Tensor:
+        k = self.k
+        real_index = self._draw(step)
+        real = self.x[real_index.t()]  # (R, K, C, H, W)
+        syn = images[self.syn_index.t()]  # (S, K, C, H, W)
+        emb = at_least_float32(self._features(self._stacked_input([real, syn]), training=True))
+        flat = emb.reshape(k * emb.shape[1], emb.shape[2])
+        sums = torch.zeros((self.num_segments, flat.shape[1]), dtype=flat.dtype, device=flat.device)
+        means = sums.index_add(0, self.segment, flat) / self.counts.to(flat.dtype)[:, None]
+        diff = means[self.real_seg] - means[self.syn_seg]
+        loss = (diff * diff).sum()
+        if self.swd:
+            if self.plan.batch_norm:  # evaluation mode: the running statistics, a pass of its own
+                syn_emb = self._features(self._stacked_input([syn]), training=False)
+            else:  # the same embedding as the training-mode pass (every layer acts per sample)
+                syn_emb = emb[:, self.r_width :]
+            logits = syn_emb
+            assert self.plan.classifier is not None
+            for head in self.plan.classifier:
+                logits = head(self.params, logits, k)
+            loss = loss + self._swd(logits)
+        return loss
+
+    def _swd(self, logits: torch.Tensor) -> torch.Tensor:
+        """Every client's CDC term, ``weight * sum_c SWD``, summed over the clients (one stacked distance per
+        group of equal point counts)."""
+        k, s = self.k, self.s_width
+        flat = logits.reshape(k * s, logits.shape[2])
+        dims = flat.shape[1]
+        # (n, m) -> [(client, its slots, target, directions)]; the directions drawn client by client and,
+        # within a client, class by class in increasing order, from the client's stream, as alone
+        pairs: dict[tuple[int, int], list[tuple[int, list[int], torch.Tensor, torch.Tensor]]] = defaultdict(list)
+        for c, (r, term) in enumerate(zip(self.requests, self.swd, strict=True)):
+            for cls, rows in term.rows(r.labels).items():
+                slots = [c * s + self.slots[c][int(i)] for i in rows.tolist()]
+                target = term.targets[cls]
+                dtype = torch.promote_types(torch.promote_types(flat.dtype, target.dtype), torch.float32)
+                pairs[(len(slots), int(target.shape[0]))].append((c, slots, target, term.draw(dims, dtype)))
+        weights = torch.tensor([t.weight for t in self.swd], dtype=flat.dtype, device=flat.device)
+        totals = torch.zeros(k, dtype=flat.dtype, device=flat.device)
+        for members in pairs.values():
+            clients = [m[0] for m in members]
+            u = flat[torch.tensor([m[1] for m in members], device=flat.device)]  # (G, n, L)
+            if self.swd[0].local == "mean":
+                u = u.mean(dim=1, keepdim=True)
+            targets = torch.stack([m[2] for m in members]).to(flat.device)
+            theta = torch.stack([m[3] for m in members]).to(flat.device, non_blocking=True)
+            dist = sliced_wasserstein_stacked(u, targets, theta, self.swd[0].p)
+            totals = totals.index_add(0, torch.tensor(clients, device=flat.device), dist.to(totals.dtype))
+        return (weights * totals).sum()
+
+    def _clip(self, grad: torch.Tensor, max_norm: float) -> None:
+        """Scale each client's part of ``grad`` to norm ``max_norm`` where it is larger (FedDM's clipping of
+        the whole image gradient of a client)."""
+        squares = grad.reshape(grad.shape[0], -1).pow(2).sum(1)
+        norms = torch.zeros(self.k, dtype=squares.dtype, device=squares.device).index_add(0, self.owner, squares)
+        norms = norms.double().sqrt()
+        scale = torch.where(norms > max_norm, max_norm / norms, torch.ones_like(norms))
+        grad.mul_(scale[self.owner].to(grad.dtype).view(-1, *([1] * (grad.dim() - 1))))
