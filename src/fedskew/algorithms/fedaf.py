@@ -55,6 +55,7 @@ from fedskew.condense import (
     interpolated_model_sampler,
     model_features,
 )
+from fedskew.condense.distribution_matching import image_dtype
 from fedskew.condense.synthetic import class_indices, sample_indices, start_set
 from fedskew.core.device import current_compute
 from fedskew.core.message import Message, arrays_with_prefix
@@ -253,7 +254,7 @@ class FedAF(AggregationFree):
         p = self.params
         net = copy.deepcopy(model).train().requires_grad_(False)
         g = client.generator("cdc_probe")
-        images = start.images.detach().to(torch.float32).clone().requires_grad_(True)
+        images = start.images.detach().to(image_dtype(client.x)).clone().requires_grad_(True)  # as the steps
         labels = start.labels
         cl = is_channels_last(net)
         held = sorted(set(labels.tolist()))

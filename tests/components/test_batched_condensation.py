@@ -1,0 +1,164 @@
+"""Batched distribution matching (issue 34): K clients' FedDM and FedAF condensations in one step each,
+against :func:`distribution_matching` one client at a time, in float64."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from fedskew.components.batched_condensation import _StackedDM, condense_batched, why_dm_sequential
+from fedskew.condense import DSAConfig, sliced_wasserstein, sliced_wasserstein_stacked
+from fedskew.condense.distribution_matching import (
+    DMConfig,
+    DMRequest,
+    distribution_matching,
+    interpolated_model_sampler,
+    perturbed_model_sampler,
+    prepare_dm,
+    random_model_sampler,
+)
+from fedskew.condense.swd import ClassSWD
+from fedskew.models import create_model
+from fedskew.models.registry import FedModel
+
+TOL = 1e-9
+CLASSES = 4
+
+
+@pytest.fixture
+def float64() -> Any:
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(before)
+
+
+def _factory(norm: str) -> Callable[[], nn.Module]:
+    return lambda: create_model("convnet", in_channels=1, num_classes=CLASSES, image_size=8, net_width=6,
+                                net_depth=2, net_norm=norm)
+
+
+def _clients() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Three clients of unequal sizes; the second lacks a class and has classes of fewer real images than
+    the real batch, so the stacked batch pads every client differently."""
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for n, held in ((30, 4), (11, 3), (45, 4)):
+        x = torch.randn((n, 1, 8, 8), generator=g)
+        y = torch.arange(n) % held
+        out.append((x, y))
+    return out
+
+
+def _requests_and_sequential(
+    method: str, norm: str, cfg: DMConfig, local: str = "samples"
+) -> tuple[list[DMRequest], list[torch.Tensor]]:
+    """Each client's request (for the batched run) and its sequential result, from equal fresh states."""
+    factory = _factory(norm)
+    torch.manual_seed(1)
+    global_model = factory()
+    targets = [torch.randn((CLASSES, CLASSES), generator=torch.Generator().manual_seed(9 + k)) for k in range(3)]
+
+    def parts(k: int) -> tuple[Any, torch.Generator, Any]:
+        model = copy.deepcopy(global_model)
+        g = torch.Generator().manual_seed(100 + k)
+        if method == "feddm":
+            return perturbed_model_sampler(model, factory, 0.5), g, None
+        v = targets[k]
+        term = ClassSWD({c: v[c : c + 1] for c in range(CLASSES)}, 0.3, 16, local,
+                        torch.Generator().manual_seed(7 + k))
+        return interpolated_model_sampler(model, factory, 0.9), g, term
+
+    requests, sequential = [], []
+    for k, (x, y) in enumerate(_clients()):
+        sampler, g, term = parts(k)
+        requests.append(prepare_dm(x, y, sampler, cfg, g, None, term))
+        sampler, g, term = parts(k)
+        sequential.append(distribution_matching(x, y, sampler, cfg, g, None, term).images)
+    return requests, sequential
+
+
+@pytest.mark.parametrize("norm", ["instancenorm", "batchnorm"])
+@pytest.mark.parametrize(("method", "local"), [("feddm", ""), ("fedaf", "samples"), ("fedaf", "mean")])
+def test_batched_matching_equals_each_client_alone(float64: None, norm: str, method: str, local: str) -> None:
+    clip = 0.05 if method == "feddm" else None  # FedDM's clipping, small enough to act at every step
+    cfg = DMConfig(iterations=4, ipc=3, image_lr=0.5, momentum=0.9, real_batch=8, init="real", clip_norm=clip)
+    requests, sequential = _requests_and_sequential(method, norm, cfg, local)
+    assert all(why_dm_sequential(r) is None for r in requests)
+    stacked = _StackedDM(requests)
+    assert stacked.plan.norms.mask is not None  # the clients' batches are padded
+    assert stacked.plan.batch_norm == (norm == "batchnorm")
+    batched = condense_batched(requests)
+    for alone, together, r in zip(sequential, batched, requests, strict=True):
+        assert together.images.dtype == torch.float64
+        assert torch.equal(together.labels, r.labels)
+        assert (alone - together.images).abs().max().item() <= TOL
+        assert (alone - r.start).abs().max().item() > 1e-3  # the steps moved the images
+
+
+def test_clipping_acts_per_client(float64: None) -> None:
+    """The batched clip scales each client by its own norm: without clipping the images end elsewhere."""
+    base = dict(iterations=3, ipc=2, image_lr=0.5, momentum=0.0, real_batch=8, init="real")
+    clipped, _ = _requests_and_sequential("feddm", "instancenorm", DMConfig(**base, clip_norm=0.05))
+    free, _ = _requests_and_sequential("feddm", "instancenorm", DMConfig(**base, clip_norm=None))
+    for a, b in zip(condense_batched(clipped), condense_batched(free), strict=True):
+        assert (a.images - b.images).abs().max().item() > 1e-4
+
+
+def test_stacked_swd_equals_one_pair_at_a_time(float64: None) -> None:
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn((5, 7, 4), generator=g), torch.randn((5, 3, 4), generator=g)
+    draws = torch.Generator().manual_seed(4)
+    one = [sliced_wasserstein(a[i], b[i], 16, draws) for i in range(5)]
+    draws = torch.Generator().manual_seed(4)
+    theta = torch.stack([torch.randn((4, 16), generator=draws) for _ in range(5)])
+    together = sliced_wasserstein_stacked(a, b, theta)
+    assert (torch.stack(one) - together).abs().max().item() <= TOL
+    same = sliced_wasserstein_stacked(a[:1], a[:1], theta[:1])
+    assert same.item() == 0.0
+
+
+def _request(**over: Any) -> DMRequest:
+    factory = over.pop("factory", _factory("instancenorm"))
+    cfg = DMConfig(iterations=1, ipc=1, real_batch=4, init="real", **over.pop("cfg", {}))
+    sampler = over.pop("sampler", None) or perturbed_model_sampler(factory(), factory, 0.1)
+    x, y = _clients()[0]
+    return prepare_dm(x, y, sampler, cfg, torch.Generator().manual_seed(0), None, over.pop("extra", None))
+
+
+class _Custom(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+def _custom_net() -> nn.Module:
+    return FedModel(nn.Sequential(nn.Conv2d(1, 2, 3), _Custom(), nn.Flatten()), nn.Linear(72, CLASSES))
+
+
+def _untracked_bn() -> nn.Module:
+    return FedModel(nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2, track_running_stats=False), nn.Flatten()),
+                    nn.Linear(72, CLASSES))
+
+
+@pytest.mark.parametrize(("over", "words"), [
+    ({"cfg": {"amp": "bf16"}}, "mixed precision"),
+    ({"cfg": {"dsa": DSAConfig()}}, "DSA"),
+    ({"extra": lambda model, syn: syn.images.sum()}, "extra loss term"),
+    ({"sampler": random_model_sampler(_factory("instancenorm"))}, "does not say its network"),
+    ({"factory": _custom_net}, "does not know a layer"),
+    ({"factory": _untracked_bn}, "does not know a layer"),
+    ({"factory": _factory("layernorm")}, "does not know a layer"),
+])
+def test_what_cannot_batch_says_why(over: dict[str, Any], words: str) -> None:
+    reason = why_dm_sequential(_request(**over))
+    assert reason is not None and words in reason
+
+
+def test_batchable_requests_say_nothing() -> None:
+    assert why_dm_sequential(_request()) is None
+    assert why_dm_sequential(_request(factory=_factory("batchnorm"))) is None
