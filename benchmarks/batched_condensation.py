@@ -1,0 +1,193 @@
+"""Batched condensation against the sequential runner (issue 34): seconds and aten operations a FedDM and a
+FedAF round.
+
+Runners, both in this process (``workers = 1``): ``clients_in_parallel = 1``, the sequential runner (the
+round's clients condense one after another), and ``clients_in_parallel = clients_per_round``, the batched
+runner (the round's clients condense together, one batched matching step of all of them at a time,
+:mod:`fedskew.components.batched_condensation`).
+
+Scale: by default ``experiments/fedaf/fmnist_quick.toml`` (Fashion-MNIST 10%, 10 clients all in every
+round, ConvNet-BN width 32, ipc 10, real batch 32 a class) with ``--steps`` condensation steps (default 10)
+and ``--server-epochs`` (default 1: the server's training is the same for both runners), ``--rounds``
+rounds (default 2: FedAF's CDC term starts in round 2). ``--paper``: ``experiments/fedaf/fmnist_paper.toml``
+(all 60,000 images, width 128, ipc 50, 1000 steps, real batch 256, 500 server epochs), a GPU's job.
+
+For each method and runner:
+
+1. a timed run: seconds of each round, of which the clients' exchange (the condensation), and on a CPU this
+   process's CPU seconds; the runners' final global models are compared (max abs difference; float32, so
+   equal up to rounding and the 8-bit uploads);
+2. a profiled run (``--profile-steps`` steps, default ``--steps``): the aten operations a round, all of them
+   and those in the clients' jobs; each aten operation is one dispatch from Python and, on a GPU, about
+   one kernel launch (CUDA kernels counted too on a GPU).
+
+The last line printed is one JSON object.
+
+    FEDSKEW_DATA=../shared/datasets python benchmarks/batched_condensation.py                  # CPU, ~2 min
+    python benchmarks/batched_condensation.py --paper --device cuda --rounds 1 --profile-steps 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import itertools
+
+from batched_clients import labelled_clients
+from condensation_round import PAPER, QUICK, run_specs
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def spec_for(args: argparse.Namespace, label: str, width: int, steps: int) -> Any:
+    overrides: dict[str, Any] = {"rounds": args.rounds, "seeds": [0], "device": args.device, "checkpoint_every": 0,
+                                 "workers": 1, "clients_in_parallel": width}
+    if not args.paper or args.steps is not None:
+        overrides["algorithm.condense_iterations"] = steps
+    if not args.paper:
+        overrides["eval_every"] = 1000  # the global model is evaluated after the last round only
+    if not args.paper or args.server_epochs is not None:
+        overrides["algorithm.server.epochs"] = args.server_epochs if args.server_epochs is not None else 1
+    [spec] = run_specs(PAPER if args.paper else QUICK, [label], overrides)
+    return spec
+
+
+def timed_run(spec: Any, args: argparse.Namespace) -> dict[str, Any]:
+    from fedskew.engine.round_loop import RoundLoop
+
+    clients: dict[int, float] = {}
+    clients_cpu: dict[int, float] = {}
+    cpu: list[float] = []
+
+    class Timed(RoundLoop):
+        def exchange(self, *a: Any, **kw: Any) -> Any:
+            t0, c0 = time.perf_counter(), _cpu_seconds()
+            try:
+                return super().exchange(*a, **kw)
+            finally:
+                _sync(args.device)
+                clients[self.round] = clients.get(self.round, 0.0) + time.perf_counter() - t0
+                clients_cpu[self.round] = clients_cpu.get(self.round, 0.0) + _cpu_seconds() - c0
+
+    with tempfile.TemporaryDirectory() as tmp:
+        loop = Timed(spec.config, Path(tmp), data_dir=args.data_dir, progress=False,
+                     on_round=lambda rec: cpu.append(_cpu_seconds()))
+        cpu.append(_cpu_seconds())
+        result = loop.run()
+        timing = [json.loads(line) for line in (Path(tmp) / "timing.jsonl").read_text().splitlines()]
+    model = {k: v.detach().float().cpu().clone() for k, v in loop.server.model.state_dict().items()}
+    return {
+        "round_s": [round(t["seconds"], 3) for t in timing],
+        "clients_s": [round(clients.get(int(t["round"]), 0.0), 3) for t in timing],
+        "cpu_s": [round(b - a, 3) for a, b in itertools.pairwise(cpu)] if args.device == "cpu" else None,
+        "clients_cpu_s": [round(clients_cpu.get(int(t["round"]), 0.0), 3) for t in timing]
+        if args.device == "cpu" else None,
+        "accuracy": result.records[-1].get("accuracy"),
+        "_model": model,
+    }
+
+
+def profiled_run(spec: Any, args: argparse.Namespace) -> dict[str, float]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from fedskew.engine.round_loop import RoundLoop
+
+    cuda = args.device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with tempfile.TemporaryDirectory() as tmp, labelled_clients(), profile(activities=activities) as prof:
+        RoundLoop(spec.config, Path(tmp), data_dir=args.data_dir, progress=False).run()
+    events = prof.events()
+    aten = [e for e in events if e.name.startswith("aten::")]
+
+    def in_clients(e: Any) -> bool:
+        while e is not None:
+            if e.name == "fedskew_clients":
+                return True
+            e = e.cpu_parent
+        return False
+
+    kernels = sum(1 for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA)
+    rounds = args.rounds
+    return {"aten_ops_per_round": len(aten) / rounds,
+            "client_aten_ops_per_round": sum(1 for e in aten if in_clients(e)) / rounds,
+            "cuda_kernels_per_round": kernels / rounds if cuda else None}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--methods", nargs="+", default=["FedDM", "FedAF"])
+    ap.add_argument("--paper", action="store_true", help="experiments/fedaf/fmnist_paper.toml (a GPU's job)")
+    ap.add_argument("--steps", type=int, default=None, help="condensation steps (default 10; --paper: 1000)")
+    ap.add_argument("--profile-steps", type=int, default=None, help="steps of the profiled runs (default --steps)")
+    ap.add_argument("--server-epochs", type=int, default=None, help="default 1 (--paper: the config's 500)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--data-dir", default=None)
+    args = ap.parse_args(argv)
+    import torch
+
+    steps = args.steps if args.steps is not None else (1000 if args.paper else 10)
+    profile_steps = args.profile_steps if args.profile_steps is not None else steps
+    out: dict[str, Any] = {"device": args.device, "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda")
+                           else None, "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
+                           "scale": "paper" if args.paper else "quick", "steps": steps,
+                           "profile_steps": profile_steps, "rounds": args.rounds,
+                           "load_before": [round(v, 2) for v in os.getloadavg()], "methods": {}}
+    for label in args.methods:
+        width = int(spec_for(args, label, 1, steps).config["algorithm"]["clients_per_round"])
+        runners = {"sequential": 1, "batched": width}
+        res: dict[str, Any] = {}
+        for name, w in runners.items():
+            r = timed_run(spec_for(args, label, w, steps), args)
+            if not args.no_profile:
+                r.update(profiled_run(spec_for(args, label, w, profile_steps), args))
+            res[name] = r
+            ops = (f"; {r['aten_ops_per_round']:.0f} aten ops a round ({r['client_aten_ops_per_round']:.0f} in the "
+                   f"clients' jobs, {profile_steps} steps)") if not args.no_profile else ""
+            print(f"{label} {name} (clients_in_parallel={w}): s/round {r['round_s']}, clients {r['clients_s']}"
+                  + (f"; CPU s/round {r['cpu_s']}, clients {r['clients_cpu_s']}" if r["cpu_s"] else "") + ops,
+                  flush=True)
+        seq, bat = res["sequential"], res["batched"]
+        a, b = seq.pop("_model"), bat.pop("_model")
+        res["max_model_diff"] = max(float((a[k] - b[k]).abs().max()) if a[k].numel() else 0.0 for k in a)
+        res["clients_s_ratio"] = round(bat["clients_s"][-1] / seq["clients_s"][-1], 3)
+        if seq["clients_cpu_s"]:
+            res["clients_cpu_s_ratio"] = round(bat["clients_cpu_s"][-1] / seq["clients_cpu_s"][-1], 3)
+        if not args.no_profile:
+            res["aten_ratio"] = round(bat["aten_ops_per_round"] / seq["aten_ops_per_round"], 3)
+            res["client_aten_ratio"] = round(bat["client_aten_ops_per_round"] / seq["client_aten_ops_per_round"], 3)
+        print(f"{label}: batched/sequential clients' seconds (last round) {res['clients_s_ratio']}"
+              + (f" (CPU {res['clients_cpu_s_ratio']})" if "clients_cpu_s_ratio" in res else "")
+              + (f", aten ops {res['aten_ratio']} ({res['client_aten_ratio']} in the clients' jobs)"
+                 if not args.no_profile else "")
+              + f"; final models differ by {res['max_model_diff']:.2e}", flush=True)
+        out["methods"][label] = res
+    out["load_after"] = [round(v, 2) for v in os.getloadavg()]
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()
