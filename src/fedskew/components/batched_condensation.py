@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from fedskew.components.stacked_forward import MERGED, NATURAL, Layout, Step, _plan
@@ -63,11 +64,21 @@ class _Norms:
     pass is the training-mode one, and each layer's batch statistics from the last training-mode pass."""
 
     mask: torch.Tensor | None = None
-    """``(B, K, 1, 1, 1)``: 1 for a client's own samples, 0 for padding (None: no padding)."""
+    """``(B, K)``: 1 for a client's own samples, 0 for padding (None: no padding)."""
     count: torch.Tensor | None = None
-    """``(1, K, 1, 1, 1)``: each client's number of samples."""
+    """``(K,)``: each client's number of samples."""
     training: bool = True
     stats: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    _channels: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = field(default_factory=dict)
+
+    def channel_mask(self, channels: int) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """For a layer of ``channels`` a client: the mask ``(B, K*C)`` (None: no padding) and the counted
+        samples of each channel ``(K*C,)``."""
+        if channels not in self._channels:
+            assert self.count is not None
+            mask = None if self.mask is None else self.mask.repeat_interleave(channels, dim=1).contiguous()
+            self._channels[channels] = (mask, self.count.repeat_interleave(channels))
+        return self._channels[channels]
 
 
 @dataclass
@@ -106,39 +117,70 @@ def _plan_module(
     return _plan(module, prefix, grouped, layouts)
 
 
+class _MaskedBatchNorm(torch.autograd.Function):
+    """Training-mode batch normalisation of ``(B, C', H, W)`` whose statistics count only the samples where
+    ``mask`` (``(B, C')``, 0 or 1) is 1, ``samples`` (``(C',)``) of them a channel. Two passes over the input
+    forward (each sample's mean and variance, then the fused normalisation ``F.batch_norm`` with the batch's
+    statistics, combined from the samples' by the law of total variance), three backward. The gradient
+    reaches the input only (the stacked weights are frozen) and is 0 for masked samples, whose outputs the
+    loss never reads."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, h: torch.Tensor, mask: torch.Tensor, samples: torch.Tensor, weight: torch.Tensor,
+        bias: torch.Tensor, eps: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        var_s, mean_s = torch.var_mean(h, dim=(2, 3), correction=0)  # (B, C') each sample's
+        mean = (mean_s * mask).sum(0) / samples
+        var = ((var_s + (mean_s - mean) ** 2) * mask).sum(0) / samples
+        out = F.batch_norm(h, mean, var, weight, bias, False, 0.0, eps)
+        ctx.save_for_backward(h, mask, samples, mean, torch.rsqrt(var + eps), weight)
+        ctx.mark_non_differentiable(mean, var)
+        return out, mean, var
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        dy = grads[0]
+        h, mask, samples, mean, invstd, weight = ctx.saved_tensors
+        n = samples * (h.shape[2] * h.shape[3])
+        # dy is 0 for masked samples, so these sums run over the counted ones
+        s1 = dy.sum(dim=(0, 2, 3))
+        s2 = invstd * ((dy * h).sum(dim=(0, 2, 3)) - mean * s1)  # sum of dy * xhat
+        scale = weight * invstd / n
+        # dx = mask * scale * (n dy - s1 - xhat s2) = mask * (a dy + b h + c)
+        a = (weight * invstd) * mask
+        b = (-scale * invstd * s2) * mask
+        c = (-scale * s1 + scale * invstd * s2 * mean) * mask
+        dx = torch.addcmul(c[:, :, None, None], b[:, :, None, None], h)
+        dx.addcmul_(a[:, :, None, None], dy)
+        return dx, None, None, None, None, None
+
+
 def _batch_norm(module: nn.BatchNorm2d, prefix: str, norms: _Norms) -> Step:
     """BatchNorm2d of K clients side by side: in training mode each client's channels are normalised
-    by the mean and (biased) variance over its own samples only; in evaluation mode by the running
-    statistics its network holds after the training-mode pass (momentum update with the unbiased
-    variance), as a network's BatchNorm in training mode leaves them."""
+    by the mean and (biased) variance over its own samples only (:class:`_MaskedBatchNorm`, or the plain
+    kernel where no client is padded); in evaluation mode by the running statistics its network holds
+    after the training-mode pass (momentum update with the unbiased variance), as a network's BatchNorm in
+    training mode leaves them."""
     channels, eps, momentum = module.num_features, module.eps, module.momentum
     assert momentum is not None
 
     def step(params: dict[str, torch.Tensor] | Any, h: torch.Tensor, k: int) -> torch.Tensor:
-        hv = h.unflatten(1, (k, channels))  # (B, K, C, H, W)
-        w = params[prefix + "weight"].view(1, k, channels, 1, 1)
-        b = params[prefix + "bias"].view(1, k, channels, 1, 1)
+        w, b = params[prefix + "weight"], params[prefix + "bias"]  # (K*C,)
         if norms.training:
-            assert norms.count is not None
-            n = norms.count * (hv.shape[3] * hv.shape[4])
-            if norms.mask is None:
-                mean = hv.sum(dim=(0, 3, 4), keepdim=True) / n
-                diff = hv - mean
-                var = (diff * diff).sum(dim=(0, 3, 4), keepdim=True) / n
+            mask, samples = norms.channel_mask(channels)
+            if mask is None:
+                out = F.batch_norm(h, None, None, w, b, True, 0.0, eps)
+                with torch.no_grad():
+                    var, mean = torch.var_mean(h, dim=(0, 2, 3), correction=0)
             else:
-                mean = (hv * norms.mask).sum(dim=(0, 3, 4), keepdim=True) / n
-                diff = hv - mean
-                var = (diff * diff * norms.mask).sum(dim=(0, 3, 4), keepdim=True) / n
-            norms.stats[prefix] = (mean.detach(), var.detach(), n)
-            out = diff * torch.rsqrt(var + eps) * w + b
-        else:
-            mean, var, n = norms.stats[prefix]
-            rm = params[prefix + "running_mean"].view(1, k, channels, 1, 1)
-            rv = params[prefix + "running_var"].view(1, k, channels, 1, 1)
-            run_mean = (1.0 - momentum) * rm + momentum * mean
-            run_var = (1.0 - momentum) * rv + momentum * (var * n / (n - 1))
-            out = (hv - run_mean) * torch.rsqrt(run_var + eps) * w + b
-        return out.flatten(1, 2)
+                out, mean, var = _MaskedBatchNorm.apply(h, mask, samples, w, b, eps)
+            norms.stats[prefix] = (mean.detach(), var.detach(), samples * (h.shape[2] * h.shape[3]))
+            return out
+        mean, var, count = norms.stats[prefix]
+        run_mean = (1.0 - momentum) * params[prefix + "running_mean"] + momentum * mean
+        run_var = (1.0 - momentum) * params[prefix + "running_var"] + momentum * (var * count / (count - 1))
+        return F.batch_norm(h, run_mean, run_var, w, b, False, 0.0, eps)
 
     return step
 
@@ -306,8 +348,9 @@ class _StackedDM:
         self.syn_seg = torch.tensor(syn_seg, device=dev)
         self.num_segments = len(counts)
         norms = self.plan.norms
-        norms.mask = None if bool(mask.all()) else torch.from_numpy(mask).to(dev, dtype).view(width, k, 1, 1, 1)
-        norms.count = torch.from_numpy(mask.sum(0)).to(dev, dtype).view(1, k, 1, 1, 1)
+        norms.mask = None if bool(mask.all()) else torch.from_numpy(mask).to(dev, dtype)
+        norms.count = torch.from_numpy(mask.sum(0)).to(dev, dtype)
+        norms._channels.clear()
         # which images are whose, for the per-client gradient clipping
         self.owner = torch.repeat_interleave(torch.arange(k), torch.tensor(sizes)).to(dev)
 
