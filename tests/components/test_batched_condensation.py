@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from fedskew.components.batched_condensation import _StackedDM, condense_batched, why_dm_sequential
+from fedskew.components import batched_condensation
+from fedskew.components.batched_condensation import _StackedDM, condense_batched, slot_width, why_dm_sequential
 from fedskew.condense import DSAConfig, sliced_wasserstein, sliced_wasserstein_stacked
 from fedskew.condense.distribution_matching import (
     DMConfig,
@@ -83,15 +84,22 @@ def _requests_and_sequential(
     return requests, sequential
 
 
+@pytest.mark.parametrize("max_slots", [1, 2])
 @pytest.mark.parametrize("norm", ["instancenorm", "batchnorm"])
 @pytest.mark.parametrize(("method", "local"), [("feddm", ""), ("fedaf", "samples"), ("fedaf", "mean")])
-def test_batched_matching_equals_each_client_alone(float64: None, norm: str, method: str, local: str) -> None:
+def test_batched_matching_equals_each_client_alone(
+    float64: None, monkeypatch: pytest.MonkeyPatch, norm: str, method: str, local: str, max_slots: int
+) -> None:
+    monkeypatch.setattr(batched_condensation, "MAX_SLOTS_PER_CLIENT", max_slots)
     clip = 0.05 if method == "feddm" else None  # FedDM's clipping, small enough to act at every step
     cfg = DMConfig(iterations=4, ipc=3, image_lr=0.5, momentum=0.9, real_batch=8, init="real", clip_norm=clip)
     requests, sequential = _requests_and_sequential(method, norm, cfg, local)
     assert all(why_dm_sequential(r) is None for r in requests)
     stacked = _StackedDM(requests)
     assert stacked.plan.norms.mask is not None  # the clients' batches are padded
+    assert stacked.batch == [42, 20, 44]  # real (min(8, a class's)) and synthetic (3 a class) images
+    # one slot a client, or the two larger clients over two slots each (width 22: 110 samples, not 132)
+    assert (stacked.slots, stacked.width) == ((3, 44) if max_slots == 1 else (5, 22))
     assert stacked.plan.batch_norm == (norm == "batchnorm")
     batched = condense_batched(requests)
     for alone, together, r in zip(sequential, batched, requests, strict=True):
@@ -162,3 +170,10 @@ def test_what_cannot_batch_says_why(over: dict[str, Any], words: str) -> None:
 def test_batchable_requests_say_nothing() -> None:
     assert why_dm_sequential(_request()) is None
     assert why_dm_sequential(_request(factory=_factory("batchnorm"))) is None
+
+
+def test_slot_width_pads_least_within_the_slots_allowed() -> None:
+    assert slot_width([42, 20, 44], 3) == 44  # one slot a client
+    assert slot_width([42, 20, 44], 6) == 22  # 2 + 1 + 2 slots of 22: 110 samples
+    assert slot_width([10, 10], 4) == 10  # equal sizes: no padding, the widest
+    assert slot_width([7], 2) == 7

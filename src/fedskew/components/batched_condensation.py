@@ -60,24 +60,33 @@ _DTYPES = (torch.float32, torch.float64)
 
 @dataclass
 class _Norms:
-    """What the masked batch normalisations of one stacked forward share: which samples count, whether the
-    pass is the training-mode one, and each layer's batch statistics from the last training-mode pass."""
+    """What the masked batch normalisations of one stacked forward share: which samples count and whose they
+    are, whether the pass is the training-mode one, and each layer's statistics of each client from the last
+    training-mode pass.
 
+    The training-mode pass has K' slots on the channel axis, a client's batch spread over one or more of
+    them (``slot_client``); the evaluation-mode pass has one slot a client."""
+
+    slot_client: torch.Tensor | None = None
+    """``(K',)``: the client of each slot."""
     mask: torch.Tensor | None = None
-    """``(B, K)``: 1 for a client's own samples, 0 for padding (None: no padding)."""
-    count: torch.Tensor | None = None
+    """``(B, K')``: 1 for a client's own samples, 0 for padding (None: no padding, one slot a client)."""
+    samples: torch.Tensor | None = None
     """``(K,)``: each client's number of samples."""
     training: bool = True
     stats: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    _channels: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = field(default_factory=dict)
+    """Layer -> each client's mean, variance and counted values a channel, ``(K*C,)`` each."""
+    _channels: dict[int, tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
-    def channel_mask(self, channels: int) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """For a layer of ``channels`` a client: the mask ``(B, K*C)`` (None: no padding) and the counted
-        samples of each channel ``(K*C,)``."""
+    def channel_mask(self, channels: int) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """For a layer of ``channels`` a client: the mask ``(B, K'*C)`` (None: no padding, one slot a client),
+        the client channel of each slot channel ``(K'*C,)`` (indices into ``K*C``) and each client channel's
+        counted samples ``(K*C,)``."""
         if channels not in self._channels:
-            assert self.count is not None
+            assert self.samples is not None and self.slot_client is not None
+            index = (self.slot_client[:, None] * channels + torch.arange(channels, device=self.slot_client.device))
             mask = None if self.mask is None else self.mask.repeat_interleave(channels, dim=1).contiguous()
-            self._channels[channels] = (mask, self.count.repeat_interleave(channels))
+            self._channels[channels] = (mask, index.reshape(-1), self.samples.repeat_interleave(channels))
         return self._channels[channels]
 
 
@@ -117,35 +126,46 @@ def _plan_module(
     return _plan(module, prefix, grouped, layouts)
 
 
+def _per_client(values: torch.Tensor, index: torch.Tensor, size: int) -> torch.Tensor:
+    """Sums of slot-channel ``values`` ``(K'*C,)`` over each client's slots: ``(K*C,)``."""
+    return torch.zeros(size, dtype=values.dtype, device=values.device).index_add(0, index, values)
+
+
 class _MaskedBatchNorm(torch.autograd.Function):
-    """Training-mode batch normalisation of ``(B, C', H, W)`` whose statistics count only the samples where
-    ``mask`` (``(B, C')``, 0 or 1) is 1, ``samples`` (``(C',)``) of them a channel. Two passes over the input
-    forward (each sample's mean and variance, then the fused normalisation ``F.batch_norm`` with the batch's
-    statistics, combined from the samples' by the law of total variance), three backward. The gradient
-    reaches the input only (the stacked weights are frozen) and is 0 for masked samples, whose outputs the
-    loss never reads."""
+    """Training-mode batch normalisation of ``(B, K'*C, H, W)`` in which each client's statistics count its own
+    samples only, over all its slots: those where ``mask`` (``(B, K'*C)``, 0 or 1) is 1, ``samples``
+    (``(K*C,)``) of them a client channel; ``index`` (``(K'*C,)``) gives each slot channel's client channel.
+
+    Two passes over the input forward (each sample's mean and variance, combined into each client's by the
+    law of total variance, then the fused normalisation ``F.batch_norm`` with those statistics), three
+    backward. The gradient reaches the input only (the stacked weights are frozen) and is 0 for masked
+    samples, whose outputs the loss never reads. Returns the output and each client's mean and variance."""
 
     @staticmethod
     def forward(
-        ctx: Any, h: torch.Tensor, mask: torch.Tensor, samples: torch.Tensor, weight: torch.Tensor,
-        bias: torch.Tensor, eps: float,
+        ctx: Any, h: torch.Tensor, mask: torch.Tensor, index: torch.Tensor, samples: torch.Tensor,
+        weight: torch.Tensor, bias: torch.Tensor, eps: float,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        var_s, mean_s = torch.var_mean(h, dim=(2, 3), correction=0)  # (B, C') each sample's
-        mean = (mean_s * mask).sum(0) / samples
-        var = ((var_s + (mean_s - mean) ** 2) * mask).sum(0) / samples
-        out = F.batch_norm(h, mean, var, weight, bias, False, 0.0, eps)
-        ctx.save_for_backward(h, mask, samples, mean, torch.rsqrt(var + eps), weight)
+        size = samples.shape[0]
+        var_s, mean_s = torch.var_mean(h, dim=(2, 3), correction=0)  # (B, K'C) each sample's
+        mean = _per_client((mean_s * mask).sum(0), index, size) / samples
+        mean_slot = mean[index]
+        var = _per_client(((var_s + (mean_s - mean_slot) ** 2) * mask).sum(0), index, size) / samples
+        var_slot = var[index]
+        out = F.batch_norm(h, mean_slot, var_slot, weight, bias, False, 0.0, eps)
+        ctx.save_for_backward(h, mask, index, samples, mean_slot, torch.rsqrt(var_slot + eps), weight)
         ctx.mark_non_differentiable(mean, var)
         return out, mean, var
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         dy = grads[0]
-        h, mask, samples, mean, invstd, weight = ctx.saved_tensors
-        n = samples * (h.shape[2] * h.shape[3])
-        # dy is 0 for masked samples, so these sums run over the counted ones
-        s1 = dy.sum(dim=(0, 2, 3))
-        s2 = invstd * ((dy * h).sum(dim=(0, 2, 3)) - mean * s1)  # sum of dy * xhat
+        h, mask, index, samples, mean, invstd, weight = ctx.saved_tensors
+        size = samples.shape[0]
+        n = samples[index] * (h.shape[2] * h.shape[3])
+        # dy is 0 for masked samples, so these sums run over the counted ones, then over each client's slots
+        s1 = _per_client(dy.sum(dim=(0, 2, 3)), index, size)[index]
+        s2 = invstd * (_per_client((dy * h).sum(dim=(0, 2, 3)), index, size)[index] - mean * s1)  # sum dy * xhat
         scale = weight * invstd / n
         # dx = mask * scale * (n dy - s1 - xhat s2) = mask * (a dy + b h + c)
         a = (weight * invstd) * mask
@@ -153,28 +173,28 @@ class _MaskedBatchNorm(torch.autograd.Function):
         c = (-scale * s1 + scale * invstd * s2 * mean) * mask
         dx = torch.addcmul(c[:, :, None, None], b[:, :, None, None], h)
         dx.addcmul_(a[:, :, None, None], dy)
-        return dx, None, None, None, None, None
+        return dx, None, None, None, None, None, None
 
 
 def _batch_norm(module: nn.BatchNorm2d, prefix: str, norms: _Norms) -> Step:
     """BatchNorm2d of K clients side by side: in training mode each client's channels are normalised
     by the mean and (biased) variance over its own samples only (:class:`_MaskedBatchNorm`, or the plain
-    kernel where no client is padded); in evaluation mode by the running statistics its network holds
-    after the training-mode pass (momentum update with the unbiased variance), as a network's BatchNorm in
-    training mode leaves them."""
+    kernel where each client has one slot and no padding); in evaluation mode (one slot a client) by the
+    running statistics its network holds after the training-mode pass (momentum update with the unbiased
+    variance), as a network's BatchNorm in training mode leaves them."""
     channels, eps, momentum = module.num_features, module.eps, module.momentum
     assert momentum is not None
 
     def step(params: dict[str, torch.Tensor] | Any, h: torch.Tensor, k: int) -> torch.Tensor:
-        w, b = params[prefix + "weight"], params[prefix + "bias"]  # (K*C,)
+        w, b = params[prefix + "weight"], params[prefix + "bias"]  # (K'*C,)
         if norms.training:
-            mask, samples = norms.channel_mask(channels)
+            mask, index, samples = norms.channel_mask(channels)
             if mask is None:
                 out = F.batch_norm(h, None, None, w, b, True, 0.0, eps)
                 with torch.no_grad():
                     var, mean = torch.var_mean(h, dim=(0, 2, 3), correction=0)
             else:
-                out, mean, var = _MaskedBatchNorm.apply(h, mask, samples, w, b, eps)
+                out, mean, var = _MaskedBatchNorm.apply(h, mask, index, samples, w, b, eps)
             norms.stats[prefix] = (mean.detach(), var.detach(), samples * (h.shape[2] * h.shape[3]))
             return out
         mean, var, count = norms.stats[prefix]
@@ -264,8 +284,34 @@ def _group_key(r: DMRequest) -> tuple[Any, ...]:
     return (type(net), repr(net), params, buffers, settings, data, term)
 
 
+MAX_SLOTS_PER_CLIENT = 2
+"""A client's batch may be spread over several slots of the channel axis (each with a copy of its network's
+weights), so that the slots have one width with little padding: at most this many slots a client on
+average. Chosen to bound the padding (the quick FedAF config: 1.71x padded samples with one slot a client,
+1.10x with this; the paper config: 2.0x and 1.27x), not measured on a GPU."""
+
+
+def slot_width(sizes: Sequence[int], max_slots: int) -> int:
+    """The slot width that pads the batches of ``sizes`` least, in at most ``max_slots`` slots (the widest
+    of equal cost)."""
+    best: tuple[int, int] | None = None
+    for width in sorted({-(-b // j) for b in sizes for j in range(1, max_slots + 1)}, reverse=True):
+        slots = sum(-(-b // width) for b in sizes)
+        if slots > max_slots:
+            continue
+        if best is None or slots * width < best[0]:
+            best = (slots * width, width)
+    assert best is not None  # the largest size is one slot a client
+    return best[1]
+
+
 class _StackedDM:
-    """The batched matching of K clients of one group (see the module's docstring)."""
+    """The batched matching of K clients of one group (see the module's docstring).
+
+    Each step's samples of client c are its real batch (class by class) then its synthetic images (class by
+    class), ``B_c`` in all; they fill ``ceil(B_c / W)`` slots of width W on the channel axis, the last one
+    padded with copies of the client's first sample (weighted 0 everywhere). The slots' weights are the
+    clients' stacked weights gathered by slot."""
 
     def __init__(self, requests: list[DMRequest]) -> None:
         self.requests = requests
@@ -280,77 +326,108 @@ class _StackedDM:
         plan = _network_plan(template, bool(self.swd))
         assert plan is not None
         self.plan = plan
-        k = self.k = len(requests)
+        self.k = len(requests)
+        self.channels_last = self.device.type in CHANNELS_LAST_DEVICES
         # the stacked weights: name -> (K, *shape), filled from the K networks at every step
         self.names = [n for n, _ in template.named_parameters()] + [
             n for n, b in template.named_buffers() if b.is_floating_point()]
         shapes = dict(template.named_parameters()) | dict(template.named_buffers())
-        dtype = next(template.parameters()).dtype
-        self.stacked = {n: torch.zeros((k, *shapes[n].shape), dtype=dtype, device=self.device) for n in self.names}
-        self.params: dict[str, torch.Tensor] = {}
-        for n, t in self.stacked.items():
-            size, strides = plan.layouts.get(n, NATURAL).view(k, tuple(t.shape[1:]))
-            self.params[n] = t.as_strided(size, strides)
-        self.channels_last = self.device.type in CHANNELS_LAST_DEVICES
+        self.dtype = next(template.parameters()).dtype
+        self.stacked = {n: torch.zeros((self.k, *shapes[n].shape), dtype=self.dtype, device=self.device)
+                        for n in self.names}
+        self.client_params = self._views(self.stacked, self.k)
         self._layout(requests)
+        self.slot_stacked: dict[str, torch.Tensor] | None = None
+        self.slot_params = self.client_params
+        if self.slots != self.k:
+            self.slot_stacked = {n: torch.zeros((self.slots, *t.shape[1:]), dtype=self.dtype, device=self.device)
+                                 for n, t in self.stacked.items()}
+            self.slot_params = self._views(self.slot_stacked, self.slots)
+
+    def _views(self, stacked: dict[str, torch.Tensor], k: int) -> dict[str, torch.Tensor]:
+        out = {}
+        for n, t in stacked.items():
+            size, strides = self.plan.layouts.get(n, NATURAL).view(k, tuple(t.shape[1:]))
+            out[n] = t.as_strided(size, strides)
+        return out
 
     def _layout(self, requests: list[DMRequest]) -> None:
         """Where each client's samples sit in the stacked batch (fixed for the whole condensation: a class
         takes min(real_batch, its real images) real images every step, and all its synthetic ones)."""
         k, cfg = self.k, self.cfg
         self.x = torch.cat([r.x_real for r in requests]) if k > 1 else requests[0].x_real
-        x_offsets = np.cumsum([0, *[int(r.x_real.shape[0]) for r in requests]]).tolist()
+        self.x_offsets = np.cumsum([0, *[int(r.x_real.shape[0]) for r in requests]]).tolist()
         self.real_cpu = [[idx.cpu() for idx in r.real_indices] for r in requests]
-        self.real_counts = [[min(cfg.real_batch, int(idx.numel())) for idx in r.real_indices] for r in requests]
+        real_counts = [[min(cfg.real_batch, int(idx.numel())) for idx in r.real_indices] for r in requests]
+        real_total = [sum(c) for c in real_counts]
         sizes = [int(r.start.shape[0]) for r in requests]
-        img_offsets = np.cumsum([0, *sizes]).tolist()
-        self.x_offsets, self.img_offsets, self.sizes = x_offsets, img_offsets, sizes
-        real_total = [sum(c) for c in self.real_counts]
-        syn_orders = [torch.cat(r.syn_indices).cpu() for r in requests]
-        self.r_width, self.s_width = max(real_total), max(int(o.numel()) for o in syn_orders)
-        width = self.r_width + self.s_width
-        syn_index = np.zeros((k, self.s_width), dtype=np.int64)
-        segment = np.zeros((k, width), dtype=np.int64)
+        self.img_offsets = np.cumsum([0, *sizes]).tolist()
+        syn_orders = [torch.cat(r.syn_indices).cpu().tolist() for r in requests]
+        all_real = sum(real_total)
+        real_offsets = np.cumsum([0, *real_total]).tolist()
+        batch = [real_total[c] + len(syn_orders[c]) for c in range(k)]
+        width = slot_width(batch, MAX_SLOTS_PER_CLIENT * k)
+        # the source of a step's samples: its drawn real images (all clients'), then every synthetic image
+        gather: list[list[int]] = []
+        segment: list[list[int]] = []
+        slot_client: list[int] = []
         counts: list[int] = []
         real_seg: list[int] = []
         syn_seg: list[int] = []
-        mask = np.zeros((width, k), dtype=np.float64)
-        self.slots: list[dict[int, int]] = []  # client -> its synthetic row -> its slot in the syn part
+        self.syn_position: list[dict[int, int]] = []  # client -> its synthetic row -> its flat slot position
         for c, r in enumerate(requests):
-            order = syn_orders[c].numpy() + img_offsets[c]
-            syn_index[c, : len(order)] = order
-            syn_index[c, len(order):] = order[0]
-            self.slots.append({int(row): i for i, row in enumerate(syn_orders[c].tolist())})
-            at_real, at_syn = 0, self.r_width
+            rows: list[int] = []
+            segs: list[int] = []
+            ids = []
+            for j in range(len(r.syn_indices)):
+                ids.append((len(counts), len(counts) + 1))
+                real_seg.append(len(counts))
+                syn_seg.append(len(counts) + 1)
+                counts += [real_counts[c][j], int(r.syn_indices[j].numel())]
+            for j, n in enumerate(real_counts[c]):
+                rows += list(range(real_offsets[c] + len(segs), real_offsets[c] + len(segs) + n))
+                segs += [ids[j][0]] * n
+            syn_start = len(rows)
             for j, idx in enumerate(r.syn_indices):
-                n_real, n_syn = self.real_counts[c][j], int(idx.numel())
-                real_id, syn_id = len(counts), len(counts) + 1
-                counts += [n_real, n_syn]
-                real_seg.append(real_id)
-                syn_seg.append(syn_id)
-                segment[c, at_real : at_real + n_real] = real_id
-                segment[c, at_syn : at_syn + n_syn] = syn_id
-                mask[at_real : at_real + n_real, c] = 1.0
-                mask[at_syn : at_syn + n_syn, c] = 1.0
-                at_real += n_real
-                at_syn += n_syn
-            dump = -1  # padding: the last segment, whose mean is never read
-            segment[c, at_real : self.r_width] = dump
-            segment[c, at_syn:] = dump
-        segment[segment == -1] = len(counts)
+                segs += [ids[j][1]] * int(idx.numel())
+            rows += [all_real + self.img_offsets[c] + row for row in syn_orders[c]]
+            first_slot = len(slot_client)
+            self.syn_position.append({row: (first_slot + (syn_start + i) // width) * width + (syn_start + i) % width
+                                      for i, row in enumerate(syn_orders[c])})
+            for at in range(0, len(rows), width):
+                part, part_segs = rows[at : at + width], segs[at : at + width]
+                gather.append(part + [rows[0]] * (width - len(part)))
+                segment.append(part_segs + [-1] * (width - len(part)))
+                slot_client.append(c)
+        self.slots, self.width, self.batch = len(slot_client), width, batch
+        dump = len(counts)  # padding: the last segment, whose mean is never read
         counts.append(1)
-        dev = self.device
-        dtype = self.stacked[self.names[0]].dtype
-        self.syn_index = torch.from_numpy(syn_index).to(dev)
-        self.segment = torch.from_numpy(segment.reshape(-1)).to(dev)
+        dev, dtype = self.device, self.dtype
+        seg = np.asarray(segment, dtype=np.int64)
+        mask = (seg >= 0).T.astype(np.float64)  # (W, K')
+        seg[seg < 0] = dump
+        self.gather = torch.tensor(gather, device=dev)
+        self.segment = torch.from_numpy(seg.reshape(-1)).to(dev)
         self.counts = torch.tensor(counts, dtype=dtype, device=dev)
         self.real_seg = torch.tensor(real_seg, device=dev)
         self.syn_seg = torch.tensor(syn_seg, device=dev)
         self.num_segments = len(counts)
+        self.slot_client = torch.tensor(slot_client, device=dev)
         norms = self.plan.norms
-        norms.mask = None if bool(mask.all()) else torch.from_numpy(mask).to(dev, dtype)
-        norms.count = torch.from_numpy(mask.sum(0)).to(dev, dtype)
+        norms.slot_client = self.slot_client
+        one_each = self.slots == k and bool(mask.all())
+        norms.mask = None if one_each else torch.from_numpy(mask).to(dev, dtype)
+        norms.samples = torch.tensor(batch, dtype=dtype, device=dev)
         norms._channels.clear()
+        # the evaluation-mode pass of FedAF's term with BatchNorm: each client's synthetic images, one slot each
+        self.s_width = max(len(o) for o in syn_orders)
+        syn_index = np.zeros((k, self.s_width), dtype=np.int64)
+        self.eval_position: list[dict[int, int]] = []
+        for c, order in enumerate(syn_orders):
+            syn_index[c, : len(order)] = [self.img_offsets[c] + row for row in order]
+            syn_index[c, len(order):] = self.img_offsets[c] + order[0]
+            self.eval_position.append({row: c * self.s_width + i for i, row in enumerate(order)})
+        self.syn_index = torch.from_numpy(syn_index).to(dev)
         # which images are whose, for the per-client gradient clipping
         self.owner = torch.repeat_interleave(torch.arange(k), torch.tensor(sizes)).to(dev)
 
@@ -379,8 +456,9 @@ class _StackedDM:
 
     def _draw(self, step: int) -> torch.Tensor:
         """Every client's draws of this step, in its own order: its network (its weights into the stacked
-        tensors), then each class's real batch. The real batch indices, ``(K, R)``, into the joined data."""
-        index = np.zeros((self.k, self.r_width), dtype=np.int64)
+        tensors), then each class's real batch. The drawn real images' indices into the joined data, all
+        clients' one after another."""
+        drawn_all: list[torch.Tensor] = []
         sources: list[torch.Tensor] = []
         targets: list[torch.Tensor] = []
         for c, r in enumerate(self.requests):
@@ -390,63 +468,63 @@ class _StackedDM:
                 sources.append(state[n])
                 targets.append(self.stacked[n][c])
             drawn = [sample_indices(idx, r.cfg.real_batch, r.generator) for idx in self.real_cpu[c]]
-            ids = torch.cat(drawn).numpy() + self.x_offsets[c]
-            index[c, : len(ids)] = ids
-            index[c, len(ids):] = ids[0]
+            drawn_all.append(torch.cat(drawn) + self.x_offsets[c])
         with torch.no_grad():
             torch._foreach_copy_(targets, sources)
-        return torch.from_numpy(index).to(self.device, non_blocking=True)
+            if self.slot_stacked is not None:
+                for n, t in self.stacked.items():
+                    torch.index_select(t, 0, self.slot_client, out=self.slot_stacked[n])
+        return torch.cat(drawn_all).to(self.device, non_blocking=True)
 
-    def _stacked_input(self, parts: list[torch.Tensor]) -> torch.Tensor:
-        """``(B, K, C, H, W)`` parts joined on the batch axis, as ``(B, K*C, H, W)``."""
-        h = torch.cat(parts) if len(parts) > 1 else parts[0]
-        h = h.reshape(h.shape[0], self.k * h.shape[2], *h.shape[3:])
+    def _stacked_input(self, h: torch.Tensor) -> torch.Tensor:
+        """``(B, K, C, H, W)`` as ``(B, K*C, H, W)``."""
+        h = h.reshape(h.shape[0], h.shape[1] * h.shape[2], *h.shape[3:])
         return h.contiguous(memory_format=torch.channels_last) if self.channels_last else h
 
-    def _features(self, h: torch.Tensor, training: bool) -> torch.Tensor:
+    def _features(self, h: torch.Tensor, params: dict[str, torch.Tensor], k: int, training: bool) -> torch.Tensor:
         self.plan.norms.training = training
         for step in self.plan.features:
-            h = step(self.params, h, self.k)
-        return h  # (K, B, D)
+            h = step(params, h, k)
+        return h  # (k, B, D)
 
     def _loss(self, step: int, images: torch.Tensor) -> torch.Tensor:
-        k = self.k
-        real_index = self._draw(step)
-        real = self.x[real_index.t()]  # (R, K, C, H, W)
-        syn = images[self.syn_index.t()]  # (S, K, C, H, W)
-        emb = at_least_float32(self._features(self._stacked_input([real, syn]), training=True))
-        flat = emb.reshape(k * emb.shape[1], emb.shape[2])
+        real = self.x[self._draw(step)]
+        source = torch.cat([real, images])
+        emb = self._features(self._stacked_input(source[self.gather.t()]), self.slot_params, self.slots, True)
+        emb = at_least_float32(emb)
+        flat = emb.reshape(self.slots * self.width, emb.shape[2])
         sums = torch.zeros((self.num_segments, flat.shape[1]), dtype=flat.dtype, device=flat.device)
         means = sums.index_add(0, self.segment, flat) / self.counts.to(flat.dtype)[:, None]
         diff = means[self.real_seg] - means[self.syn_seg]
         loss = (diff * diff).sum()
         if self.swd:
-            if self.plan.batch_norm:  # evaluation mode: the running statistics, a pass of its own
-                syn_emb = self._features(self._stacked_input([syn]), training=False)
-            else:  # the same embedding as the training-mode pass (every layer acts per sample)
-                syn_emb = emb[:, self.r_width :]
-            logits = syn_emb
             assert self.plan.classifier is not None
+            if self.plan.batch_norm:  # evaluation mode: the running statistics, a pass of its own
+                syn = self._stacked_input(images[self.syn_index.t()])
+                logits = self._features(syn, self.client_params, self.k, False)
+                params, k, positions = self.client_params, self.k, self.eval_position
+            else:  # the same embedding as the training-mode pass (every layer acts per sample)
+                logits, params, k, positions = emb, self.slot_params, self.slots, self.syn_position
             for head in self.plan.classifier:
-                logits = head(self.params, logits, k)
-            loss = loss + self._swd(logits)
+                logits = head(params, logits, k)
+            loss = loss + self._swd(logits.reshape(-1, logits.shape[2]), positions)
         return loss
 
-    def _swd(self, logits: torch.Tensor) -> torch.Tensor:
+    def _swd(self, flat: torch.Tensor, positions: list[dict[int, int]]) -> torch.Tensor:
         """Every client's CDC term, ``weight * sum_c SWD``, summed over the clients (one stacked distance per
-        group of equal point counts)."""
-        k, s = self.k, self.s_width
-        flat = logits.reshape(k * s, logits.shape[2])
+        group of equal point counts). ``flat`` holds the logits, ``positions[c][row]`` the place of client
+        c's synthetic image ``row`` in it."""
+        k = self.k
         dims = flat.shape[1]
-        # (n, m) -> [(client, its slots, target, directions)]; the directions drawn client by client and,
+        # (n, m) -> [(client, its places, target, directions)]; the directions drawn client by client and,
         # within a client, class by class in increasing order, from the client's stream, as alone
         pairs: dict[tuple[int, int], list[tuple[int, list[int], torch.Tensor, torch.Tensor]]] = defaultdict(list)
         for c, (r, term) in enumerate(zip(self.requests, self.swd, strict=True)):
             for cls, rows in term.rows(r.labels).items():
-                slots = [c * s + self.slots[c][int(i)] for i in rows.tolist()]
+                places = [positions[c][int(i)] for i in rows.tolist()]
                 target = term.targets[cls]
                 dtype = torch.promote_types(torch.promote_types(flat.dtype, target.dtype), torch.float32)
-                pairs[(len(slots), int(target.shape[0]))].append((c, slots, target, term.draw(dims, dtype)))
+                pairs[(len(places), int(target.shape[0]))].append((c, places, target, term.draw(dims, dtype)))
         weights = torch.tensor([t.weight for t in self.swd], dtype=flat.dtype, device=flat.device)
         totals = torch.zeros(k, dtype=flat.dtype, device=flat.device)
         for members in pairs.values():
