@@ -287,8 +287,10 @@ def _group_key(r: DMRequest) -> tuple[Any, ...]:
 MAX_SLOTS_PER_CLIENT = 2
 """A client's batch may be spread over several slots of the channel axis (each with a copy of its network's
 weights), so that the slots have one width with little padding: at most this many slots a client on
-average. Chosen to bound the padding (the quick FedAF config: 1.71x padded samples with one slot a client,
-1.10x with this; the paper config: 2.0x and 1.27x), not measured on a GPU."""
+average. Samples in the stacked batch over the clients' own, round 1 of seed 0 (benchmarks/
+batched_condensation.py's configs): the quick FedAF config 1.71x with one slot a client, 1.14x with two
+(19 slots of 42); the paper config 2.01x and 1.24x (18 slots of 437). Not measured on a GPU: more slots pad
+less but run more, narrower groups."""
 
 
 def slot_width(sizes: Sequence[int], max_slots: int) -> int:
