@@ -8,11 +8,12 @@ same order, from its own generator: its network (its own sampler), then each cla
 - **one forward** of all K clients' real and synthetic batches through their K networks: the networks'
   weights are copied into stacked tensors (one ``_foreach_copy_``), and the batches sit side by side on
   the channel axis, so that each convolution is one grouped convolution and the classifier one batched
-  product (:mod:`fedskew.components.stacked_forward`'s layered forward). Each client's batch is padded to
-  the largest one with copies of its own samples, which count nowhere: they are left out of the class
-  means, and out of the batch statistics of BatchNorm layers (here a masked batch normalisation, per
-  client, as each client's network normalises its own batch); instance and group norms, pooling and
-  activations act per sample anyway;
+  product (:mod:`fedskew.components.stacked_forward`'s layered forward). The axis holds slots of one
+  width: a client's batch fills one or more of them (:data:`MAX_SLOTS_PER_CLIENT`, :func:`slot_width`),
+  its last slot padded with copies of its first sample, which count nowhere: they are left out of the
+  class means, and out of the batch statistics of BatchNorm layers (a masked batch normalisation,
+  :class:`_MaskedBatchNorm`, whose statistics are each client's over all its slots, as each client's
+  network normalises its own batch); instance and group norms, pooling and activations act per sample;
 - the class means of all clients as one segment sum, L_DM of every client, and FedAF's CDC term
   (:class:`~fedskew.condense.swd.ClassSWD`) of every client and class as one batched sliced Wasserstein
   distance (directions drawn from each client's own stream, as alone); with BatchNorm, the term's
