@@ -84,13 +84,16 @@ def _requests_and_sequential(
     return requests, sequential
 
 
-@pytest.mark.parametrize("max_slots", [1, 2])
+@pytest.mark.parametrize(("max_slots", "stacked_sampler"), [(1, True), (2, True), (2, False)])
 @pytest.mark.parametrize("norm", ["instancenorm", "batchnorm"])
 @pytest.mark.parametrize(("method", "local"), [("feddm", ""), ("fedaf", "samples"), ("fedaf", "mean")])
 def test_batched_matching_equals_each_client_alone(
-    float64: None, monkeypatch: pytest.MonkeyPatch, norm: str, method: str, local: str, max_slots: int
+    float64: None, monkeypatch: pytest.MonkeyPatch, norm: str, method: str, local: str, max_slots: int,
+    stacked_sampler: bool,
 ) -> None:
+    """Each client's networks from its own sampler, or all clients' at once (the default)."""
     monkeypatch.setattr(batched_condensation, "MAX_SLOTS_PER_CLIENT", max_slots)
+    monkeypatch.setattr(batched_condensation, "USE_STACKED_SAMPLER", stacked_sampler)
     clip = 0.05 if method == "feddm" else None  # FedDM's clipping, small enough to act at every step
     cfg = DMConfig(iterations=4, ipc=3, image_lr=0.5, momentum=0.9, real_batch=8, init="real", clip_norm=clip)
     requests, sequential = _requests_and_sequential(method, norm, cfg, local)
@@ -101,6 +104,7 @@ def test_batched_matching_equals_each_client_alone(
     # one slot a client, or the two larger clients over two slots each (width 22: 110 samples, not 132)
     assert (stacked.slots, stacked.width) == ((3, 44) if max_slots == 1 else (5, 22))
     assert stacked.plan.batch_norm == (norm == "batchnorm")
+    assert (stacked.sampler is not None) == stacked_sampler
     batched = condense_batched(requests)
     for alone, together, r in zip(sequential, batched, requests, strict=True):
         assert together.images.dtype == torch.float64

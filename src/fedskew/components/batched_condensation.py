@@ -45,18 +45,25 @@ from torch import nn
 from fedskew.components.stacked_forward import MERGED, NATURAL, Layout, Step, _plan
 from fedskew.condense.distribution_matching import (
     DMRequest,
+    SamplerForm,
     at_least_float32,
+    ball_offset,
     prepared,
+    sampler_form,
     sampler_template,
 )
 from fedskew.condense.swd import ClassSWD, sliced_wasserstein_stacked
-from fedskew.condense.synthetic import SyntheticSet, sample_indices
+from fedskew.condense.synthetic import SyntheticSet, draw_seed, fresh_model, sample_indices
 from fedskew.models.registry import FedModel
 
 CHANNELS_LAST_DEVICES = {"cpu"}
 """Device types whose batched forward takes channels-last batches (as :mod:`fedskew.components.batched`)."""
 
 _DTYPES = (torch.float32, torch.float64)
+
+USE_STACKED_SAMPLER = True
+"""Make FedDM's and FedAF's networks of a step for all clients at once (:class:`_StackedSampler`); tests turn it
+off to check the path through each client's own sampler."""
 
 
 @dataclass
@@ -285,6 +292,56 @@ def _group_key(r: DMRequest) -> tuple[Any, ...]:
     return (type(net), repr(net), params, buffers, settings, data, term)
 
 
+class _StackedSampler:
+    """The networks of all K clients of a step at once, from their samplers' forms (:class:`SamplerForm`,
+    FedDM's ball and FedAF's interpolation): each client draws from its generator what its sampler draws
+    (a seed, then FedDM's offset or FedAF's fresh network, on the CPU), and the K weight vectors are made
+    together on the device, ``(K, N)``: one copy to the device and one or two operations, where the samplers
+    copy, offset and write every tensor of every client's network."""
+
+    def __init__(self, forms: list[SamplerForm], template: nn.Module, device: torch.device) -> None:
+        self.forms, self.kind = forms, forms[0].kind
+        self.params = list(template.parameters())
+        dtype = self.params[0].dtype
+        with torch.no_grad():
+            self.base = torch.stack([torch.cat([p.detach().reshape(-1) for p in f.model.parameters()])
+                                     for f in forms]).to(device, dtype)
+        if self.kind == "ball":
+            self.radius = [f.rho for f in forms]
+        else:
+            self.gamma = torch.tensor([f.gamma for f in forms], dtype=dtype)[:, None].to(device)
+            self.rest = torch.tensor([1.0 - f.gamma for f in forms], dtype=dtype)[:, None].to(device)
+        self.device, self.dtype = device, dtype
+
+    def draw(self, step: int, generators: Sequence[torch.Generator]) -> torch.Tensor:
+        """The K networks' weights of this step, parameter by parameter as ``template.parameters()``."""
+        rows: list[torch.Tensor] = []
+        if self.kind == "ball":  # perturbed_model_sampler: a seed (its container's), then the offset
+            scales = []
+            for g, rho in zip(generators, self.radius, strict=True):
+                draw_seed(g)
+                directions, scale = ball_offset(self.params, rho, g)
+                rows.append(torch.cat([d.reshape(-1) for d in directions]))
+                scales.append(scale)
+            offsets = torch.stack(rows).to(self.device, non_blocking=True)
+            column = torch.tensor(scales, dtype=self.dtype)[:, None].to(self.device, non_blocking=True)
+            return torch.addcmul(self.base, column, offsets)
+        for g, f in zip(generators, self.forms, strict=True):  # interpolated_model_sampler: a fresh network
+            fresh = fresh_model(f.factory, g)
+            rows.append(torch.cat([p.detach().reshape(-1) for p in fresh.parameters()]))
+        random = torch.stack(rows).to(self.device, self.dtype, non_blocking=True)
+        return self.gamma * self.base + self.rest * random
+
+
+def _stacked_sampler(requests: list[DMRequest], template: nn.Module, device: torch.device) -> _StackedSampler | None:
+    """The requests' samplers as one, where all have a form of one kind and every parameter is a float."""
+    forms = [sampler_form(r.sampler) for r in requests]
+    kinds = {f.kind if f is not None else None for f in forms}
+    if len(kinds) != 1 or None in kinds or not all(p.is_floating_point() for p in template.parameters()):
+        return None
+    return _StackedSampler([f for f in forms if f is not None], template, device)
+
+
 MAX_SLOTS_PER_CLIENT = 2
 """A client's batch may be spread over several slots of the channel axis (each with a copy of its network's
 weights), so that the slots have one width with little padding: at most this many slots a client on
@@ -339,6 +396,13 @@ class _StackedDM:
         self.stacked = {n: torch.zeros((self.k, *shapes[n].shape), dtype=self.dtype, device=self.device)
                         for n in self.names}
         self.client_params = self._views(self.stacked, self.k)
+        self.param_names = [n for n, _ in template.named_parameters()]
+        self.sampler = _stacked_sampler(requests, template, self.device) if USE_STACKED_SAMPLER else None
+        if self.sampler is not None:  # the buffers are the given models', at every step
+            with torch.no_grad():
+                for n in self.names[len(self.param_names):]:
+                    form_models = [sampler_form(r.sampler) for r in requests]
+                    self.stacked[n].copy_(torch.stack([dict(f.model.named_buffers())[n] for f in form_models if f]))
         self._layout(requests)
         self.slot_stacked: dict[str, torch.Tensor] | None = None
         self.slot_params = self.client_params
@@ -464,12 +528,22 @@ class _StackedDM:
         drawn_all: list[torch.Tensor] = []
         sources: list[torch.Tensor] = []
         targets: list[torch.Tensor] = []
+        if self.sampler is not None:  # every client's network at once, then its real batches
+            weights = self.sampler.draw(step, [r.generator for r in self.requests])
+            at = 0
+            for n in self.param_names:
+                t = self.stacked[n]
+                size = t[0].numel()
+                sources.append(weights[:, at : at + size].view(t.shape))
+                targets.append(t)
+                at += size
         for c, r in enumerate(self.requests):
-            net = prepared(r.sampler(step, r.generator), self.device)
-            state = dict(net.named_parameters()) | dict(net.named_buffers())
-            for n in self.names:
-                sources.append(state[n])
-                targets.append(self.stacked[n][c])
+            if self.sampler is None:  # the client's own sampler, its network's weights into the stacked tensors
+                net = prepared(r.sampler(step, r.generator), self.device)
+                state = dict(net.named_parameters()) | dict(net.named_buffers())
+                for n in self.names:
+                    sources.append(state[n])
+                    targets.append(self.stacked[n][c])
             drawn = [sample_indices(idx, r.cfg.real_batch, r.generator) for idx in self.real_cpu[c]]
             drawn_all.append(torch.cat(drawn) + self.x_offsets[c])
         with torch.no_grad():

@@ -150,9 +150,30 @@ def image_dtype(x_real: torch.Tensor) -> torch.dtype:
     return torch.float64 if x_real.dtype == torch.float64 else torch.float32
 
 
-def _with_template(sampler: ModelSampler, model: nn.Module) -> ModelSampler:
-    sampler.template = model  # type: ignore[attr-defined]
+@dataclass(frozen=True)
+class SamplerForm:
+    """How a sampler makes each step's network from a given ``model``, so that a batched runner can make the
+    networks of many clients at once from the same draws: ``kind`` ``"ball"`` (FedDM: ``model`` plus an
+    offset of radius up to ``rho``, :func:`ball_offset`) or ``"interpolate"`` (FedAF: ``gamma * model +
+    (1 - gamma) * factory()``, a fresh network drawn each step). Buffers are ``model``'s in both."""
+
+    kind: str
+    model: nn.Module
+    factory: ModelFactory
+    rho: float = 0.0
+    gamma: float = 0.0
+
+
+def _with_template(sampler: ModelSampler, form: SamplerForm) -> ModelSampler:
+    sampler.template = form.model  # type: ignore[attr-defined]
+    sampler.form = form  # type: ignore[attr-defined]
     return sampler
+
+
+def sampler_form(sampler: ModelSampler) -> SamplerForm | None:
+    """The :class:`SamplerForm` of :func:`perturbed_model_sampler` and :func:`interpolated_model_sampler`."""
+    found = getattr(sampler, "form", None)
+    return found if isinstance(found, SamplerForm) else None
 
 
 def sampler_template(sampler: ModelSampler) -> nn.Module | None:
@@ -219,7 +240,7 @@ def perturbed_model_sampler(model: nn.Module, model_factory: ModelFactory, rho: 
                 p.copy_(p.contiguous().add_(d.to(p.device, non_blocking=True), alpha=scale))
         return out
 
-    return _with_template(sample, model)
+    return _with_template(sample, SamplerForm("ball", model, model_factory, rho=rho))
 
 
 def ball_offset(
@@ -260,7 +281,7 @@ def interpolated_model_sampler(model: nn.Module, model_factory: ModelFactory, ga
                 p.copy_(gamma * source[name].detach() + (1.0 - gamma) * r)
         return out
 
-    return _with_template(sample, model)
+    return _with_template(sample, SamplerForm("interpolate", model, model_factory, gamma=gamma))
 
 
 def _clip_total(grad: torch.Tensor, max_norm: float) -> None:
