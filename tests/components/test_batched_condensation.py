@@ -56,14 +56,16 @@ def _clients() -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-def _requests_and_sequential(
-    method: str, norm: str, cfg: DMConfig, local: str = "samples"
+def requests_and_sequential(
+    method: str, norm: str, cfg: DMConfig, local: str = "samples", device: str = "cpu"
 ) -> tuple[list[DMRequest], list[torch.Tensor]]:
-    """Each client's request (for the batched run) and its sequential result, from equal fresh states."""
+    """Each client's request (for the batched run) and its sequential result, from equal fresh states, on
+    ``device`` (tests/gpu uses it too)."""
     factory = _factory(norm)
     torch.manual_seed(1)
-    global_model = factory()
-    targets = [torch.randn((CLASSES, CLASSES), generator=torch.Generator().manual_seed(9 + k)) for k in range(3)]
+    global_model = factory().to(device)
+    targets = [torch.randn((CLASSES, CLASSES), generator=torch.Generator().manual_seed(9 + k)).to(device)
+               for k in range(3)]
 
     def parts(k: int) -> tuple[Any, torch.Generator, Any]:
         model = copy.deepcopy(global_model)
@@ -77,6 +79,7 @@ def _requests_and_sequential(
 
     requests, sequential = [], []
     for k, (x, y) in enumerate(_clients()):
+        x, y = x.to(device), y.to(device)
         sampler, g, term = parts(k)
         requests.append(prepare_dm(x, y, sampler, cfg, g, None, term))
         sampler, g, term = parts(k)
@@ -96,7 +99,7 @@ def test_batched_matching_equals_each_client_alone(
     monkeypatch.setattr(batched_condensation, "USE_STACKED_SAMPLER", stacked_sampler)
     clip = 0.05 if method == "feddm" else None  # FedDM's clipping, small enough to act at every step
     cfg = DMConfig(iterations=4, ipc=3, image_lr=0.5, momentum=0.9, real_batch=8, init="real", clip_norm=clip)
-    requests, sequential = _requests_and_sequential(method, norm, cfg, local)
+    requests, sequential = requests_and_sequential(method, norm, cfg, local)
     assert all(why_dm_sequential(r) is None for r in requests)
     stacked = _StackedDM(requests)
     assert stacked.plan.norms.mask is not None  # the clients' batches are padded
@@ -116,8 +119,8 @@ def test_batched_matching_equals_each_client_alone(
 def test_clipping_acts_per_client(float64: None) -> None:
     """The batched clip scales each client by its own norm: without clipping the images end elsewhere."""
     base = dict(iterations=3, ipc=2, image_lr=0.5, momentum=0.0, real_batch=8, init="real")
-    clipped, _ = _requests_and_sequential("feddm", "instancenorm", DMConfig(**base, clip_norm=0.05))
-    free, _ = _requests_and_sequential("feddm", "instancenorm", DMConfig(**base, clip_norm=None))
+    clipped, _ = requests_and_sequential("feddm", "instancenorm", DMConfig(**base, clip_norm=0.05))
+    free, _ = requests_and_sequential("feddm", "instancenorm", DMConfig(**base, clip_norm=None))
     for a, b in zip(condense_batched(clipped), condense_batched(free), strict=True):
         assert (a.images - b.images).abs().max().item() > 1e-4
 
