@@ -17,7 +17,7 @@ such in the JSON and the check goes on):
 - ``paper``: one real paper-scale round of FedDM and of FedAF (``experiments/fedaf/fmnist_paper.toml``:
   all 60,000 images, ConvNet width 128, ipc 50, 1000 condensation steps, 500 server epochs), with the best
   runner the code has; a round cut off by its cap reports how far it got;
-- ``paper_batched`` (not run unless named in ``--parts``): the same rounds with ``clients_in_parallel = "auto"``,
+- ``paper_batched`` (not run unless named in ``--parts``): the same rounds with ``clients_in_parallel = 10``,
   the round's clients condensing together (docs/performance.md, "Batched condensation");
   ``benchmarks/batched_condensation.py --paper --device cuda`` compares the two runners in more detail.
 
@@ -403,7 +403,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if "paper" in args.parts:
         plan += [(f"paper.{m}", {**base, "kind": "paper", "label": m, "runner": best}) for m in ("FedDM", "FedAF")]
     if "paper_batched" in args.parts and not absent_keys(RUNNERS["clients_in_parallel"]):
-        plan += [(f"paper_batched.{m}", {**base, "kind": "paper", "label": m, "runner": RUNNERS["clients_in_parallel"]})
+        # all of the round's clients together (the config's 10), also in the CPU dry run, where "auto" would be 1
+        together = {"workers": 1, "clients_in_parallel": 10}
+        plan += [(f"paper_batched.{m}", {**base, "kind": "paper", "label": m, "runner": together})
                  for m in ("FedDM", "FedAF")]
     results: dict[str, Any] = {}
     for i, (name, spec) in enumerate(plan):
