@@ -414,6 +414,7 @@ class _StackedDM:
                     form_models = [sampler_form(r.sampler) for r in requests]
                     self.stacked[n].copy_(torch.stack([dict(f.model.named_buffers())[n] for f in form_models if f]))
         self._layout(requests)
+        self._swd_plan: Any = None
         self.slot_stacked: dict[str, torch.Tensor] | None = None
         self.slot_params = self.client_params
         if self.slots != self.k:
@@ -600,30 +601,50 @@ class _StackedDM:
     def _swd(self, flat: torch.Tensor, positions: list[dict[int, int]]) -> torch.Tensor:
         """Every client's CDC term, ``weight * sum_c SWD``, summed over the clients (one stacked distance per
         group of equal point counts). ``flat`` holds the logits, ``positions[c][row]`` the place of client
-        c's synthetic image ``row`` in it."""
-        k = self.k
+        c's synthetic image ``row`` in it. The groups are laid out once (their indices on the device); a step
+        only draws the directions, client by client and, within a client, class by class in increasing
+        order, from the client's stream, as alone, so that it never waits for the device."""
+        if self._swd_plan is None:
+            self._swd_plan = self._plan_swd(flat, positions)
+        groups, order, weights = self._swd_plan
         dims = flat.shape[1]
-        # (n, m) -> [(client, its places, target, directions)]; the directions drawn client by client and,
-        # within a client, class by class in increasing order, from the client's stream, as alone
-        pairs: dict[tuple[int, int], list[tuple[int, list[int], torch.Tensor, torch.Tensor]]] = defaultdict(list)
+        thetas: list[list[torch.Tensor]] = [[] for _ in groups]
+        for c, g, dtype in order:
+            thetas[g].append(self.swd[c].draw(dims, dtype))
+        totals = torch.zeros(self.k, dtype=flat.dtype, device=flat.device)
+        for (places, clients, targets), drawn in zip(groups, thetas, strict=True):
+            u = flat[places]  # (G, n, L)
+            if self.swd[0].local == "mean":
+                u = u.mean(dim=1, keepdim=True)
+            theta = torch.stack(drawn).to(flat.device, non_blocking=True)
+            dist = sliced_wasserstein_stacked(u, targets, theta, self.swd[0].p)
+            totals = totals.index_add(0, clients, dist.to(totals.dtype))
+        return (weights * totals).sum()
+
+    def _plan_swd(
+        self, flat: torch.Tensor, positions: list[dict[int, int]]
+    ) -> tuple[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], list[tuple[int, int, torch.dtype]], torch.Tensor]:
+        """The CDC term's groups of (client, class) pairs with equal point counts: their places in ``flat``,
+        their clients and their targets, on the device; the order of the draws (client, group, dtype)."""
+        keys: dict[tuple[int, int], int] = {}
+        members: list[list[tuple[int, list[int], torch.Tensor]]] = []
+        order: list[tuple[int, int, torch.dtype]] = []
         for c, (r, term) in enumerate(zip(self.requests, self.swd, strict=True)):
             for cls, rows in term.rows(r.labels).items():
                 places = [positions[c][int(i)] for i in rows.tolist()]
                 target = term.targets[cls]
-                dtype = torch.promote_types(torch.promote_types(flat.dtype, target.dtype), torch.float32)
-                pairs[(len(places), int(target.shape[0]))].append((c, places, target, term.draw(dims, dtype)))
-        weights = torch.tensor([t.weight for t in self.swd], dtype=flat.dtype, device=flat.device)
-        totals = torch.zeros(k, dtype=flat.dtype, device=flat.device)
-        for members in pairs.values():
-            clients = [m[0] for m in members]
-            u = flat[torch.tensor([m[1] for m in members], device=flat.device)]  # (G, n, L)
-            if self.swd[0].local == "mean":
-                u = u.mean(dim=1, keepdim=True)
-            targets = torch.stack([m[2] for m in members]).to(flat.device)
-            theta = torch.stack([m[3] for m in members]).to(flat.device, non_blocking=True)
-            dist = sliced_wasserstein_stacked(u, targets, theta, self.swd[0].p)
-            totals = totals.index_add(0, torch.tensor(clients, device=flat.device), dist.to(totals.dtype))
-        return (weights * totals).sum()
+                key = (len(places), int(target.shape[0]))
+                if key not in keys:
+                    keys[key] = len(members)
+                    members.append([])
+                members[keys[key]].append((c, places, target))
+                order.append((c, keys[key], torch.promote_types(torch.promote_types(flat.dtype, target.dtype),
+                                                                torch.float32)))
+        dev = flat.device
+        groups = [(torch.tensor([m[1] for m in group], device=dev), torch.tensor([m[0] for m in group], device=dev),
+                   torch.stack([m[2] for m in group]).to(dev)) for group in members]
+        weights = torch.tensor([t.weight for t in self.swd], dtype=flat.dtype, device=dev)
+        return groups, order, weights
 
     def _clip(self, grad: torch.Tensor, max_norm: float) -> None:
         """Scale each client's part of ``grad`` to norm ``max_norm`` where it is larger (FedDM's clipping of
