@@ -19,7 +19,11 @@ For each method and runner:
    equal up to rounding and the 8-bit uploads);
 2. a profiled run (``--profile-steps`` steps, default ``--steps``): the aten operations a round, all of them
    and those in the clients' jobs; each aten operation is one dispatch from Python and, on a GPU, about
-   one kernel launch (CUDA kernels counted too on a GPU).
+   one kernel launch (CUDA kernels counted too on a GPU);
+3. the aten operations of one matching step of the round-1 clients (outside the engine, the global model
+   at its seeded start, FedAF with a CDC term): one after another (``distribution_matching``, 3 steps less
+   1), batched (``condense_batched``, likewise), and of the batched step, the host-side draws alone (each
+   client's seed, network and real batch indices, on CPU tensors: no kernel on a GPU).
 
 The last line printed is one JSON object.
 
@@ -134,6 +138,74 @@ def profiled_run(spec: Any, args: argparse.Namespace) -> dict[str, float]:
             "cuda_kernels_per_round": kernels / rounds if cuda else None}
 
 
+def step_ops(spec: Any, args: argparse.Namespace) -> dict[str, float]:
+    """Aten operations of one matching step of every round-1 client: sequential, batched, the batched draws."""
+    import copy
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from fedskew.components import batched_condensation as bc
+    from fedskew.condense.distribution_matching import (
+        DMConfig,
+        distribution_matching,
+        interpolated_model_sampler,
+        perturbed_model_sampler,
+        prepare_dm,
+    )
+    from fedskew.condense.swd import ClassSWD
+    from fedskew.config.schema import typed_config
+    from fedskew.core.seeding import seeded_init
+    from fedskew.engine.federation import build_federation
+
+    config = typed_config(spec.config)
+    fed = build_federation(config.table("dataset"), config.table("partition"), config.table("model"), 0, args.data_dir)
+    algo = spec.config["algorithm"]
+    factory = fed.info.model.build
+    start = seeded_init(factory, 0, "init").to(args.device)
+    clients = list(range(int(algo["clients_per_round"])))
+    feddm = algo["name"] == "feddm"
+
+    def parts(iterations: int) -> list[tuple[Any, ...]]:
+        cfg = DMConfig(iterations=iterations, ipc=int(algo["ipc"]), image_lr=float(algo["image_lr"]),
+                       momentum=float(algo["image_momentum"]), real_batch=int(algo["real_batch"]), init="mean",
+                       clip_norm=float(algo.get("clip_norm", 2.0)) if feddm else None)
+        out = []
+        for cid in clients:
+            x, y = fed.client_data(cid)
+            model = copy.deepcopy(start)
+            if feddm:
+                sampler, term = perturbed_model_sampler(model, factory, float(algo.get("rho", 5.0))), None
+            else:
+                n = fed.info.num_classes
+                v = torch.randn((n, n), generator=torch.Generator().manual_seed(cid))
+                term = ClassSWD({c: v[c : c + 1].to(args.device) for c in range(n)},
+                                float(algo.get("lambda_loc", 1e-3)), int(algo.get("swd_projections", 128)), "samples",
+                                torch.Generator().manual_seed(cid))
+                sampler = interpolated_model_sampler(model, factory, float(algo.get("gamma", 0.9)))
+            out.append((x.to(args.device), y.to(args.device), sampler, cfg, torch.Generator().manual_seed(cid), term))
+        return out
+
+    def count(fn: Any) -> int:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            fn()
+            _sync(args.device)
+        return sum(1 for e in prof.events() if e.name.startswith("aten::"))
+
+    def sequential(iterations: int) -> int:
+        made = parts(iterations)
+        return count(lambda: [distribution_matching(x, y, s, c, g, None, t) for x, y, s, c, g, t in made])
+
+    def batched(iterations: int) -> int:
+        requests = [prepare_dm(x, y, s, c, g, None, t) for x, y, s, c, g, t in parts(iterations)]
+        return count(lambda: bc.condense_batched(requests))
+
+    stacked = bc._StackedDM([prepare_dm(x, y, s, c, g, None, t) for x, y, s, c, g, t in parts(1)])
+    stacked._draw(0)
+    return {"sequential": (sequential(3) - sequential(1)) / 2, "batched": (batched(3) - batched(1)) / 2,
+            "batched_draws": count(lambda: stacked._draw(1)), "clients": len(clients)}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--methods", nargs="+", default=["FedDM", "FedAF"])
@@ -143,6 +215,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--server-epochs", type=int, default=None, help="default 1 (--paper: the config's 500)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--no-step-ops", action="store_true", help="skip the aten operations of one matching step")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--data-dir", default=None)
     args = ap.parse_args(argv)
@@ -183,6 +256,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               + (f", aten ops {res['aten_ratio']} ({res['client_aten_ratio']} in the clients' jobs)"
                  if not args.no_profile else "")
               + f"; final models differ by {res['max_model_diff']:.2e}", flush=True)
+        if not args.no_step_ops:
+            res["step_ops"] = ops = step_ops(spec_for(args, label, 1, steps), args)
+            print(f"{label}: aten ops of one matching step of {ops['clients']} clients: sequential "
+                  f"{ops['sequential']:.0f}, batched {ops['batched']:.0f} (of them {ops['batched_draws']} host-side "
+                  "draws)", flush=True)
         out["methods"][label] = res
     out["load_after"] = [round(v, 2) for v in os.getloadavg()]
     print(json.dumps(out))
