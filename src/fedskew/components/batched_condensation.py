@@ -399,20 +399,19 @@ class _StackedDM:
         self.k = len(requests)
         self.channels_last = self.device.type in CHANNELS_LAST_DEVICES
         # the stacked weights: name -> (K, *shape), filled from the K networks at every step
-        self.names = [n for n, _ in template.named_parameters()] + [
-            n for n, b in template.named_buffers() if b.is_floating_point()]
+        self.param_names = [n for n, _ in template.named_parameters()]
+        buffer_names = [n for n, b in template.named_buffers() if b.is_floating_point()]
+        self.names = self.param_names + buffer_names
         shapes = dict(template.named_parameters()) | dict(template.named_buffers())
         self.dtype = next(template.parameters()).dtype
         self.stacked = {n: torch.zeros((self.k, *shapes[n].shape), dtype=self.dtype, device=self.device)
                         for n in self.names}
         self.client_params = self._views(self.stacked, self.k)
-        self.param_names = [n for n, _ in template.named_parameters()]
         self.sampler = _stacked_sampler(requests, template, self.device) if USE_STACKED_SAMPLER else None
         if self.sampler is not None:  # the buffers are the given models', at every step
             with torch.no_grad():
-                for n in self.names[len(self.param_names):]:
-                    form_models = [sampler_form(r.sampler) for r in requests]
-                    self.stacked[n].copy_(torch.stack([dict(f.model.named_buffers())[n] for f in form_models if f]))
+                for n in buffer_names:
+                    self.stacked[n].copy_(torch.stack([dict(f.model.named_buffers())[n] for f in self.sampler.forms]))
         self._layout(requests)
         self._swd_plan: Any = None
         self.slot_stacked: dict[str, torch.Tensor] | None = None
