@@ -200,10 +200,43 @@ def step_ops(spec: Any, args: argparse.Namespace) -> dict[str, float]:
         requests = [prepare_dm(x, y, s, c, g, None, t) for x, y, s, c, g, t in parts(iterations)]
         return count(lambda: bc.condense_batched(requests))
 
+    sequential(1), batched(1)  # warm-up: first-call caches (the SWD's quantile grid) are not a step's work
+
     stacked = bc._StackedDM([prepare_dm(x, y, s, c, g, None, t) for x, y, s, c, g, t in parts(1)])
     stacked._draw(0)
     return {"sequential": (sequential(3) - sequential(1)) / 2, "batched": (batched(3) - batched(1)) / 2,
             "batched_draws": count(lambda: stacked._draw(1)), "clients": len(clients)}
+
+
+def compare_runners(label: str, steps: int, profile_steps: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Timed and profiled runs of ``label`` with each runner, and how they compare."""
+    width = int(spec_for(args, label, 1, steps).config["algorithm"]["clients_per_round"])
+    res: dict[str, Any] = {}
+    for name, w in (("sequential", 1), ("batched", width)):
+        r = timed_run(spec_for(args, label, w, steps), args)
+        if not args.no_profile:
+            r.update(profiled_run(spec_for(args, label, w, profile_steps), args))
+        res[name] = r
+        ops = (f"; {r['aten_ops_per_round']:.0f} aten ops a round ({r['client_aten_ops_per_round']:.0f} in the "
+               f"clients' jobs, {profile_steps} steps)") if not args.no_profile else ""
+        print(f"{label} {name} (clients_in_parallel={w}): s/round {r['round_s']}, clients {r['clients_s']}"
+              + (f"; CPU s/round {r['cpu_s']}, clients {r['clients_cpu_s']}" if r["cpu_s"] else "") + ops,
+              flush=True)
+    seq, bat = res["sequential"], res["batched"]
+    a, b = seq.pop("_model"), bat.pop("_model")
+    res["max_model_diff"] = max(float((a[k] - b[k]).abs().max()) if a[k].numel() else 0.0 for k in a)
+    res["clients_s_ratio"] = round(bat["clients_s"][-1] / seq["clients_s"][-1], 3)
+    if seq["clients_cpu_s"]:
+        res["clients_cpu_s_ratio"] = round(bat["clients_cpu_s"][-1] / seq["clients_cpu_s"][-1], 3)
+    if not args.no_profile:
+        res["aten_ratio"] = round(bat["aten_ops_per_round"] / seq["aten_ops_per_round"], 3)
+        res["client_aten_ratio"] = round(bat["client_aten_ops_per_round"] / seq["client_aten_ops_per_round"], 3)
+    print(f"{label}: batched/sequential clients' seconds (last round) {res['clients_s_ratio']}"
+          + (f" (CPU {res['clients_cpu_s_ratio']})" if "clients_cpu_s_ratio" in res else "")
+          + (f", aten ops {res['aten_ratio']} ({res['client_aten_ratio']} in the clients' jobs)"
+             if not args.no_profile else "")
+          + f"; final models differ by {res['max_model_diff']:.2e}", flush=True)
+    return res
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -216,6 +249,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--no-step-ops", action="store_true", help="skip the aten operations of one matching step")
+    ap.add_argument("--step-ops-only", action="store_true", help="only the aten operations of one matching step")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--data-dir", default=None)
     args = ap.parse_args(argv)
@@ -229,33 +263,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                            "profile_steps": profile_steps, "rounds": args.rounds,
                            "load_before": [round(v, 2) for v in os.getloadavg()], "methods": {}}
     for label in args.methods:
-        width = int(spec_for(args, label, 1, steps).config["algorithm"]["clients_per_round"])
-        runners = {"sequential": 1, "batched": width}
         res: dict[str, Any] = {}
-        for name, w in runners.items():
-            r = timed_run(spec_for(args, label, w, steps), args)
-            if not args.no_profile:
-                r.update(profiled_run(spec_for(args, label, w, profile_steps), args))
-            res[name] = r
-            ops = (f"; {r['aten_ops_per_round']:.0f} aten ops a round ({r['client_aten_ops_per_round']:.0f} in the "
-                   f"clients' jobs, {profile_steps} steps)") if not args.no_profile else ""
-            print(f"{label} {name} (clients_in_parallel={w}): s/round {r['round_s']}, clients {r['clients_s']}"
-                  + (f"; CPU s/round {r['cpu_s']}, clients {r['clients_cpu_s']}" if r["cpu_s"] else "") + ops,
-                  flush=True)
-        seq, bat = res["sequential"], res["batched"]
-        a, b = seq.pop("_model"), bat.pop("_model")
-        res["max_model_diff"] = max(float((a[k] - b[k]).abs().max()) if a[k].numel() else 0.0 for k in a)
-        res["clients_s_ratio"] = round(bat["clients_s"][-1] / seq["clients_s"][-1], 3)
-        if seq["clients_cpu_s"]:
-            res["clients_cpu_s_ratio"] = round(bat["clients_cpu_s"][-1] / seq["clients_cpu_s"][-1], 3)
-        if not args.no_profile:
-            res["aten_ratio"] = round(bat["aten_ops_per_round"] / seq["aten_ops_per_round"], 3)
-            res["client_aten_ratio"] = round(bat["client_aten_ops_per_round"] / seq["client_aten_ops_per_round"], 3)
-        print(f"{label}: batched/sequential clients' seconds (last round) {res['clients_s_ratio']}"
-              + (f" (CPU {res['clients_cpu_s_ratio']})" if "clients_cpu_s_ratio" in res else "")
-              + (f", aten ops {res['aten_ratio']} ({res['client_aten_ratio']} in the clients' jobs)"
-                 if not args.no_profile else "")
-              + f"; final models differ by {res['max_model_diff']:.2e}", flush=True)
+        if not args.step_ops_only:
+            res = compare_runners(label, steps, profile_steps, args)
         if not args.no_step_ops:
             res["step_ops"] = ops = step_ops(spec_for(args, label, 1, steps), args)
             print(f"{label}: aten ops of one matching step of {ops['clients']} clients: sequential "
