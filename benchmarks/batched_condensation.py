@@ -17,9 +17,9 @@ For each method and runner:
 1. a timed run: seconds of each round, of which the clients' exchange (the condensation), and on a CPU this
    process's CPU seconds; the runners' final global models are compared (max abs difference; float32, so
    equal up to rounding and the 8-bit uploads);
-2. a profiled run (``--profile-steps`` steps, default ``--steps``): the aten operations a round, all of them
-   and those in the clients' jobs; each aten operation is one dispatch from Python and, on a GPU, about
-   one kernel launch (CUDA kernels counted too on a GPU);
+2. a profiled run (``--profile-steps`` steps, default ``--steps``; one server epoch): the aten operations a
+   round, all of them and those in the clients' jobs; each aten operation is one dispatch from Python and,
+   on a GPU, about one kernel launch (CUDA kernels counted too on a GPU);
 3. the aten operations of one matching step of the round-1 clients (outside the engine, the global model
    at its seeded start, FedAF with a CDC term): one after another (``distribution_matching``, 3 steps less
    1), batched (``condense_batched``, likewise), and of the batched step, the host-side draws alone (each
@@ -27,8 +27,8 @@ For each method and runner:
 
 The last line printed is one JSON object.
 
-    FEDSKEW_DATA=../shared/datasets python benchmarks/batched_condensation.py                  # CPU, ~2 min
-    python benchmarks/batched_condensation.py --paper --device cuda --rounds 1 --profile-steps 20
+    FEDSKEW_DATA=../shared/datasets python benchmarks/batched_condensation.py                  # CPU, ~2-5 min
+    python benchmarks/batched_condensation.py --paper --device cuda --rounds 1 --profile-steps 20 --methods FedDM
 """
 
 from __future__ import annotations
@@ -63,14 +63,18 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def spec_for(args: argparse.Namespace, label: str, width: int, steps: int) -> Any:
+def spec_for(args: argparse.Namespace, label: str, width: int, steps: int, profiled: bool = False) -> Any:
+    """The run of ``label`` with ``clients_in_parallel = width`` and ``steps`` condensation steps; a profiled run
+    trains the server one epoch (its training is the same for both runners, and long at paper scale)."""
     overrides: dict[str, Any] = {"rounds": args.rounds, "seeds": [0], "device": args.device, "checkpoint_every": 0,
                                  "workers": 1, "clients_in_parallel": width}
-    if not args.paper or args.steps is not None:
+    if not args.paper or args.steps is not None or profiled:
         overrides["algorithm.condense_iterations"] = steps
     if not args.paper:
         overrides["eval_every"] = 1000  # the global model is evaluated after the last round only
-    if not args.paper or args.server_epochs is not None:
+    if profiled:
+        overrides["algorithm.server.epochs"] = 1
+    elif not args.paper or args.server_epochs is not None:
         overrides["algorithm.server.epochs"] = args.server_epochs if args.server_epochs is not None else 1
     [spec] = run_specs(PAPER if args.paper else QUICK, [label], overrides)
     return spec
@@ -215,7 +219,7 @@ def compare_runners(label: str, steps: int, profile_steps: int, args: argparse.N
     for name, w in (("sequential", 1), ("batched", width)):
         r = timed_run(spec_for(args, label, w, steps), args)
         if not args.no_profile:
-            r.update(profiled_run(spec_for(args, label, w, profile_steps), args))
+            r.update(profiled_run(spec_for(args, label, w, profile_steps, profiled=True), args))
         res[name] = r
         ops = (f"; {r['aten_ops_per_round']:.0f} aten ops a round ({r['client_aten_ops_per_round']:.0f} in the "
                f"clients' jobs, {profile_steps} steps)") if not args.no_profile else ""
