@@ -184,3 +184,15 @@ def test_slot_width_pads_least_within_the_slots_allowed() -> None:
     assert slot_width([42, 20, 44], 6) == 22  # 2 + 1 + 2 slots of 22: 110 samples
     assert slot_width([10, 10], 4) == 10  # equal sizes: no padding, the widest
     assert slot_width([7], 2) == 7
+
+
+@pytest.mark.parametrize("norm", ["instancenorm", "batchnorm"])
+def test_the_gpu_layout_on_a_cpu(float64: None, monkeypatch: pytest.MonkeyPatch, norm: str) -> None:
+    """What a GPU runs, here: NCHW batches (no channels-last) and each sample's statistics in one ``var_mean``."""
+    monkeypatch.setattr(batched_condensation, "CHANNELS_LAST_DEVICES", set())
+    monkeypatch.setattr(batched_condensation, "TWO_PASS_DEVICES", set())
+    cfg = DMConfig(iterations=3, ipc=3, image_lr=0.5, momentum=0.9, real_batch=8, init="real")
+    requests, sequential = requests_and_sequential("fedaf", norm, cfg)
+    assert not _StackedDM(requests).channels_last
+    for alone, together in zip(sequential, condense_batched(requests), strict=True):
+        assert (alone - together.images).abs().max().item() <= TOL

@@ -139,11 +139,15 @@ def _per_client(values: torch.Tensor, index: torch.Tensor, size: int) -> torch.T
     return torch.zeros(size, dtype=values.dtype, device=values.device).index_add(0, index, values)
 
 
+TWO_PASS_DEVICES = {"cpu"}
+"""Device types on which each sample's statistics are taken in two passes (see :func:`_sample_var_mean`)."""
+
+
 def _sample_var_mean(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each sample's and channel's (biased) variance and mean over the map of ``(B, C, H, W)``: one kernel on a
     GPU; on a CPU in two passes (mean, then the centred squares), which is 1.4-2x faster there than
     ``var_mean``'s single pass."""
-    if h.device.type != "cpu":
+    if h.device.type not in TWO_PASS_DEVICES:
         return torch.var_mean(h, dim=(2, 3), correction=0)
     mean = h.mean(dim=(2, 3), keepdim=True)
     return (h - mean).square_().mean(dim=(2, 3)), mean[:, :, 0, 0]
