@@ -1,5 +1,5 @@
-"""The batched runner condenses FedDM's and FedAF's clients together (issue 34): whole runs in float64 against
-the sequential runner; HFLDD's KIP and FedDC's gradient matching say once that they run one client at a time."""
+"""The batched runner condenses FedDM's, FedAF's and HFLDD's clients together (issue 34): whole runs against the
+sequential runner; what does not batch (FedDC's gradient matching, KIP's random ConvNet kernel) says so once."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 import fedskew.algorithms.fedaf as fedaf_module
 import fedskew.algorithms.feddm as feddm_module
-from fedskew.components import batched_condensation
+from fedskew.components import batched_condensation, batched_kip
 from fedskew.engine.round_loop import RoundLoop
 from tests.algorithms.test_all_algorithms import config_for
 from tests.conftest import tiny_config
@@ -131,12 +131,39 @@ def test_fallback_condenses_as_the_sequential_runner(
     assert len(said) == 1 and "condensation one at a time: a test's reason" in said[0]
 
 
-@pytest.mark.parametrize(("name", "words"), [("hfldd", "KIP has no batched form"),
-                                             ("feddc", "gradient matching has no batched form")])
-def test_kip_and_gradient_matching_say_once_they_run_one_client_at_a_time(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, name: str, words: str
+def test_hfldd_distils_its_clients_together(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HFLDD's KIP (NTK kernel) batched: float32, the sequential runner's global model up to rounding."""
+    calls: list[int] = []
+    run = batched_kip.kip_batched
+
+    def spying(requests: Any) -> Any:
+        calls.append(len(requests))
+        return run(requests)
+
+    monkeypatch.setattr(batched_kip, "kip_batched", spying)
+
+    def config(width: int) -> dict[str, Any]:
+        cfg = config_for("hfldd", rounds=2, clients_in_parallel=width)
+        cfg["algorithm"]["kip_init"] = "class_mean"  # no repeated start images (those run one client at a time)
+        cfg["model"] = {"name": "cnn"}
+        return cfg
+
+    sequential = _final_model(config(1), tmp_path / "s")
+    assert not calls
+    together = _final_model(config(3), tmp_path / "b")
+    assert calls and max(calls) >= 2  # several clients' KIP in one batch
+    assert _max_diff(sequential, together) <= 1e-4
+
+
+@pytest.mark.parametrize(("name", "over", "words"), [
+    ("hfldd", {"kip_kernel": "rf_convnet"}, "rf_convnet kernel draws networks"),
+    ("feddc", {}, "gradient matching has no batched form"),
+])
+def test_what_does_not_batch_says_once_it_runs_one_client_at_a_time(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, name: str, over: dict[str, Any], words: str
 ) -> None:
     cfg = config_for(name, rounds=2, clients_in_parallel=3)
+    cfg["algorithm"].update(over)
     cfg["model"] = {"name": "cnn"}
     with caplog.at_level(logging.WARNING, logger="fedskew.engine.batched_runner"):
         RoundLoop(cfg, tmp_path / name, progress=False).run()

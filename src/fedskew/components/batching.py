@@ -12,11 +12,12 @@ method batches whatever of its local training can be, with no change to its code
 Loss terms batch when they carry a :class:`FunctionalTerm` (``term.functional``): the same term written
 on the stacked parameters of many clients at once.
 
-Distribution matching (FedDM's and FedAF's condensation) is handed over the same way: the rendezvous
-carries either kind of request, a :class:`BatchRequest` or a
-:class:`~fedskew.condense.distribution_matching.DMRequest` (:class:`_CondensationHandOff`, installed into
-:mod:`fedskew.condense.handoff` when this module is imported); the runner condenses the waiting clients
-together (:mod:`fedskew.components.batched_condensation`). Condensations without a batched form say so once.
+Distribution matching (FedDM's and FedAF's condensation) and KIP (HFLDD's) are handed over the same way:
+the rendezvous carries any kind of request, a :class:`BatchRequest`, a
+:class:`~fedskew.condense.distribution_matching.DMRequest` or a :class:`~fedskew.condense.kip.KIPRequest`
+(:class:`_CondensationHandOff`, installed into :mod:`fedskew.condense.handoff` when this module is imported);
+the runner condenses the waiting clients together (:mod:`fedskew.components.batched_condensation`,
+:mod:`fedskew.components.batched_kip`). Condensations without a batched form say so once.
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ import torch
 from torch import nn
 
 from fedskew.components.batched_condensation import why_dm_sequential
+from fedskew.components.batched_kip import why_kip_sequential
 from fedskew.components.trainer import GradHook, LocalConfig, LocalResult, LossTerm, install_hand_off
 from fedskew.condense.distribution_matching import DMRequest
 from fedskew.condense.handoff import install_condensation_hand_off
+from fedskew.condense.kip import KIPRequest
 from fedskew.condense.synthetic import SyntheticSet
 from fedskew.core.device import current_compute
 from fedskew.models.layout import shuffled_batches
@@ -95,8 +98,8 @@ class BatchRequest:
     closures: list[LossTerm]
 
 
-Request = BatchRequest | DMRequest
-"""What a job hands to the runner: a local training or a distribution matching."""
+Request = BatchRequest | DMRequest | KIPRequest
+"""What a job hands to the runner: a local training, a distribution matching or a KIP."""
 
 
 class Rendezvous(Protocol):
@@ -201,9 +204,9 @@ class _CondensationHandOff:
 
     def condense(self, request: object) -> SyntheticSet | None:
         rendezvous = _SLOT.rendezvous
-        if rendezvous is None or not isinstance(request, DMRequest):
+        if rendezvous is None or not isinstance(request, DMRequest | KIPRequest):
             return None
-        reason = why_dm_sequential(request)
+        reason = why_dm_sequential(request) if isinstance(request, DMRequest) else why_kip_sequential(request)
         if reason is not None:
             rendezvous.sequential(reason, "condensation")
             return None

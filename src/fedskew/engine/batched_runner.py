@@ -15,8 +15,9 @@ Condensations are handed over the same way: a FedDM or FedAF job's distribution 
 request and waits, and the runner condenses the waiting clients together
 (:func:`~fedskew.components.batched_condensation.condense_batched`: one batched matching step of every
 client at a time). Waiting requests are grouped by kind (training, condensation), then by compatible
-settings. HFLDD's KIP and FedDC's gradient matching run in their jobs, as without this runner, and the
-runner says so once.
+settings. HFLDD's KIP (with its NTK kernel) is batched the same way
+(:func:`~fedskew.components.batched_kip.kip_batched`); FedDC's gradient matching runs in its jobs, as without
+this runner, and the runner says so once.
 
 Replies come back in job order. Each job gets a model cache of its own (the sequential runner shares
 one), so the jobs of a group never touch one another's model. Results equal the sequential runner's up
@@ -35,10 +36,11 @@ import torch
 import torch.nn.functional as F
 
 from fedskew.algorithms.base import EVALUATE, ModelSpec
-from fedskew.components import batched, batched_condensation
+from fedskew.components import batched, batched_condensation, batched_kip
 from fedskew.components.batching import BatchRequest, Request, batching
 from fedskew.components.trainer import LocalResult
 from fedskew.condense.distribution_matching import DMRequest
+from fedskew.condense.kip import KIPRequest
 from fedskew.condense.synthetic import SyntheticSet
 from fedskew.core.device import current_compute, use_compute
 from fedskew.core.message import Message
@@ -248,10 +250,12 @@ class BatchedClients:
         return [j.outcome for j in group if j.outcome is not None]
 
     def _serve(self, requests: list[Request | None]) -> list[Result | BaseException]:
-        """The waiting requests run together, by kind (trainings, condensations); their results in order."""
+        """The waiting requests run together, by kind (trainings, distribution matchings, KIPs); their results in
+        order."""
         replies: list[Result | BaseException | None] = [None] * len(requests)
         trainings = [i for i, r in enumerate(requests) if isinstance(r, BatchRequest)]
         condensations = [i for i, r in enumerate(requests) if isinstance(r, DMRequest)]
+        distillations = [i for i, r in enumerate(requests) if isinstance(r, KIPRequest)]
         try:
             if trainings:
                 trained = batched.train_batched([r for r in requests if isinstance(r, BatchRequest)])
@@ -262,6 +266,11 @@ class BatchedClients:
                 made = batched_condensation.condense_batched([r for r in requests if isinstance(r, DMRequest)])
                 self.batched_condensations += len(condensations)
                 for i, syn in zip(condensations, made, strict=True):
+                    replies[i] = syn
+            if distillations:
+                made = batched_kip.kip_batched([r for r in requests if isinstance(r, KIPRequest)])
+                self.batched_condensations += len(distillations)
+                for i, syn in zip(distillations, made, strict=True):
                     replies[i] = syn
         except BaseException as e:  # every waiting job fails with it, the first one raises it
             return [e] * len(requests)
