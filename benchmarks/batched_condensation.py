@@ -24,6 +24,9 @@ For each method and runner:
    at its seeded start, FedAF with a CDC term): one after another (``distribution_matching``, 3 steps less
    1), batched (``condense_batched``, likewise), and of the batched step, the host-side draws alone (each
    client's seed, network and real batch indices, on CPU tensors: no kernel on a GPU).
+4. with ``--kip``, the aten operations of one KIP step (HFLDD's: NTK kernel, 10 images a class) of the same
+   clients, one after another and batched (:mod:`fedskew.components.batched_kip`), and the seconds of 10 steps
+   (CPU seconds on a CPU).
 
 The last line printed is one JSON object.
 
@@ -212,6 +215,66 @@ def step_ops(spec: Any, args: argparse.Namespace) -> dict[str, float]:
             "batched_draws": count(lambda: stacked._draw(1)), "clients": len(clients)}
 
 
+def kip_step_ops(spec: Any, args: argparse.Namespace, ipc: int = 10) -> dict[str, float]:
+    """Aten operations of one KIP step (HFLDD's distillation: NTK kernel, ``ipc`` images a class, the class means
+    with a little noise as the start) of the config's round-1 clients: one after another and batched."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from fedskew.components.batched_kip import kip_batched
+    from fedskew.condense.kip import KIPConfig, kip, prepare_kip
+    from fedskew.condense.synthetic import SyntheticSet, init_synthetic
+    from fedskew.config.schema import typed_config
+    from fedskew.engine.federation import build_federation
+
+    config = typed_config(spec.config)
+    fed = build_federation(config.table("dataset"), config.table("partition"), config.table("model"), 0, args.data_dir)
+    clients = list(range(int(spec.config["algorithm"]["clients_per_round"])))
+    data = []
+    for cid in clients:
+        x, y = fed.client_data(cid)
+        x, y = x.to(args.device), y.to(args.device)
+        g = torch.Generator().manual_seed(cid)
+        means = init_synthetic(x, y, sorted(set(y.tolist())), ipc, "mean", g, mean_samples=int(y.shape[0]))
+        start = SyntheticSet(means.images + 0.1 * torch.randn(means.images.shape, generator=g).to(args.device),
+                             means.labels)
+        data.append((x, y, start))
+
+    def count(fn: Any) -> int:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            fn()
+            _sync(args.device)
+        return sum(1 for e in prof.events() if e.name.startswith("aten::"))
+
+    def run(iterations: int, together: bool) -> int:
+        cfg = KIPConfig(iterations=iterations, ipc=ipc, target_batch=256)
+        n = fed.info.num_classes
+        if together:
+            requests = [prepare_kip(x, y, n, cfg, torch.Generator().manual_seed(c), s)
+                        for c, (x, y, s) in enumerate(data)]
+            return count(lambda: kip_batched(requests))
+        return count(lambda: [kip(x, y, n, cfg, torch.Generator().manual_seed(c), start=s)
+                              for c, (x, y, s) in enumerate(data)])
+
+    def seconds(together: bool, iterations: int = 10) -> float:
+        cfg = KIPConfig(iterations=iterations, ipc=ipc, target_batch=256)
+        n = fed.info.num_classes
+        t0 = time.process_time() if args.device == "cpu" else time.perf_counter()
+        if together:
+            kip_batched([prepare_kip(x, y, n, cfg, torch.Generator().manual_seed(c), s)
+                         for c, (x, y, s) in enumerate(data)])
+        else:
+            for c, (x, y, s) in enumerate(data):
+                kip(x, y, n, cfg, torch.Generator().manual_seed(c), start=s)
+        _sync(args.device)
+        return round((time.process_time() if args.device == "cpu" else time.perf_counter()) - t0, 3)
+
+    run(1, False), run(1, True)  # warm-up
+    return {"sequential": (run(3, False) - run(1, False)) / 2, "batched": (run(3, True) - run(1, True)) / 2,
+            "clients": len(clients), "seconds_10_steps": {"sequential": seconds(False), "batched": seconds(True)},
+            "seconds_kind": "CPU" if args.device == "cpu" else "wall"}
+
+
 def compare_runners(label: str, steps: int, profile_steps: int, args: argparse.Namespace) -> dict[str, Any]:
     """Timed and profiled runs of ``label`` with each runner, and how they compare."""
     width = int(spec_for(args, label, 1, steps).config["algorithm"]["clients_per_round"])
@@ -254,6 +317,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--no-step-ops", action="store_true", help="skip the aten operations of one matching step")
     ap.add_argument("--step-ops-only", action="store_true", help="only the aten operations of one matching step")
+    ap.add_argument("--kip", action="store_true", help="also the aten operations of one KIP step (HFLDD's)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--data-dir", default=None)
     args = ap.parse_args(argv)
@@ -276,6 +340,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   f"{ops['sequential']:.0f}, batched {ops['batched']:.0f} (of them {ops['batched_draws']} host-side "
                   "draws)", flush=True)
         out["methods"][label] = res
+    if args.kip:
+        out["kip_step_ops"] = ops = kip_step_ops(spec_for(args, args.methods[0], 1, steps), args)
+        print(f"KIP: aten ops of one step of {ops['clients']} clients: sequential {ops['sequential']:.0f}, "
+              f"batched {ops['batched']:.0f}; 10 steps, {ops['seconds_kind']} s: {ops['seconds_10_steps']}", flush=True)
     out["load_after"] = [round(v, 2) for v in os.getloadavg()]
     print(json.dumps(out))
     return out
