@@ -45,3 +45,17 @@ def test_batched_matching_on_cuda_equals_each_client_alone(
     for alone, together in zip(sequential, batched, strict=True):
         assert together.images.device.type == "cuda" and together.images.dtype == dtype
         assert (alone - together.images).abs().max().item() <= tol
+
+
+def test_batched_kip_on_cuda_equals_each_client_alone() -> None:
+    from fedskew.components.batched_kip import kip_batched
+    from fedskew.condense.kip import KIPConfig, kip, prepare_kip
+    from tests.components.test_batched_kip import _clients
+
+    cfg = KIPConfig(iterations=5, ipc=3, lr=0.05, target_batch=16, init="real")
+    clients = [(x.cuda(), y.cuda()) for x, y in _clients()]
+    alone = [kip(x, y, 4, cfg, torch.Generator().manual_seed(10 + k)) for k, (x, y) in enumerate(clients)]
+    requests = [prepare_kip(x, y, 4, cfg, torch.Generator().manual_seed(10 + k)) for k, (x, y) in enumerate(clients)]
+    for a, b in zip(alone, kip_batched(requests), strict=True):
+        assert b.images.device.type == "cuda"
+        assert (a.images - b.images).abs().max().item() <= 1e-9
