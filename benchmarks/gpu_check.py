@@ -16,7 +16,10 @@ such in the JSON and the check goes on):
   ``torch.compile`` (whose compiling takes tens of seconds: its own part, left out by ``--quick``);
 - ``paper``: one real paper-scale round of FedDM and of FedAF (``experiments/fedaf/fmnist_paper.toml``:
   all 60,000 images, ConvNet width 128, ipc 50, 1000 condensation steps, 500 server epochs), with the best
-  runner the code has; a round cut off by its cap reports how far it got.
+  runner the code has; a round cut off by its cap reports how far it got;
+- ``paper_batched`` (not run unless named in ``--parts``): the same rounds with ``clients_in_parallel = 10``,
+  the round's clients condensing together (docs/performance.md, "Batched condensation");
+  ``benchmarks/batched_condensation.py --paper --device cuda`` compares the two runners in more detail.
 
 ``--device cpu --quick`` is a dry run of every part at tiny scale on the CPU (synthetic data, no nvidia-smi:
 busy % is null); tests/test_gpu_check.py runs it. The last line printed is one JSON object (also written to
@@ -50,7 +53,8 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 CAPS = {"suite": 130, "w.plain": 25, "w.sequential": 30, "w.workers_per_device": 45, "w.clients_in_parallel": 40,
-        "steps": 25, "compile": 45, "paper.FedDM": 55, "paper.FedAF": 55}
+        "steps": 25, "compile": 45, "paper.FedDM": 55, "paper.FedAF": 55, "paper_batched.FedDM": 55,
+        "paper_batched.FedAF": 55}
 """Seconds each part may take on the GPU (the sum fits the 450 s budget); --quick uses --quick-cap for all."""
 RUNNERS = {"sequential": {"workers": 1}, "workers_per_device": {"workers": 0, "workers_per_device": 4},
            "clients_in_parallel": {"workers": 1, "clients_in_parallel": "auto"}}
@@ -393,11 +397,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         plan.append(("steps", {**base, "kind": "steps", "steps": 10 if args.quick else 60, "compiled": False}))
     if "compile" in args.parts:
         plan.append(("compile", {**base, "kind": "steps", "steps": 10 if args.quick else 60, "compiled": True}))
-    # The condensation methods do not batch (docs/performance.md, "Batched clients"): their round runs its
-    # clients in several processes sharing the GPU.
+    # The paper part keeps the runner it had (its clients in several processes sharing the GPU); the round's
+    # clients condensing together is part paper_batched, until a GPU has measured which is faster.
     best = RUNNERS["sequential"] if absent_keys(RUNNERS["workers_per_device"]) else RUNNERS["workers_per_device"]
     if "paper" in args.parts:
         plan += [(f"paper.{m}", {**base, "kind": "paper", "label": m, "runner": best}) for m in ("FedDM", "FedAF")]
+    if "paper_batched" in args.parts and not absent_keys(RUNNERS["clients_in_parallel"]):
+        # all of the round's clients together (the config's 10), also in the CPU dry run, where "auto" would be 1
+        together = {"workers": 1, "clients_in_parallel": 10}
+        plan += [(f"paper_batched.{m}", {**base, "kind": "paper", "label": m, "runner": together})
+                 for m in ("FedDM", "FedAF")]
     results: dict[str, Any] = {}
     for i, (name, spec) in enumerate(plan):
         runner_keys = absent_keys(RUNNERS.get(name.split(".", 1)[-1], {})) if name.startswith("w.") else []

@@ -47,14 +47,15 @@ from fedskew.algorithms.condensation.pool import pool_from_state, pool_to_state,
 from fedskew.algorithms.condensation.wire import MODEL, Spec
 from fedskew.components.trainer import LossTerm
 from fedskew.condense import (
+    ClassSWD,
     ExtraLoss,
     SyntheticSet,
     distribution_matching,
     dm_loss,
     interpolated_model_sampler,
     model_features,
-    sliced_wasserstein,
 )
+from fedskew.condense.distribution_matching import image_dtype
 from fedskew.condense.synthetic import class_indices, sample_indices, start_set
 from fedskew.core.device import current_compute
 from fedskew.core.message import Message, arrays_with_prefix
@@ -239,28 +240,7 @@ class FedAF(AggregationFree):
         p = self.params
         scale = p.lambda_loc if weight is None else weight
         targets = {int(c): v[i : i + 1] for i, c in enumerate(classes.tolist())}
-        rows: dict[int, torch.Tensor] = {}  # the rows of each class, found once (labels do not change)
-        seen: list[torch.Tensor] = []
-
-        def loss(model: nn.Module, syn: SyntheticSet) -> torch.Tensor:
-            if not seen or seen[0] is not syn.labels:  # reading the labels waits for the device: once
-                seen[:] = [syn.labels]
-                rows.clear()
-                for c in sorted(set(syn.labels.tolist()) & targets.keys()):
-                    rows[c] = torch.nonzero(syn.labels == c).flatten()
-            was_training = model.training
-            model.eval()
-            logits = model(as_model_format(syn.images, is_channels_last(model)))
-            model.train(was_training)
-            total = torch.zeros((), device=logits.device)
-            for c, r in rows.items():
-                u = logits[r]
-                if p.swd_local == "mean":
-                    u = u.mean(dim=0, keepdim=True)
-                total = total + sliced_wasserstein(u, targets[c], p.swd_projections, generator)
-            return scale * total
-
-        return loss
+        return ClassSWD(targets, scale, p.swd_projections, p.swd_local, generator)
 
     def cdc_gradients(
         self, model: nn.Module, client: ClientContext, start: SyntheticSet, classes: torch.Tensor, v: torch.Tensor
@@ -274,7 +254,7 @@ class FedAF(AggregationFree):
         p = self.params
         net = copy.deepcopy(model).train().requires_grad_(False)
         g = client.generator("cdc_probe")
-        images = start.images.detach().to(torch.float32).clone().requires_grad_(True)
+        images = start.images.detach().to(image_dtype(client.x)).clone().requires_grad_(True)  # as the steps
         labels = start.labels
         cl = is_channels_last(net)
         held = sorted(set(labels.tolist()))

@@ -11,6 +11,13 @@ method batches whatever of its local training can be, with no change to its code
 
 Loss terms batch when they carry a :class:`FunctionalTerm` (``term.functional``): the same term written
 on the stacked parameters of many clients at once.
+
+Distribution matching (FedDM's and FedAF's condensation) and KIP (HFLDD's) are handed over the same way:
+the rendezvous carries any kind of request, a :class:`BatchRequest`, a
+:class:`~fedskew.condense.distribution_matching.DMRequest` or a :class:`~fedskew.condense.kip.KIPRequest`
+(:class:`_CondensationHandOff`, installed into :mod:`fedskew.condense.handoff` when this module is imported);
+the runner condenses the waiting clients together (:mod:`fedskew.components.batched_condensation`,
+:mod:`fedskew.components.batched_kip`). Condensations without a batched form say so once.
 """
 
 from __future__ import annotations
@@ -24,7 +31,13 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from fedskew.components.batched_condensation import why_dm_sequential
+from fedskew.components.batched_kip import why_kip_sequential
 from fedskew.components.trainer import GradHook, LocalConfig, LocalResult, LossTerm, install_hand_off
+from fedskew.condense.distribution_matching import DMRequest
+from fedskew.condense.handoff import install_condensation_hand_off
+from fedskew.condense.kip import KIPRequest
+from fedskew.condense.synthetic import SyntheticSet
 from fedskew.core.device import current_compute
 from fedskew.models.layout import shuffled_batches
 
@@ -85,15 +98,20 @@ class BatchRequest:
     closures: list[LossTerm]
 
 
+Request = BatchRequest | DMRequest | KIPRequest
+"""What a job hands to the runner: a local training, a distribution matching or a KIP."""
+
+
 class Rendezvous(Protocol):
     """What a job thread talks to: the runner's coordinator."""
 
-    def train(self, request: BatchRequest) -> LocalResult:
-        """Wait until the request has been trained together with the others; its result."""
+    def submit(self, request: Request) -> LocalResult | SyntheticSet:
+        """Wait until the request has been run together with the others (trained: its ``LocalResult``;
+        condensed: its ``SyntheticSet``)."""
         ...
 
-    def sequential(self, reason: str) -> None:
-        """Note that a training ran one client at a time, and why."""
+    def sequential(self, reason: str, kind: str = "training") -> None:
+        """Note that a ``kind`` of work (``"training"``, ``"condensation"``) ran one client at a time, and why."""
         ...
 
 
@@ -176,7 +194,31 @@ def hand_off(
     model.train()
     batches = draw_batches(int(y.shape[0]), cfg, generator)
     functional = [f for f in (functional_of(t) for t in terms) if f is not None]
-    return rendezvous.train(BatchRequest(model, x, y, cfg, batches, functional, list(terms)))
+    result = rendezvous.submit(BatchRequest(model, x, y, cfg, batches, functional, list(terms)))
+    assert isinstance(result, LocalResult)
+    return result
+
+
+class _CondensationHandOff:
+    """Hands a thread's distribution matching to its batched runner (see :mod:`fedskew.condense.handoff`)."""
+
+    def condense(self, request: object) -> SyntheticSet | None:
+        rendezvous = _SLOT.rendezvous
+        if rendezvous is None or not isinstance(request, DMRequest | KIPRequest):
+            return None
+        reason = why_dm_sequential(request) if isinstance(request, DMRequest) else why_kip_sequential(request)
+        if reason is not None:
+            rendezvous.sequential(reason, "condensation")
+            return None
+        result = rendezvous.submit(request)
+        assert isinstance(result, SyntheticSet)
+        return result
+
+    def unbatched(self, reason: str) -> None:
+        rendezvous = _SLOT.rendezvous
+        if rendezvous is not None:
+            rendezvous.sequential(reason, "condensation")
 
 
 install_hand_off(hand_off)
+install_condensation_hand_off(_CondensationHandOff())

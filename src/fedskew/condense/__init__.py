@@ -33,7 +33,7 @@ from fedskew.condense.kip import (
     ntk_fc_relu,
     random_feature_kernel,
 )
-from fedskew.condense.swd import sliced_wasserstein
+from fedskew.condense.swd import ClassSWD, sliced_wasserstein, sliced_wasserstein_stacked
 from fedskew.condense.synthetic import (
     ModelFactory,
     SyntheticSet,
@@ -44,6 +44,7 @@ from fedskew.condense.synthetic import (
 )
 
 __all__ = [
+    "ClassSWD",
     "DMConfig",
     "DSAConfig",
     "DSAParams",
@@ -75,4 +76,5 @@ __all__ = [
     "random_model_sampler",
     "sample_dsa_params",
     "sliced_wasserstein",
+    "sliced_wasserstein_stacked",
 ]

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from fedskew.condense.augment import DSAConfig, apply_dsa, sample_dsa_params
+from fedskew.condense.handoff import hand_off
 from fedskew.condense.synthetic import (
     INITS,
     ModelFactory,
@@ -126,8 +127,9 @@ def dm_loss(
         raise DataError("every class needs at least one real and one synthetic image")
     num = len(real_by_class)
     groups = [*real_by_class, *syn_by_class]
-    # Under autocast the embedding may be bf16/fp16; the class means are float32 sums (a no-op in float32).
-    emb = model_features(torch.cat([t.detach() for t in real_by_class] + list(syn_by_class))).float()
+    # Under autocast the embedding may be bf16/fp16; the class means are float32 sums (a no-op in float32,
+    # and float64 stays float64).
+    emb = at_least_float32(model_features(torch.cat([t.detach() for t in real_by_class] + list(syn_by_class))))
     # The segments are made on the CPU and moved without waiting (a repeat_interleave on the GPU would
     # read its counts back to size its output: a host sync every step).
     counts = torch.tensor([t.shape[0] for t in groups])
@@ -136,6 +138,49 @@ def dm_loss(
     sums = torch.zeros((2 * num, emb.shape[1]), dtype=emb.dtype, device=emb.device).index_add(0, segment, emb)
     means = sums / counts.to(emb.dtype)[:, None]
     return ((means[:num] - means[num:]) ** 2).sum()
+
+
+def at_least_float32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32, or as it is when it is float64."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
+def image_dtype(x_real: torch.Tensor) -> torch.dtype:
+    """The dtype the synthetic images are optimised in: float32, or float64 for float64 real images."""
+    return torch.float64 if x_real.dtype == torch.float64 else torch.float32
+
+
+@dataclass(frozen=True)
+class SamplerForm:
+    """How a sampler makes each step's network from a given ``model``, so that a batched runner can make the
+    networks of many clients at once from the same draws: ``kind`` ``"ball"`` (FedDM: ``model`` plus an
+    offset of radius up to ``rho``, :func:`ball_offset`) or ``"interpolate"`` (FedAF: ``gamma * model +
+    (1 - gamma) * factory()``, a fresh network drawn each step). Buffers are ``model``'s in both."""
+
+    kind: str
+    model: nn.Module
+    factory: ModelFactory
+    rho: float = 0.0
+    gamma: float = 0.0
+
+
+def _with_template(sampler: ModelSampler, form: SamplerForm) -> ModelSampler:
+    sampler.template = form.model  # type: ignore[attr-defined]
+    sampler.form = form  # type: ignore[attr-defined]
+    return sampler
+
+
+def sampler_form(sampler: ModelSampler) -> SamplerForm | None:
+    """The :class:`SamplerForm` of :func:`perturbed_model_sampler` and :func:`interpolated_model_sampler`."""
+    found = getattr(sampler, "form", None)
+    return found if isinstance(found, SamplerForm) else None
+
+
+def sampler_template(sampler: ModelSampler) -> nn.Module | None:
+    """The model a sampler draws its networks around (each step's network has its layers, with other
+    weights), or None where the sampler does not say (:func:`random_model_sampler`)."""
+    found = getattr(sampler, "template", None)
+    return found if isinstance(found, nn.Module) else None
 
 
 def random_model_sampler(model_factory: ModelFactory) -> ModelSampler:
@@ -195,7 +240,7 @@ def perturbed_model_sampler(model: nn.Module, model_factory: ModelFactory, rho: 
                 p.copy_(p.contiguous().add_(d.to(p.device, non_blocking=True), alpha=scale))
         return out
 
-    return sample
+    return _with_template(sample, SamplerForm("ball", model, model_factory, rho=rho))
 
 
 def ball_offset(
@@ -236,7 +281,7 @@ def interpolated_model_sampler(model: nn.Module, model_factory: ModelFactory, ga
                 p.copy_(gamma * source[name].detach() + (1.0 - gamma) * r)
         return out
 
-    return sample
+    return _with_template(sample, SamplerForm("interpolate", model, model_factory, gamma=gamma))
 
 
 def _clip_total(grad: torch.Tensor, max_norm: float) -> None:
@@ -288,35 +333,27 @@ def distribution_matching(
     Returns
     -------
     SyntheticSet
-        On the data's device, float32. With ``init_set``: its labels and order. Otherwise the classes
-        of ``y_real`` in increasing order, ``cfg.ipc`` images each.
+        On the data's device, float32 (float64 for float64 real images). With ``init_set``: its labels
+        and order. Otherwise the classes of ``y_real`` in increasing order, ``cfg.ipc`` images each.
+
+    Under a batched runner (``clients_in_parallel``) the prepared request may be run together with other
+    clients' (:mod:`fedskew.condense.handoff`, :mod:`fedskew.components.batched_condensation`): the same
+    draws, the same result up to float rounding.
     """
     device = x_real.device
     precision = Precision(device, cfg.amp)  # refuses fp16 off CUDA in one line
-    if init_set is None:
-        init_set = start_set(x_real, y_real, cfg.ipc, cfg.init, generator)
-    else:
-        check_data(x_real, y_real)
-        if init_set.images.shape[1:] != x_real.shape[1:]:
-            raise DataError(f"init_set images {tuple(init_set.images.shape[1:])} vs real {tuple(x_real.shape[1:])}")
-    classes = list(init_set.by_class())
-    real_indices = class_indices(y_real, classes)
-    labels = init_set.labels.to(device).clone()
-    syn_indices = [torch.nonzero(labels == c).flatten() for c in classes]
-    images = init_set.images.detach().to(device).clone().to(torch.float32).requires_grad_(True)
+    request = prepare_dm(x_real, y_real, model_sampler, cfg, generator, init_set, extra_loss)
+    handed = hand_off(request)
+    if handed is not None:
+        assert isinstance(handed, SyntheticSet)
+        return handed
+    real_indices, syn_indices, labels = request.real_indices, request.syn_indices, request.labels
+    images = request.start.requires_grad_(True)
     optimizer = torch.optim.SGD([images], lr=cfg.image_lr, momentum=cfg.momentum)
     bar = progress_bar(range(cfg.iterations), desc="distribution matching", enabled=progress)
     for step in bar:
-        model = model_sampler(step, generator)
-        if model_device(model) != device:
-            model.to(device)
-        # Channels-last networks and batches: the step runs faster on CPU (benchmarks/kernels.py);
-        # results equal the NCHW ones up to float rounding. A reused network is converted once.
-        if not is_channels_last(model):
-            use_channels_last(model)
+        model = prepared(model_sampler(step, generator), device)
         cl = is_channels_last(model)
-        model.train()
-        model.requires_grad_(False)
         real, syn = [], []
         for r_idx, s_idx in zip(real_indices, syn_indices, strict=True):
             x_r, x_s = x_real[sample_indices(r_idx, cfg.real_batch, generator)], images[s_idx]
@@ -328,7 +365,7 @@ def distribution_matching(
         with precision.autocast():
             loss = dm_loss(model_features(model), real, syn)
             if extra_loss is not None:
-                loss = loss + extra_loss(model, SyntheticSet(images, labels, init_set.soft_labels))
+                loss = loss + extra_loss(model, SyntheticSet(images, labels, request.soft_labels))
         optimizer.zero_grad()
         backward_to(loss, [images], precision)
         if cfg.clip_norm is not None and images.grad is not None:
@@ -337,4 +374,74 @@ def distribution_matching(
         precision.step(optimizer)
         if progress:  # reading the loss waits for the device
             bar.set_postfix(loss=float(loss.detach()), refresh=False)
-    return SyntheticSet(images.detach(), labels, init_set.soft_labels)
+    return request.result(images)
+
+
+def prepare_dm(
+    x_real: torch.Tensor,
+    y_real: torch.Tensor,
+    model_sampler: ModelSampler,
+    cfg: DMConfig,
+    generator: torch.Generator,
+    init_set: SyntheticSet | None = None,
+    extra_loss: ExtraLoss | None = None,
+) -> DMRequest:
+    """What :func:`distribution_matching` does before its steps (the start set drawn from ``generator``
+    unless given, the classes' rows found), as a request that it runs, or a batched runner runs."""
+    device = x_real.device
+    if init_set is None:
+        init_set = start_set(x_real, y_real, cfg.ipc, cfg.init, generator)
+    else:
+        check_data(x_real, y_real)
+        if init_set.images.shape[1:] != x_real.shape[1:]:
+            raise DataError(f"init_set images {tuple(init_set.images.shape[1:])} vs real {tuple(x_real.shape[1:])}")
+    classes = list(init_set.by_class())
+    real_indices = class_indices(y_real, classes)
+    labels = init_set.labels.to(device).clone()
+    syn_indices = [torch.nonzero(labels == c).flatten() for c in classes]
+    start = init_set.images.detach().to(device).clone().to(image_dtype(x_real))
+    return DMRequest(x_real, y_real, model_sampler, cfg, generator, extra_loss, classes, real_indices,
+                     syn_indices, labels, start, init_set.soft_labels)
+
+
+def prepared(model: nn.Module, device: torch.device) -> nn.Module:
+    """A step's network as the matching runs it: on ``device``, channels-last, in training mode, frozen."""
+    if model_device(model) != device:
+        model.to(device)
+    # Channels-last networks and batches: the step runs faster on CPU (benchmarks/kernels.py);
+    # results equal the NCHW ones up to float rounding. A reused network is converted once.
+    if not is_channels_last(model):
+        use_channels_last(model)
+    model.train()
+    model.requires_grad_(False)
+    return model
+
+
+@dataclass
+class DMRequest:
+    """One client's distribution matching, prepared (its start drawn) and offered to a hand-off
+    (:mod:`fedskew.condense.handoff`) before its steps.
+
+    Whoever runs it must draw from ``generator``, at every step, what :func:`distribution_matching`
+    draws: the step's network (``sampler(step, generator)``), then for each class in turn its real
+    batch (:func:`~fedskew.condense.synthetic.sample_indices` of ``real_indices[j]``) and its DSA draw.
+    ``start`` holds the first images (float32, or float64 for float64 real data; not a leaf of any
+    graph), ``syn_indices[j]`` the rows of class ``classes[j]`` in it.
+    """
+
+    x_real: torch.Tensor
+    y_real: torch.Tensor
+    sampler: ModelSampler
+    cfg: DMConfig
+    generator: torch.Generator
+    extra_loss: ExtraLoss | None
+    classes: list[int]
+    real_indices: list[torch.Tensor]
+    syn_indices: list[torch.Tensor]
+    labels: torch.Tensor
+    start: torch.Tensor
+    soft_labels: torch.Tensor | None
+
+    def result(self, images: torch.Tensor) -> SyntheticSet:
+        """The condensed set with ``images`` (the optimised start)."""
+        return SyntheticSet(images.detach(), self.labels, self.soft_labels)

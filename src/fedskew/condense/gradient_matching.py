@@ -46,6 +46,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from fedskew.condense.augment import DSAConfig, apply_dsa, dsa, sample_dsa_params
+from fedskew.condense.handoff import say_unbatched
 from fedskew.condense.synthetic import (
     INITS,
     ModelFactory,
@@ -227,6 +228,11 @@ def _clip_per_class(grad: torch.Tensor, num_classes: int, max_norm: float) -> No
     per_class.mul_(torch.where(norms > max_norm, max_norm / norms.clamp_min(_EPS), torch.ones_like(norms)))
 
 
+GM_UNBATCHED = ("gradient matching has no batched form yet: each client's matching and network training "
+                "run in its job (docs/performance.md, \"Batched condensation\")")
+"""What a batched runner is told when gradient matching runs (:func:`fedskew.condense.handoff.say_unbatched`)."""
+
+
 def gradient_matching(
     x_real: torch.Tensor,
     y_real: torch.Tensor,
@@ -264,6 +270,7 @@ def gradient_matching(
         Images of the classes present in ``y_real``, in increasing label order, ``ipc`` each; float32,
         on the data's device.
     """
+    say_unbatched(GM_UNBATCHED)
     device = x_real.device
     precision = Precision(device, cfg.amp)  # refuses fp16 off CUDA in one line
     syn = start_set(x_real, y_real, cfg.ipc, cfg.init, generator)

@@ -38,6 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedskew.condense.distribution_matching import image_dtype
+from fedskew.condense.handoff import hand_off
 from fedskew.condense.synthetic import INITS, SynthesisOptions, SyntheticSet, check_data, start_set
 from fedskew.core.device import Precision
 from fedskew.core.errors import ConfigError, DataError
@@ -131,6 +133,37 @@ class RandomConvFeatures(nn.Module):
                 x = F.avg_pool2d(x, 2)
         flat = x.flatten(1)
         return flat / math.sqrt(flat.shape[1])
+
+
+def ntk_fc_relu_stacked(
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    depth: int = 3,
+    w_std: float = math.sqrt(2.0),
+    b_std: float = 0.1,
+) -> torch.Tensor:
+    """:func:`ntk_fc_relu` of K pairs of flat batches at once: ``x1`` (K, n1, d) and ``x2`` (K, n2, d) give the
+    K kernels (K, n1, n2), each equal to :func:`ntk_fc_relu` of its pair up to float rounding."""
+    if depth < 0:
+        raise ConfigError(f"depth must be >= 0, got {depth}")
+    dtype = torch.promote_types(x1.dtype, x2.dtype)
+    a, b = x1.to(dtype), x2.to(dtype)
+    w2, b2 = w_std**2, b_std**2
+    dim = a.shape[2]
+    sigma = w2 * (a @ b.mT) / dim + b2
+    var1 = w2 * (a * a).sum(dim=2) / dim + b2
+    var2 = w2 * (b * b).sum(dim=2) / dim + b2
+    theta = sigma
+    margin = _COS_MARGIN_F64 if dtype == torch.float64 else _COS_MARGIN_F32
+    for _ in range(depth):
+        scale = torch.sqrt(var1[:, :, None] * var2[:, None, :])
+        cos = (sigma / scale).clamp(-1.0 + margin, 1.0 - margin)
+        angle = torch.arccos(cos)
+        sigma = w2 * scale * (torch.sin(angle) + (math.pi - angle) * cos) / (2 * math.pi) + b2
+        theta = sigma + w2 * (math.pi - angle) / (2 * math.pi) * theta
+        var1 = w2 * var1 / 2 + b2
+        var2 = w2 * var2 / 2 + b2
+    return theta
 
 
 def random_feature_kernel(x1: torch.Tensor, x2: torch.Tensor, networks: Sequence[nn.Module]) -> torch.Tensor:
@@ -257,14 +290,40 @@ def _step_kernel(
 
 
 def _checked_start(start: SyntheticSet, x_real: torch.Tensor, num_classes: int) -> SyntheticSet:
-    """The start set, checked against the real data (a caller may give it) and on its device, float32."""
+    """The start set, checked against the real data (a caller may give it) and on its device, float32 (float64
+    for float64 real data)."""
     labels = start.labels
     if start.images.shape[1:] != x_real.shape[1:] or int(labels.min()) < 0 or int(labels.max()) >= num_classes:
         raise DataError(
             f"the start set must hold images of shape {tuple(x_real.shape[1:])} with labels in [0, {num_classes}), "
             f"got {tuple(start.images.shape[1:])} with labels {sorted(set(labels.tolist()))}"
         )
-    return SyntheticSet(start.images.to(device=x_real.device, dtype=torch.float32), labels.to(x_real.device))
+    return SyntheticSet(start.images.to(device=x_real.device, dtype=image_dtype(x_real)), labels.to(x_real.device))
+
+
+@dataclass
+class KIPRequest:
+    """One client's KIP, prepared (its start checked, its targets made) and offered to a hand-off
+    (:mod:`fedskew.condense.handoff`) before its steps.
+
+    Whoever runs it must draw from ``generator``, at every step, what :func:`kip` draws: the target batch
+    (``torch.randperm`` of the real data, the first ``cfg.target_batch``), then the step's kernel's draws
+    (none for the NTK). ``images`` holds the first support images (not a leaf of any graph), ``support``
+    their centred one-hot labels, ``targets`` those of the real data.
+    """
+
+    x_real: torch.Tensor
+    targets: torch.Tensor
+    num_classes: int
+    cfg: KIPConfig
+    generator: torch.Generator
+    images: torch.Tensor
+    labels: torch.Tensor
+    support: torch.Tensor
+
+    def result(self, images: torch.Tensor) -> SyntheticSet:
+        """The distilled set with ``images`` (the optimised start)."""
+        return SyntheticSet(images.detach(), self.labels, None)
 
 
 def kip(
@@ -311,14 +370,14 @@ def kip(
     if device.type == "mps":
         raise ConfigError("KIP computes its kernels in float64, which MPS lacks; run it on device cpu or cuda")
     precision = Precision(device, cfg.amp)  # refuses fp16 off CUDA in one line
-    if num_classes < 1 or int(y_real.min()) < 0 or int(y_real.max()) >= num_classes:
-        raise DataError(f"labels must lie in [0, {num_classes})")
-    if start is None:
-        start = start_set(x_real, y_real, cfg.ipc, cfg.init, generator)
-    syn = _checked_start(start, x_real, num_classes)
-    x_s = syn.images.clone().requires_grad_(True)
-    y_s = centered_one_hot(syn.labels, num_classes).requires_grad_(cfg.learn_labels)
-    targets = centered_one_hot(y_real, num_classes)
+    request = prepare_kip(x_real, y_real, num_classes, cfg, generator, start)
+    handed = hand_off(request)
+    if handed is not None:
+        assert isinstance(handed, SyntheticSet)
+        return handed
+    syn, targets = SyntheticSet(request.images, request.labels), request.targets
+    x_s = request.images.requires_grad_(True)
+    y_s = request.support.requires_grad_(cfg.learn_labels)
     optimizer = torch.optim.Adam([x_s, y_s] if cfg.learn_labels else [x_s], lr=cfg.lr)
     bar = progress_bar(range(cfg.iterations), desc="KIP", enabled=progress)
     for _ in bar:
@@ -333,3 +392,22 @@ def kip(
             bar.set_postfix(loss=float(loss.detach()), refresh=False)
     soft = y_s.detach().float() if cfg.learn_labels else None
     return SyntheticSet(x_s.detach(), syn.labels, soft)
+
+
+def prepare_kip(
+    x_real: torch.Tensor,
+    y_real: torch.Tensor,
+    num_classes: int,
+    cfg: KIPConfig,
+    generator: torch.Generator,
+    start: SyntheticSet | None = None,
+) -> KIPRequest:
+    """What :func:`kip` does before its steps (the labels checked, the start drawn from ``generator`` unless
+    given, the targets made), as a request that it runs, or a batched runner runs."""
+    if num_classes < 1 or int(y_real.min()) < 0 or int(y_real.max()) >= num_classes:
+        raise DataError(f"labels must lie in [0, {num_classes})")
+    if start is None:
+        start = start_set(x_real, y_real, cfg.ipc, cfg.init, generator)
+    syn = _checked_start(start, x_real, num_classes)
+    return KIPRequest(x_real, centered_one_hot(y_real, num_classes), num_classes, cfg, generator, syn.images.clone(),
+                      syn.labels, centered_one_hot(syn.labels, num_classes))

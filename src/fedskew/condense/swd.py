@@ -18,9 +18,10 @@ import functools
 
 import torch
 
-from fedskew.condense.synthetic import default_generator
+from fedskew.condense.synthetic import SyntheticSet, default_generator
 from fedskew.core.device import randn
 from fedskew.core.errors import ConfigError, DataError
+from fedskew.models.layout import as_model_format, is_channels_last
 
 
 @functools.lru_cache(maxsize=256)
@@ -92,6 +93,76 @@ def sliced_wasserstein(
         ia, ib, w = _quantile_pairs_on(a.shape[0], b.shape[0], device)
         cost = ((pa[ia] - pb[ib]).abs() ** p * w.to(dtype)[:, None]).sum(dim=0)
         mean = cost.mean()
+        positive = mean > 0
+        safe = torch.where(positive, mean, torch.ones_like(mean))
+        return torch.where(positive, safe ** (1.0 / p), torch.zeros_like(mean))
+
+
+class ClassSWD:
+    """FedAF's CDC term (Eq. 10) as a condensation's extra loss: ``weight * sum_c SWD(u_c, targets[c])``
+    over the classes of the synthetic set that ``targets`` covers.
+
+    ``u_c`` are the logits of the set's class-c images under the step's network in evaluation mode (one
+    point an image; ``local = "mean"``: their mean, one point), ``targets[c]`` a ``(m, L)`` point set;
+    ``generator`` draws ``projections`` new directions per class at every call, the classes in increasing
+    order. A batched runner computes the same term for many clients at once
+    (:func:`sliced_wasserstein_stacked`, :mod:`fedskew.components.batched_condensation`).
+    """
+
+    def __init__(
+        self, targets: dict[int, torch.Tensor], weight: float, projections: int, local: str,
+        generator: torch.Generator, p: int = 2,
+    ) -> None:
+        self.targets, self.weight, self.projections = targets, weight, projections
+        self.local, self.generator, self.p = local, generator, p
+        self._rows: dict[int, torch.Tensor] = {}  # the rows of each class, found once (labels do not change)
+        self._seen: list[torch.Tensor] = []
+
+    def rows(self, labels: torch.Tensor) -> dict[int, torch.Tensor]:
+        """The rows of each class that the term covers, in increasing class order."""
+        if not self._seen or self._seen[0] is not labels:  # reading the labels waits for the device: once
+            self._seen[:] = [labels]
+            self._rows.clear()
+            for c in sorted(set(labels.tolist()) & self.targets.keys()):
+                self._rows[c] = torch.nonzero(labels == c).flatten()
+        return self._rows
+
+    def draw(self, dims: int, dtype: torch.dtype) -> torch.Tensor:
+        """The next class's raw directions ``(dims, projections)`` on the CPU: what :func:`sliced_wasserstein`
+        draws from ``generator`` for logits of ``dims`` values in ``dtype``."""
+        return torch.randn((dims, self.projections), generator=self.generator, dtype=dtype)
+
+    def __call__(self, model: torch.nn.Module, syn: SyntheticSet) -> torch.Tensor:
+        rows = self.rows(syn.labels)
+        was_training = model.training
+        model.eval()
+        logits = model(as_model_format(syn.images, is_channels_last(model)))
+        model.train(was_training)
+        total = torch.zeros((), device=logits.device)
+        for c, r in rows.items():
+            u = logits[r]
+            if self.local == "mean":
+                u = u.mean(dim=0, keepdim=True)
+            total = total + sliced_wasserstein(u, self.targets[c], self.projections, self.generator, self.p)
+        return self.weight * total
+
+
+def sliced_wasserstein_stacked(a: torch.Tensor, b: torch.Tensor, theta: torch.Tensor, p: int = 2) -> torch.Tensor:
+    """:func:`sliced_wasserstein` of G pairs of point sets at once, with given directions.
+
+    ``a`` (G, n, d) and ``b`` (G, m, d) are the pairs (each of the same sizes), ``theta`` (G, d, P) the raw
+    directions of each pair (as drawn, before normalising). Returns the G distances, equal to
+    :func:`sliced_wasserstein` of each pair with those directions up to float rounding.
+    """
+    dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
+    with torch.autocast(a.device.type, enabled=False):
+        theta = theta.to(dtype)
+        theta = theta / theta.norm(dim=1, keepdim=True)
+        pa = torch.sort(torch.bmm(a.to(dtype), theta), dim=1).values
+        pb = torch.sort(torch.bmm(b.to(dtype), theta), dim=1).values
+        ia, ib, w = _quantile_pairs_on(a.shape[1], b.shape[1], a.device)
+        cost = ((pa[:, ia] - pb[:, ib]).abs() ** p * w.to(dtype)[None, :, None]).sum(dim=1)
+        mean = cost.mean(dim=1)
         positive = mean > 0
         safe = torch.where(positive, mean, torch.ones_like(mean))
         return torch.where(positive, safe ** (1.0 / p), torch.zeros_like(mean))

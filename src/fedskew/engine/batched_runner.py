@@ -10,6 +10,15 @@ after another, to their next training or their reply. Any method's client half t
 batched form, running statistics, mixed precision) runs in its job as it does without this runner, and
 the runner says so once in the log.
 
+Condensations are handed over the same way: a FedDM or FedAF job's distribution matching
+(:func:`~fedskew.condense.distribution_matching.distribution_matching`) gives the runner its prepared
+request and waits, and the runner condenses the waiting clients together
+(:func:`~fedskew.components.batched_condensation.condense_batched`: one batched matching step of every
+client at a time). Waiting requests are grouped by kind (training, condensation), then by compatible
+settings. HFLDD's KIP (with its NTK kernel) is batched the same way
+(:func:`~fedskew.components.batched_kip.kip_batched`); FedDC's gradient matching runs in its jobs, as without
+this runner, and the runner says so once.
+
 Replies come back in job order. Each job gets a model cache of its own (the sequential runner shares
 one), so the jobs of a group never touch one another's model. Results equal the sequential runner's up
 to float rounding (tests/engine/test_batched_clients.py, float64).
@@ -27,9 +36,12 @@ import torch
 import torch.nn.functional as F
 
 from fedskew.algorithms.base import EVALUATE, ModelSpec
-from fedskew.components import batched
-from fedskew.components.batching import BatchRequest, batching
+from fedskew.components import batched, batched_condensation, batched_kip
+from fedskew.components.batching import BatchRequest, Request, batching
 from fedskew.components.trainer import LocalResult
+from fedskew.condense.distribution_matching import DMRequest
+from fedskew.condense.kip import KIPRequest
+from fedskew.condense.synthetic import SyntheticSet
 from fedskew.core.device import current_compute, use_compute
 from fedskew.core.message import Message
 from fedskew.core.threads import num_threads
@@ -41,6 +53,7 @@ from fedskew.models.layout import as_model_format, is_channels_last, use_channel
 log = logging.getLogger(__name__)
 
 Reply = tuple[Message, dict[str, Any]]
+Result = LocalResult | SyntheticSet
 
 
 EVAL_SPAN = 2000
@@ -128,8 +141,8 @@ class _Job:
     def __init__(self, run: Any, back: threading.Semaphore, coordinator: BatchedClients) -> None:
         self.run, self.back, self.coordinator = run, back, coordinator
         self.wake = threading.Semaphore(0)
-        self.request: BatchRequest | None = None
-        self.reply: LocalResult | BaseException | None = None
+        self.request: Request | None = None
+        self.reply: Result | BaseException | None = None
         self.outcome: Reply | None = None
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._main, name="fedskew-client", daemon=True)
@@ -144,7 +157,7 @@ class _Job:
         finally:
             self.back.release()
 
-    def train(self, request: BatchRequest) -> LocalResult:
+    def submit(self, request: Request) -> Result:
         self.request = request
         self.back.release()
         self.wake.acquire()
@@ -154,15 +167,15 @@ class _Job:
         assert reply is not None
         return reply
 
-    def sequential(self, reason: str) -> None:
-        self.coordinator.note_sequential(reason)
+    def sequential(self, reason: str, kind: str = "training") -> None:
+        self.coordinator.note_sequential(reason, kind)
 
     # ---- in the coordinator's thread -----------------------------------------------------------------
     def start(self) -> None:
         self.thread.start()
         self.back.acquire()
 
-    def resume(self, reply: LocalResult | BaseException) -> None:
+    def resume(self, reply: Result | BaseException) -> None:
         self.request, self.reply = None, reply
         self.wake.release()
         self.back.acquire()
@@ -175,16 +188,21 @@ class BatchedClients:
     def __init__(self, runtime: _Runtime, width: int) -> None:
         self.runtime, self.width = runtime, width
         self.caches: list[dict[ModelSpec, torch.nn.Module]] = []
-        self._said: set[str] = set()
+        self._said: set[tuple[str, str]] = set()
         self.batched_trainings = 0
         self.sequential_trainings = 0
+        self.batched_condensations = 0
+        self.sequential_condensations = 0
 
-    def note_sequential(self, reason: str) -> None:
-        self.sequential_trainings += 1
-        if reason not in self._said:
-            self._said.add(reason)
-            log.warning("clients_in_parallel: %s trains some clients one at a time: %s",
-                        self.runtime.algo.name, reason)
+    def note_sequential(self, reason: str, kind: str = "training") -> None:
+        if kind == "training":
+            self.sequential_trainings += 1
+        else:
+            self.sequential_condensations += 1
+        if (kind, reason) not in self._said:
+            self._said.add((kind, reason))
+            log.warning("clients_in_parallel: %s runs some clients' %s one at a time: %s",
+                        self.runtime.algo.name, kind, reason)
 
     def run_clients(self, jobs: list[ClientJob]) -> list[Reply]:
         width = self.width or max(len(jobs), 1)
@@ -217,13 +235,7 @@ class BatchedClients:
             waiting = [j for j in group if j.request is not None]
             if not waiting or any(j.error is not None for j in group):
                 break
-            requests = [j.request for j in waiting if j.request is not None]
-            try:
-                replies: list[LocalResult | BaseException] = list(batched.train_batched(requests))
-                self.batched_trainings += len(requests)
-            except BaseException as e:  # every waiting job fails with it, the first one raises it
-                replies = [e] * len(waiting)
-            for job, reply in zip(waiting, replies, strict=True):
+            for job, reply in zip(waiting, self._serve([j.request for j in waiting]), strict=True):
                 job.resume(reply)
         for job in group:
             if job.request is not None:
@@ -236,6 +248,34 @@ class BatchedClients:
             raise errors[0]
         assert all(j.outcome is not None for j in group)
         return [j.outcome for j in group if j.outcome is not None]
+
+    def _serve(self, requests: list[Request | None]) -> list[Result | BaseException]:
+        """The waiting requests run together, by kind (trainings, distribution matchings, KIPs); their results in
+        order."""
+        replies: list[Result | BaseException | None] = [None] * len(requests)
+        trainings = [i for i, r in enumerate(requests) if isinstance(r, BatchRequest)]
+        condensations = [i for i, r in enumerate(requests) if isinstance(r, DMRequest)]
+        distillations = [i for i, r in enumerate(requests) if isinstance(r, KIPRequest)]
+        try:
+            if trainings:
+                trained = batched.train_batched([r for r in requests if isinstance(r, BatchRequest)])
+                self.batched_trainings += len(trainings)
+                for i, res in zip(trainings, trained, strict=True):
+                    replies[i] = res
+            if condensations:
+                made = batched_condensation.condense_batched([r for r in requests if isinstance(r, DMRequest)])
+                self.batched_condensations += len(condensations)
+                for i, syn in zip(condensations, made, strict=True):
+                    replies[i] = syn
+            if distillations:
+                made = batched_kip.kip_batched([r for r in requests if isinstance(r, KIPRequest)])
+                self.batched_condensations += len(distillations)
+                for i, syn in zip(distillations, made, strict=True):
+                    replies[i] = syn
+        except BaseException as e:  # every waiting job fails with it, the first one raises it
+            return [e] * len(requests)
+        assert all(r is not None for r in replies)
+        return [r for r in replies if r is not None]
 
     def evaluate_chunks(self, model_state: dict[str, torch.Tensor], bounds: list[tuple[int, int]]) -> list[EvalCounts]:
         """The chunks' counts, several adjacent chunks a forward pass (:func:`evaluate_together`)."""

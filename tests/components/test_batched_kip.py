@@ -1,0 +1,65 @@
+"""Batched KIP (issue 34): K clients' NTK KIP in one step each, against :func:`kip` one client at a time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from fedskew.components.batched_kip import _StackedKIP, kip_batched, why_kip_sequential
+from fedskew.condense.kip import KIPConfig, kip, ntk_fc_relu, ntk_fc_relu_stacked, prepare_kip
+
+TOL = 1e-9
+
+
+@pytest.fixture
+def float64() -> Any:
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(before)
+
+
+def _clients(dtype: torch.dtype = torch.float64) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Three clients of unequal sizes, the second with a class fewer: support sets of 12, 9 and 12 images, target
+    batches of 16, 11 and 16."""
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn((n, 1, 6, 6), generator=g).to(dtype), torch.arange(n) % held)
+            for n, held in ((30, 4), (11, 3), (45, 4))]
+
+
+def test_stacked_ntk_equals_one_pair_at_a_time(float64: None) -> None:
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.randn((3, 5, 8), generator=g), torch.randn((3, 4, 8), generator=g)
+    together = ntk_fc_relu_stacked(a, b, depth=2)
+    for i in range(3):
+        assert (ntk_fc_relu(a[i], b[i], depth=2) - together[i]).abs().max().item() <= TOL
+
+
+def test_batched_kip_equals_each_client_alone(float64: None) -> None:
+    cfg = KIPConfig(iterations=5, ipc=3, lr=0.05, target_batch=16, init="real")
+    clients = _clients()
+    alone = [kip(x, y, 4, cfg, torch.Generator().manual_seed(10 + k)) for k, (x, y) in enumerate(clients)]
+    requests = [prepare_kip(x, y, 4, cfg, torch.Generator().manual_seed(10 + k)) for k, (x, y) in enumerate(clients)]
+    assert all(why_kip_sequential(r) is None for r in requests)
+    stacked = _StackedKIP(requests)
+    assert (stacked.s_width, stacked.t_width, stacked.n_t) == (12, 16, [16, 11, 16])  # padded
+    together = kip_batched(requests)
+    for a, b, r in zip(alone, together, requests, strict=True):
+        assert b.images.dtype == torch.float64 and torch.equal(a.labels, b.labels) and b.soft_labels is None
+        assert (a.images - b.images).abs().max().item() <= TOL
+        assert (a.images - r.images).abs().max().item() > 1e-3  # the steps moved the images
+
+
+@pytest.mark.parametrize(("over", "words"), [
+    ({"kernel": "rf_convnet"}, "rf_convnet kernel"),
+    ({"learn_labels": True}, "learned labels"),
+    ({"amp": "bf16"}, "mixed precision"),
+    ({"ipc": 9}, "repeated images"),  # the second client holds 3 or 4 images a class
+])
+def test_what_cannot_batch_says_why(over: dict[str, Any], words: str) -> None:
+    x, y = _clients(torch.float32)[1]
+    cfg = KIPConfig(**{"ipc": 1, "init": "real", **over})
+    reason = why_kip_sequential(prepare_kip(x, y, 4, cfg, torch.Generator().manual_seed(0)))
+    assert reason is not None and words in reason

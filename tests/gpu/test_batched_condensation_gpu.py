@@ -1,0 +1,61 @@
+"""Batched distribution matching (FedDM, FedAF) on CUDA against each client alone (issue 34).
+
+Skipped without CUDA (tests/gpu/conftest.py). On a GPU machine: ``python -m pytest tests/gpu -m gpu``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from fedskew.components.batched_condensation import condense_batched
+from fedskew.condense.distribution_matching import DMConfig
+from tests.components.test_batched_condensation import requests_and_sequential
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def no_tf32() -> Any:
+    """True float32 convolutions and products (cuDNN's TF32 default would round the two paths apart)."""
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("norm", ["instancenorm", "batchnorm"])
+@pytest.mark.parametrize("method", ["feddm", "fedaf"])
+def test_batched_matching_on_cuda_equals_each_client_alone(
+    no_tf32: None, dtype: torch.dtype, norm: str, method: str
+) -> None:
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        clip = 0.05 if method == "feddm" else None
+        cfg = DMConfig(iterations=4, ipc=3, image_lr=0.5, momentum=0.9, real_batch=8, init="real", clip_norm=clip)
+        requests, sequential = requests_and_sequential(method, norm, cfg, device="cuda")
+        batched = condense_batched(requests)
+    finally:
+        torch.set_default_dtype(before)
+    tol = 1e-9 if dtype == torch.float64 else 1e-4
+    for alone, together in zip(sequential, batched, strict=True):
+        assert together.images.device.type == "cuda" and together.images.dtype == dtype
+        assert (alone - together.images).abs().max().item() <= tol
+
+
+def test_batched_kip_on_cuda_equals_each_client_alone() -> None:
+    from fedskew.components.batched_kip import kip_batched
+    from fedskew.condense.kip import KIPConfig, kip, prepare_kip
+    from tests.components.test_batched_kip import _clients
+
+    cfg = KIPConfig(iterations=5, ipc=3, lr=0.05, target_batch=16, init="real")
+    clients = [(x.cuda(), y.cuda()) for x, y in _clients()]
+    alone = [kip(x, y, 4, cfg, torch.Generator().manual_seed(10 + k)) for k, (x, y) in enumerate(clients)]
+    requests = [prepare_kip(x, y, 4, cfg, torch.Generator().manual_seed(10 + k)) for k, (x, y) in enumerate(clients)]
+    for a, b in zip(alone, kip_batched(requests), strict=True):
+        assert b.images.device.type == "cuda"
+        assert (a.images - b.images).abs().max().item() <= 1e-9
