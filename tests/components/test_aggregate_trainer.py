@@ -50,7 +50,8 @@ def test_update_norms_and_the_one_pass_mean_agree_with_their_definitions() -> No
     assert update_norms(items, reference) == pytest.approx(expected, rel=1e-12)
     # no outlier: robust_average's one pass (mean and norms together) is weighted_mean exactly
     state, rejected = robust_average(items, [1.0, 2.0, 3.0, 4.0], reference, Aggregation())
-    assert rejected == [] and all(torch.equal(state[k], v) for k, v in weighted_mean(items, [1.0, 2.0, 3.0, 4.0]).items())
+    mean = weighted_mean(items, [1.0, 2.0, 3.0, 4.0])
+    assert rejected == [] and all(torch.equal(state[k], v) for k, v in mean.items())
     # an outlier: rejected, and the mean is that of the others
     items[2] = {k: (v * 1000 if v.is_floating_point() else v) for k, v in items[2].items()}
     state, rejected = robust_average(items, [1.0, 2.0, 3.0, 4.0], reference, Aggregation())
