@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,29 @@ def shared_datasets_fixture() -> Path:
     if _SHARED.is_dir():
         pytest.fail(f"set FEDSKEW_DATA={_SHARED} to run the tests on real datasets (scripts/test.sh sets it)")
     pytest.skip("no real datasets: set FEDSKEW_DATA to a folder laid out like shared/datasets")
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], Path]:
+    """``finished_run(N)``: the run folder of ``fedskew run`` (a separate process, as a user runs it) on the tiny
+    config of N rounds (:func:`tests.cli_process.write_config`), made once per N for the session (per worker
+    under pytest-xdist). Tests read it, and copy it to change it: several compare a resumed run with it, and
+    several resume or damage a copy of the 2-round run.
+    """
+    from tests.cli_process import fedskew, write_config
+
+    made: dict[int, Path] = {}
+
+    def get(rounds: int) -> Path:
+        if rounds not in made:
+            folder = tmp_path_factory.mktemp(f"finished{rounds}")
+            cfg = write_config(folder / f"rounds{rounds}.toml", rounds=rounds)
+            res = fedskew("run", str(cfg), "--out", "o", "--no-progress", cwd=folder)
+            assert res.code == 0, res.err
+            made[rounds] = folder / "o" / "fedavg-seed0"
+        return made[rounds]
+
+    return get
 
 
 def tiny_config(**over: Any) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,16 +59,11 @@ def inline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captu
 
 
 @pytest.fixture
-def two_rounds(tmp_path: Path) -> Path:
-    cfg = write_config(tmp_path / "two.toml", rounds=2)
-    assert fedskew("run", str(cfg), "--out", "o", "--no-progress", cwd=tmp_path).code == 0
-    return tmp_path / "o" / "fedavg-seed0"
-
-
-def _straight_metrics(tmp_path: Path, rounds: int) -> bytes:
-    straight = write_config(tmp_path / f"straight{rounds}.toml", rounds=rounds)
-    assert fedskew("run", str(straight), "--out", f"s{rounds}", "--no-progress", cwd=tmp_path).code == 0
-    return (tmp_path / f"s{rounds}" / "fedavg-seed0" / "metrics.jsonl").read_bytes()
+def two_rounds(tmp_path: Path, finished_run: Callable[[int], Path]) -> Path:
+    """This test's copy (``tmp_path/o/fedavg-seed0``) of a finished 2-round run of the tiny config."""
+    run = tmp_path / "o" / "fedavg-seed0"
+    shutil.copytree(finished_run(2), run, symlinks=True)
+    return run
 
 
 # ---- 1. a write that fails part-way ----------------------------------------------------------------
@@ -79,8 +75,9 @@ def _file_size_limit(limit: int) -> Any:
     return limit_writes
 
 
-def test_a_checkpoint_write_cut_off_part_way_is_one_line_and_the_run_resumes(two_rounds: Path,
-                                                                             tmp_path: Path) -> None:
+def test_a_checkpoint_write_cut_off_part_way_is_one_line_and_the_run_resumes(
+    two_rounds: Path, tmp_path: Path, finished_run: Callable[[int], Path]
+) -> None:
     """The kernel stops every write past 8 KiB (``ulimit -f``): the checkpoint of round 3 (12 KiB) fails in
     the middle of torch's zip writer, which once turned it into a 40-line RuntimeError."""
     checkpoint = (two_rounds / "checkpoints" / "last.pt").read_bytes()
@@ -92,7 +89,7 @@ def test_a_checkpoint_write_cut_off_part_way_is_one_line_and_the_run_resumes(two
     assert (two_rounds / "checkpoints" / "last.pt").read_bytes() == checkpoint
     assert not (two_rounds / "checkpoints" / "last.pt.tmp").exists()
     assert fedskew("run", "--resume", str(two_rounds), "rounds=4", "--no-progress", cwd=tmp_path).code == 0
-    assert (two_rounds / "metrics.jsonl").read_bytes() == _straight_metrics(tmp_path, 4)
+    assert (two_rounds / "metrics.jsonl").read_bytes() == (finished_run(4) / "metrics.jsonl").read_bytes()
 
 
 def test_a_disk_that_fills_in_the_middle_of_a_checkpoint_is_one_line(two_rounds: Path, tmp_path: Path) -> None:
@@ -184,31 +181,42 @@ class BadReply(FedAvg):
 '''
 
 
-@pytest.mark.parametrize("kind", ["string", "bool", "unencodable", "not_message"])
-def test_a_broken_reply_is_that_clients_rejection_with_any_number_of_workers(tmp_path: Path, kind: str) -> None:
+BAD_KINDS = ["string", "bool", "unencodable", "not_message"]
+
+
+def test_a_broken_reply_is_that_clients_rejection_with_any_number_of_workers(tmp_path: Path) -> None:
     """With workers >= 2 a reply whose ``num_samples`` was ``"12"`` once ended the run ("undecodable
     message"); it is rejected like with workers = 1, and the records are byte-identical across worker counts
-    wherever the reply could be judged the same (all but the unencodable metric, whose repr differs)."""
+    wherever the reply could be judged the same (all but the unencodable metric, whose repr differs).
+
+    Each kind of broken reply is a variant of one experiment, run once with workers = 1 and once with 2 (the
+    four runs share one pool there): two ``fedskew`` processes, not eight."""
     plugin = tmp_path / "bad_reply.py"
     plugin.write_text(BAD_REPLY)
-    metrics = {}
+    metrics: dict[tuple[str, int], bytes] = {}
     for workers in (1, 2):
+        reasons: dict[str, set[str]] = {}
         cfg = tiny_config(rounds=2, workers=workers, plugins=[str(plugin)])
-        cfg["algorithm"] = {**cfg["algorithm"], "name": "bad_reply", "kind": kind, "clients_per_round": 6}
+        cfg["algorithm"] = {**cfg["algorithm"], "name": "bad_reply", "clients_per_round": 6}
         cfg.pop("label")
+        cfg["variants"] = [{"label": kind, "algorithm.kind": kind} for kind in BAD_KINDS]
         path = tmp_path / f"w{workers}.toml"
         path.write_text(dump(cfg))
         res = fedskew("run", str(path), "--out", f"w{workers}", "--no-progress", cwd=tmp_path)
         assert res.code == 0, res.err
-        run = tmp_path / f"w{workers}" / "bad_reply-seed0"
-        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-        assert [r["round"] for r in records] == [1, 2]
-        for r in records:
-            assert [cid for cid, _ in r["rejected"]] == [0] and 0 not in r["clients"]
-            assert len(r["clients"]) == 5
-        metrics[workers] = (run / "metrics.jsonl").read_bytes()
-    if kind != "unencodable":
-        assert metrics[1] == metrics[2]
+        for kind in BAD_KINDS:
+            run = tmp_path / f"w{workers}" / f"{kind}-seed0"
+            records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+            assert [r["round"] for r in records] == [1, 2], kind
+            for r in records:
+                assert [cid for cid, _ in r["rejected"]] == [0] and 0 not in r["clients"], kind
+                assert len(r["clients"]) == 5, kind
+            metrics[kind, workers] = (run / "metrics.jsonl").read_bytes()
+            reasons[kind] = {reason for r in records for _, reason in r["rejected"]}
+        assert len({frozenset(r) for r in reasons.values()}) == len(BAD_KINDS), reasons  # each variant its own kind
+    for kind in BAD_KINDS:
+        if kind != "unencodable":
+            assert metrics[kind, 1] == metrics[kind, 2], kind
 
 
 def test_encoding_and_decoding_never_raise_on_what_a_client_sends() -> None:

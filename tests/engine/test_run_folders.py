@@ -9,10 +9,11 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -143,7 +144,8 @@ def test_workers_die_with_a_killed_run(tmp_path: Path, started: list) -> None:
     wait_for(lambda: not any(alive(p) for p in helpers), timeout=30, what=f"the helpers {helpers} to end")
 
 
-def test_sigterm_stops_a_run_as_ctrl_c_does_and_it_resumes_exactly(tmp_path: Path, started: list) -> None:
+def test_sigterm_stops_a_run_as_ctrl_c_does_and_it_resumes_exactly(tmp_path: Path, started: list,
+                                                                    finished_run: Callable[[int], Path]) -> None:
     proc, run, helpers = _pool_run(tmp_path, started)
     proc.terminate()
     assert proc.wait(60) == 143
@@ -153,17 +155,16 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_it_resumes_exactly(tmp_path: Pat
     stop = int(load_checkpoint(run / "checkpoints")["round"])
     res = fedskew("run", "--resume", str(run), f"rounds={stop + 2}", "workers=1", "--no-progress", cwd=tmp_path)
     assert res.code == 0, res.err
-    straight = write_config(tmp_path / "straight.toml", rounds=stop + 2)
-    assert fedskew("run", str(straight), "--out", "s", "--no-progress", cwd=tmp_path).code == 0
-    assert (run / "metrics.jsonl").read_bytes() == (tmp_path / "s" / "fedavg-seed0" / "metrics.jsonl").read_bytes()
+    assert (run / "metrics.jsonl").read_bytes() == (finished_run(stop + 2) / "metrics.jsonl").read_bytes()
 
 
 # ---- a full disk --------------------------------------------------------------------------------------
 @pytest.fixture
-def two_rounds(tmp_path: Path) -> Path:
-    cfg = write_config(tmp_path / "two.toml", rounds=2)
-    assert fedskew("run", str(cfg), "--out", "o", "--no-progress", cwd=tmp_path).code == 0
-    return tmp_path / "o" / "fedavg-seed0"
+def two_rounds(tmp_path: Path, finished_run: Callable[[int], Path]) -> Path:
+    """This test's copy (``tmp_path/o/fedavg-seed0``) of a finished 2-round run of the tiny config."""
+    run = tmp_path / "o" / "fedavg-seed0"
+    shutil.copytree(finished_run(2), run, symlinks=True)
+    return run
 
 
 def _full(path: Path) -> None:
@@ -175,8 +176,8 @@ def _full(path: Path) -> None:
 
 
 @pytest.mark.parametrize("target", ["checkpoints/last.pt.tmp", "metrics.jsonl"])
-def test_a_full_disk_is_one_line_and_the_last_checkpoint_survives(two_rounds: Path, tmp_path: Path,
-                                                                   target: str) -> None:
+def test_a_full_disk_is_one_line_and_the_last_checkpoint_survives(two_rounds: Path, tmp_path: Path, target: str,
+                                                                   finished_run: Callable[[int], Path]) -> None:
     checkpoint = (two_rounds / "checkpoints" / "last.pt").read_bytes()
     _full(two_rounds / target)
     line = one_error(fedskew("run", "--resume", str(two_rounds), "rounds=4", "--no-progress", cwd=tmp_path))
@@ -186,9 +187,7 @@ def test_a_full_disk_is_one_line_and_the_last_checkpoint_survives(two_rounds: Pa
     assert not (two_rounds / "checkpoints" / "last.pt.tmp").exists()
     (two_rounds / target).unlink(missing_ok=True)  # space again: the run goes on from its checkpoint
     assert fedskew("run", "--resume", str(two_rounds), "rounds=4", "--no-progress", cwd=tmp_path).code == 0
-    straight = write_config(tmp_path / "four.toml", rounds=4)
-    assert fedskew("run", str(straight), "--out", "s", "--no-progress", cwd=tmp_path).code == 0
-    assert (two_rounds / "metrics.jsonl").read_bytes() == (tmp_path / "s/fedavg-seed0/metrics.jsonl").read_bytes()
+    assert (two_rounds / "metrics.jsonl").read_bytes() == (finished_run(4) / "metrics.jsonl").read_bytes()
 
 
 def test_a_disk_that_fills_during_a_run_is_one_line(tmp_path: Path) -> None:
