@@ -18,7 +18,7 @@ if [ -z "${FEDSKEW_DATA:-}" ] && [ -d ../shared/datasets ]; then
 fi
 .venv/bin/ruff check src tests benchmarks
 .venv/bin/mypy src/fedskew
-# pytest-xdist: one worker process per CPU core. --dist loadgroup keeps the tests marked
-# xdist_group("NAME") on one worker, one after another (those that share a Flower federation, a Ray cluster
-# or another module fixture); the rest are handed out one at a time. Later options win: `-n 0` runs serially.
+# pytest-xdist: one worker process per CPU core. --dist loadgroup keeps the groups of tests/conftest.py's
+# XDIST_GROUPS on one worker each, one test after another (those that share a Flower federation, a Ray cluster
+# or the GPU-check dry run); the other tests are handed out one at a time. Later options win: `-n 0` runs serially.
 .venv/bin/python -m pytest -n auto --dist loadgroup "$@"

@@ -13,9 +13,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-pytestmark = pytest.mark.xdist_group("gpu_check")  # one pytest-xdist worker: the report is made once
-
-
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("gpu_check") / "check.json"

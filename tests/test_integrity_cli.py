@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -222,13 +223,10 @@ def test_deploy_init_into_a_file_is_one_line(tmp_path: Path, cfg_file: Path) -> 
 
 # ---- resuming: refuse what would mix or lose results -----------------------------------------------
 @pytest.fixture(scope="module")
-def stopped_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def stopped_template(tmp_path_factory: pytest.TempPathFactory, finished_run: Callable[[int], Path]) -> Path:
     """A 6-round run stopped after round 4 (its checkpoint): made as a 4-round run whose rounds were raised."""
-    tmp = tmp_path_factory.mktemp("stopped")
-    cfg = write_config(tmp / "six.toml", rounds=4)
-    res = fedskew("run", str(cfg), "--out", "o", "--no-progress", cwd=tmp)
-    assert res.code == 0, res.err
-    run = tmp / "o" / "fedavg-seed0"
+    run = tmp_path_factory.mktemp("stopped") / "o" / "fedavg-seed0"
+    shutil.copytree(finished_run(4), run, symlinks=True)
     path = run / "config.toml"
     path.write_text(path.read_text().replace("rounds = 4", "rounds = 6"))  # rounds may change on a resume
     return run

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -42,10 +44,11 @@ def test_a_second_run_without_out_says_where_it_goes(tmp_path: Path) -> None:
 
 
 # ---- 6. self-contained run records ---------------------------------------------------------------------
-def test_a_run_records_its_full_config_and_environment_and_resume_warns_on_a_change(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path / "c.toml", rounds=2)
-    assert run_fedskew("run", str(cfg), "--out", "o", "--no-progress", cwd=tmp_path).code == 0
+def test_a_run_records_its_full_config_and_environment_and_resume_warns_on_a_change(
+    tmp_path: Path, finished_run: Callable[[int], Path]
+) -> None:
     run = tmp_path / "o" / "fedavg-seed0"
+    shutil.copytree(finished_run(2), run, symlinks=True)  # `fedskew run` of the tiny config, 2 rounds
     recorded = tomllib.loads((run / "config.toml").read_text())
     # Every default is written: FedAvg's momentum and weight decay, the faults, the partition's test fraction.
     assert {"momentum", "weight_decay", "local_epochs", "lr"} <= recorded["algorithm"].keys()
@@ -65,11 +68,12 @@ def test_a_run_records_its_full_config_and_environment_and_resume_warns_on_a_cha
     assert json.loads((run / "environment.json").read_text())["torch"] == "0.0.1"  # the record is kept
 
 
-def test_a_record_written_without_defaults_still_resumes(tmp_path: Path) -> None:
+def test_a_record_written_without_defaults_still_resumes(
+    tmp_path: Path, finished_run: Callable[[int], Path]
+) -> None:
     """Runs recorded before config.toml held every default (archived results) resume and report as before."""
-    cfg = write_config(tmp_path / "c.toml", rounds=2)
-    assert run_fedskew("run", str(cfg), "--out", "o", "--no-progress", cwd=tmp_path).code == 0
     run = tmp_path / "o" / "fedavg-seed0"
+    shutil.copytree(finished_run(2), run, symlinks=True)  # `fedskew run` of the tiny config, 2 rounds
     sparse = tiny_config(rounds=2)
     sparse["label"] = "fedavg"
     sparse["workers"] = 1

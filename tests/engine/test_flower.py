@@ -372,11 +372,6 @@ def flower_config(**over: Any) -> dict[str, Any]:
     return cfg
 
 
-ON_THE_FEDERATION = pytest.mark.xdist_group("flower_federation")
-"""The tests that use :func:`federation`: on one pytest-xdist worker, in this order, so the module fixture starts
-the SuperLink and SuperNodes once (with ``--dist loadgroup``, as scripts/test.sh runs the suite)."""
-
-
 @pytest.fixture(scope="module")
 def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFederation]:
     root = tmp_path_factory.mktemp("flower")
@@ -426,7 +421,6 @@ def _records(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@ON_THE_FEDERATION
 @pytest.mark.parametrize("algorithm", ["fedaf"])
 def test_fedaf_over_flower(federation: LocalFederation, tmp_path: Path, algorithm: str) -> None:
     """FedAF (uint8 condensed images, soft labels, a condensed set kept in each node's state) over Flower."""
@@ -447,7 +441,6 @@ def test_fedaf_over_flower(federation: LocalFederation, tmp_path: Path, algorith
             assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-6), (a["round"], k)
 
 
-@ON_THE_FEDERATION
 def test_a_plugin_runs_over_flower(federation: LocalFederation, tmp_path: Path) -> None:
     """A plug-in file outside the repository (an algorithm and a model) travels in the app bundle: the ServerApp
     and every SuperNode's ClientApp import the app's copy (the original is gone before the run starts)."""
@@ -470,7 +463,6 @@ def test_a_plugin_runs_over_flower(federation: LocalFederation, tmp_path: Path) 
     assert len(recorded) == 1 and recorded[0].endswith("/plugins/my_plugin.py") and recorded[0] != str(plugin)
 
 
-@ON_THE_FEDERATION
 def test_fedavg_over_flower_equals_simulation_and_survives_a_killed_node(
     federation: LocalFederation, tmp_path: Path
 ) -> None:

@@ -26,10 +26,6 @@ pytest.importorskip("flwr", reason="Flower is optional: pip install -e '.[flower
 
 from tests.engine.flower_federation import BIN, _descendants, free_port
 
-# With test_ray.py on one pytest-xdist worker, one after the other: its Ray simulation never starts beside
-# that module's Ray cluster.
-pytestmark = pytest.mark.xdist_group("ray")
-
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -30,10 +30,6 @@ from tests.conftest import tiny_config
 from tests.engine.ray_cluster import LocalRayCluster, auth_env, free_port
 from tests.plugin_module import fresh_registries, plugin_config, write_plugin
 
-# One pytest-xdist worker runs this module and test_flower_local.py (Flower's simulation starts a local Ray
-# instance), one test after another: the module's cluster starts once, and no Ray instance starts beside it.
-pytestmark = pytest.mark.xdist_group("ray")
-
 needs_ray = pytest.mark.skipif(
     importlib.util.find_spec("ray") is None, reason="Ray is optional: pip install -e '.[ray]'"
 )
