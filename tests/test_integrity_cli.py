@@ -1,4 +1,5 @@
-"""Issue 26, bad input and run folders through the real command line (a ``fedskew`` process each).
+"""Issue 26, bad input and run folders through the real command line (a ``fedskew`` process each; the bad
+values of single settings through the command's ``main`` in this process, the first of them also as a process).
 
 Every case ends with exit code 2 and one line ``fedskew: error: ...`` naming the bad value, never a
 traceback, and (the integrity cases) nothing written, overwritten or duplicated. The cases are listed,
@@ -19,7 +20,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.cli_process import RUN_HEADER, fedskew, one_error, snapshot, write_config
+from fedskew.cli import main
+from tests.cli_process import RUN_HEADER, Result, fedskew, one_error, snapshot, write_config
 
 
 @pytest.fixture
@@ -60,8 +62,22 @@ BAD_VALUES = {
 
 
 @pytest.mark.parametrize("override", list(BAD_VALUES))
-def test_bad_values_are_one_line_before_anything_runs(tmp_path: Path, cfg_file: Path, override: str) -> None:
-    refused(tmp_path, "run", str(cfg_file), override, "--no-progress", needle=BAD_VALUES[override])
+def test_bad_values_are_one_line_before_anything_runs(tmp_path: Path, cfg_file: Path, override: str,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Each value through the command's ``main`` in this process (what the ``fedskew`` process runs, without an
+    interpreter start-up per value); the first value also through a real ``fedskew`` process."""
+    if override == next(iter(BAD_VALUES)):
+        refused(tmp_path, "run", str(cfg_file), override, "--no-progress", needle=BAD_VALUES[override])
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    code = main(["run", str(cfg_file), override, "--no-progress"])
+    out = capsys.readouterr()
+    line = one_error(Result(code, out.out, out.err))
+    assert BAD_VALUES[override] in line, line
+    assert snapshot(tmp_path) == before
+    assert not (tmp_path / "runs").exists()
 
 
 def test_an_empty_out_is_refused(tmp_path: Path, cfg_file: Path) -> None:
