@@ -256,9 +256,19 @@ def stopped_run(stopped_template: Path, tmp_path: Path) -> Path:
     return run
 
 
-def resume_refused(run: Path, *overrides: str, needle: str) -> None:
+def resume_refused(run: Path, *overrides: str, needle: str, capsys: pytest.CaptureFixture[str] | None = None) -> None:
+    """``fedskew run --resume RUN OVERRIDES`` fails with one line holding ``needle`` and changes nothing in RUN: a
+    ``fedskew`` process, or with ``capsys`` the command's ``main`` in this process."""
     before = snapshot(run)
-    line = one_error(fedskew("run", "--resume", str(run), *overrides, "--no-progress", cwd=run.parent))
+    args = ["run", "--resume", str(run), *overrides, "--no-progress"]
+    if capsys is None:
+        res = fedskew(*args, cwd=run.parent)
+    else:
+        capsys.readouterr()
+        code = main(args)
+        out = capsys.readouterr()
+        res = Result(code, out.out, out.err)
+    line = one_error(res)
     assert needle in line, line
     assert snapshot(run) == before
 
@@ -296,10 +306,12 @@ DAMAGE: dict[str, tuple[dict[str, Any], str]] = {
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
-def test_a_damaged_checkpoint_is_one_line_and_changes_nothing(stopped_run: Path, damage: str) -> None:
+def test_a_damaged_checkpoint_is_one_line_and_changes_nothing(stopped_run: Path, damage: str,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The first damage through a ``fedskew`` process, the others through the command's ``main`` in this process."""
     changes, needle = DAMAGE[damage]
     edit_checkpoint(stopped_run, **changes)
-    resume_refused(stopped_run, needle=needle)
+    resume_refused(stopped_run, needle=needle, capsys=None if damage == next(iter(DAMAGE)) else capsys)
 
 
 def test_a_checkpoint_that_is_not_one_is_one_line(stopped_run: Path) -> None:
@@ -317,11 +329,13 @@ def test_a_checkpoint_that_is_not_one_is_one_line(stopped_run: Path) -> None:
         pytest.param("lr = 0.1", "lr = nan", "algorithm.lr must be a finite number", id="bad-value"),
     ],
 )
-def test_a_config_edited_after_the_run_is_one_line(stopped_run: Path, old: str, new: str, needle: str) -> None:
+def test_a_config_edited_after_the_run_is_one_line(stopped_run: Path, old: str, new: str, needle: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The first edit through a ``fedskew`` process, the others through the command's ``main`` in this process."""
     path = stopped_run / "config.toml"
     assert old in path.read_text()
     path.write_text(path.read_text().replace(old, new))
-    resume_refused(stopped_run, needle=needle)
+    resume_refused(stopped_run, needle=needle, capsys=None if new == "lr = 0.2" else capsys)
 
 
 def test_the_resume_that_is_allowed_still_works(stopped_run: Path) -> None:
