@@ -86,9 +86,10 @@ def shared_datasets_fixture() -> Path:
 @pytest.fixture(scope="session")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], Path]:
     """``finished_run(N)``: the run folder of ``fedskew run`` (a separate process, as a user runs it) on the tiny
-    config of N rounds (:func:`tests.cli_process.write_config`), made once per N for the session (per worker
-    under pytest-xdist). Tests read it, and copy it to change it: several compare a resumed run with it, and
-    several resume or damage a copy of the 2-round run.
+    config of N rounds (:func:`tests.cli_process.write_config`) with ``--out o`` (so its parent, ``o``, also
+    holds the report), made once per N for the session (per worker under pytest-xdist). Tests read it, and copy
+    it to change it: several compare a resumed run with it, and several resume or damage a copy of ``o`` of the
+    2-round run.
     """
     from tests.cli_process import fedskew, write_config
 

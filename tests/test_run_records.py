@@ -48,7 +48,7 @@ def test_a_run_records_its_full_config_and_environment_and_resume_warns_on_a_cha
     tmp_path: Path, finished_run: Callable[[int], Path]
 ) -> None:
     run = tmp_path / "o" / "fedavg-seed0"
-    shutil.copytree(finished_run(2), run, symlinks=True)  # `fedskew run` of the tiny config, 2 rounds
+    shutil.copytree(finished_run(2).parent, run.parent, symlinks=True)  # `fedskew run` of the tiny config, 2 rounds
     recorded = tomllib.loads((run / "config.toml").read_text())
     # Every default is written: FedAvg's momentum and weight decay, the faults, the partition's test fraction.
     assert {"momentum", "weight_decay", "local_epochs", "lr"} <= recorded["algorithm"].keys()
@@ -73,7 +73,7 @@ def test_a_record_written_without_defaults_still_resumes(
 ) -> None:
     """Runs recorded before config.toml held every default (archived results) resume and report as before."""
     run = tmp_path / "o" / "fedavg-seed0"
-    shutil.copytree(finished_run(2), run, symlinks=True)  # `fedskew run` of the tiny config, 2 rounds
+    shutil.copytree(finished_run(2).parent, run.parent, symlinks=True)  # `fedskew run` of the tiny config, 2 rounds
     sparse = tiny_config(rounds=2)
     sparse["label"] = "fedavg"
     sparse["workers"] = 1

@@ -62,7 +62,7 @@ def inline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captu
 def two_rounds(tmp_path: Path, finished_run: Callable[[int], Path]) -> Path:
     """This test's copy (``tmp_path/o/fedavg-seed0``) of a finished 2-round run of the tiny config."""
     run = tmp_path / "o" / "fedavg-seed0"
-    shutil.copytree(finished_run(2), run, symlinks=True)
+    shutil.copytree(finished_run(2).parent, run.parent, symlinks=True)
     return run
 
 

@@ -163,7 +163,7 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_it_resumes_exactly(tmp_path: Pat
 def two_rounds(tmp_path: Path, finished_run: Callable[[int], Path]) -> Path:
     """This test's copy (``tmp_path/o/fedavg-seed0``) of a finished 2-round run of the tiny config."""
     run = tmp_path / "o" / "fedavg-seed0"
-    shutil.copytree(finished_run(2), run, symlinks=True)
+    shutil.copytree(finished_run(2).parent, run.parent, symlinks=True)
     return run
 
 
