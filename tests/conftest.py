@@ -62,7 +62,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return Grouped(config, log)
 
 
-
 @pytest.fixture(scope="session", name="shared_datasets")
 def shared_datasets_fixture() -> Path:
     """The folder of real dataset copies, ``$FEDSKEW_DATA``, for tests that read real data.
