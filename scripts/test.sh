@@ -20,5 +20,6 @@ fi
 .venv/bin/mypy src/fedskew
 # pytest-xdist: one worker process per CPU core. --dist loadgroup keeps the groups of tests/conftest.py's
 # XDIST_GROUPS on one worker each, one test after another (those that share a Flower federation, a Ray cluster
-# or the GPU-check dry run); the other tests are handed out one at a time. Later options win: `-n 0` runs serially.
-.venv/bin/python -m pytest -n auto --dist loadgroup "$@"
+# or the GPU-check dry run); the other tests are handed out one at a time. At most 4 workers (each imports torch).
+# Later options win: `-n 0` runs serially.
+.venv/bin/python -m pytest -n auto --maxprocesses 4 --dist loadgroup "$@"

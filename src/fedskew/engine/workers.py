@@ -295,7 +295,11 @@ class WorkerPool:
 
     def submit(self, fn: Any, *args: Any) -> Future[Any]:
         assert self._executor is not None
-        return self._executor.submit(fn, *args)
+        try:
+            return self._executor.submit(fn, *args)
+        except BrokenProcessPool as e:  # a worker died while the pool was idle
+            self.broken = True
+            raise FedskewError(BROKEN.format(detail=f" ({e})" if str(e) else "")) from None
 
     def gather(self, futures: list[Future[T]]) -> list[T]:
         try:
