@@ -156,13 +156,13 @@ def test_hfldd_distils_its_clients_together(tmp_path: Path, monkeypatch: pytest.
 
 
 @pytest.mark.parametrize(("name", "over", "words"), [
-    ("hfldd", {"kip_kernel": "rf_convnet"}, "rf_convnet kernel draws networks"),
+    ("hfldd", {"kip_kernel": "rf_convnet", "kip_iterations": 5}, "rf_convnet kernel draws networks"),
     ("feddc", {}, "gradient matching has no batched form"),
 ])
 def test_what_does_not_batch_says_once_it_runs_one_client_at_a_time(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, name: str, over: dict[str, Any], words: str
 ) -> None:
-    cfg = config_for(name, rounds=2, clients_in_parallel=3)
+    cfg = config_for(name, rounds=1, clients_in_parallel=3)
     cfg["algorithm"].update(over)
     cfg["model"] = {"name": "cnn"}
     with caplog.at_level(logging.WARNING, logger="fedskew.engine.batched_runner"):
