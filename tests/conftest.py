@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -171,3 +171,12 @@ def spy_pools(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     monkeypatch.setattr(local, "WorkerPool", Spied)
     monkeypatch.setattr(workers, "WorkerPool", Spied)
     return started
+
+
+@pytest.fixture
+def float64() -> Iterator[None]:
+    """Float64 as torch's default dtype for the test (the equality tests of the batched runners)."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(before)

@@ -31,14 +31,6 @@ TOL = 1e-9
 CLASSES = 4
 
 
-@pytest.fixture
-def float64() -> Any:
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(before)
-
-
 def _factory(norm: str) -> Callable[[], nn.Module]:
     return lambda: create_model("convnet", in_channels=1, num_classes=CLASSES, image_size=8, net_width=6,
                                 net_depth=2, net_norm=norm)

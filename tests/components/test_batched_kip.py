@@ -13,14 +13,6 @@ from fedskew.condense.kip import KIPConfig, kip, ntk_fc_relu, ntk_fc_relu_stacke
 TOL = 1e-9
 
 
-@pytest.fixture
-def float64() -> Any:
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(before)
-
-
 def _clients(dtype: torch.dtype = torch.float64) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Three clients of unequal sizes, the second with a class fewer: support sets of 12, 9 and 12 images, target
     batches of 16, 11 and 16."""

@@ -28,14 +28,6 @@ TOL = 1e-9
 
 
 @pytest.fixture
-def float64() -> Any:
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(before)
-
-
-@pytest.fixture
 def spy(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
     """The step counts of the clients of every batched training."""
     calls: list[list[int]] = []

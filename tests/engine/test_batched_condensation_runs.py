@@ -26,14 +26,6 @@ NO_SERVER: dict[str, Any] = {"server": {"epochs": 0}}
 
 
 @pytest.fixture
-def float64() -> Any:
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(before)
-
-
-@pytest.fixture
 def matched(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
     """The images every FedDM and FedAF client's ``distribution_matching`` returned, in call order."""
     out: list[torch.Tensor] = []

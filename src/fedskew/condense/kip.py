@@ -81,21 +81,27 @@ def ntk_fc_relu(
     torch.Tensor
         (n1, n2) kernel in the inputs' (promoted) floating dtype.
     """
-    if depth < 0:
-        raise ConfigError(f"depth must be >= 0, got {depth}")
     dtype = torch.promote_types(x1.dtype, x2.dtype)
     a, b = x1.flatten(1).to(dtype), x2.flatten(1).to(dtype)
     if a.shape[1] != b.shape[1]:
         raise DataError(f"inputs of {a.shape[1]} and {b.shape[1]} features")
+    return _ntk_recursion(a, b, depth, w_std, b_std)
+
+
+def _ntk_recursion(a: torch.Tensor, b: torch.Tensor, depth: int, w_std: float, b_std: float) -> torch.Tensor:
+    """:func:`ntk_fc_relu`'s kernel of flat batches ``a`` (..., n1, d) and ``b`` (..., n2, d) of one dtype: the
+    same operations for one pair (2-D) and for a stack of pairs (3-D)."""
+    if depth < 0:
+        raise ConfigError(f"depth must be >= 0, got {depth}")
     w2, b2 = w_std**2, b_std**2
-    dim = a.shape[1]
-    sigma = w2 * (a @ b.T) / dim + b2
-    var1 = w2 * (a * a).sum(dim=1) / dim + b2
-    var2 = w2 * (b * b).sum(dim=1) / dim + b2
+    dim = a.shape[-1]
+    sigma = w2 * (a @ b.mT) / dim + b2
+    var1 = w2 * (a * a).sum(dim=-1) / dim + b2
+    var2 = w2 * (b * b).sum(dim=-1) / dim + b2
     theta = sigma
-    margin = _COS_MARGIN_F64 if dtype == torch.float64 else _COS_MARGIN_F32
+    margin = _COS_MARGIN_F64 if a.dtype == torch.float64 else _COS_MARGIN_F32
     for _ in range(depth):
-        scale = torch.sqrt(var1[:, None] * var2[None, :])
+        scale = torch.sqrt(var1[..., :, None] * var2[..., None, :])
         cos = (sigma / scale).clamp(-1.0 + margin, 1.0 - margin)
         angle = torch.arccos(cos)
         sigma = w2 * scale * (torch.sin(angle) + (math.pi - angle) * cos) / (2 * math.pi) + b2
@@ -144,26 +150,8 @@ def ntk_fc_relu_stacked(
 ) -> torch.Tensor:
     """:func:`ntk_fc_relu` of K pairs of flat batches at once: ``x1`` (K, n1, d) and ``x2`` (K, n2, d) give the
     K kernels (K, n1, n2), each equal to :func:`ntk_fc_relu` of its pair up to float rounding."""
-    if depth < 0:
-        raise ConfigError(f"depth must be >= 0, got {depth}")
     dtype = torch.promote_types(x1.dtype, x2.dtype)
-    a, b = x1.to(dtype), x2.to(dtype)
-    w2, b2 = w_std**2, b_std**2
-    dim = a.shape[2]
-    sigma = w2 * (a @ b.mT) / dim + b2
-    var1 = w2 * (a * a).sum(dim=2) / dim + b2
-    var2 = w2 * (b * b).sum(dim=2) / dim + b2
-    theta = sigma
-    margin = _COS_MARGIN_F64 if dtype == torch.float64 else _COS_MARGIN_F32
-    for _ in range(depth):
-        scale = torch.sqrt(var1[:, :, None] * var2[:, None, :])
-        cos = (sigma / scale).clamp(-1.0 + margin, 1.0 - margin)
-        angle = torch.arccos(cos)
-        sigma = w2 * scale * (torch.sin(angle) + (math.pi - angle) * cos) / (2 * math.pi) + b2
-        theta = sigma + w2 * (math.pi - angle) / (2 * math.pi) * theta
-        var1 = w2 * var1 / 2 + b2
-        var2 = w2 * var2 / 2 + b2
-    return theta
+    return _ntk_recursion(x1.to(dtype), x2.to(dtype), depth, w_std, b_std)
 
 
 def random_feature_kernel(x1: torch.Tensor, x2: torch.Tensor, networks: Sequence[nn.Module]) -> torch.Tensor:
