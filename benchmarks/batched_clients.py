@@ -90,7 +90,6 @@ def labelled_clients() -> Iterator[None]:
 
 
 def count_ops(runner: dict[str, Any], rounds: int, args: argparse.Namespace, fed: Any) -> dict[str, float]:
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     from fedskew.engine.round_loop import RoundLoop
@@ -100,7 +99,13 @@ def count_ops(runner: dict[str, Any], rounds: int, args: argparse.Namespace, fed
     with (tempfile.TemporaryDirectory() as tmp, layout(runner["gpu_layout"]), labelled_clients(),
           profile(activities=activities) as prof):
         RoundLoop(cfg, Path(tmp), data_dir=args.data_dir, progress=False, federation=fed).run()
-    events = prof.events()
+    return round_counts(prof.events(), rounds)
+
+
+def round_counts(events: Any, rounds: int) -> dict[str, float]:
+    """Aten operations a round (all, and those inside ``labelled_clients``'s range) and CUDA kernels a round."""
+    import torch
+
     aten = [e for e in events if e.name.startswith("aten::")]
 
     def in_clients(e: Any) -> bool:

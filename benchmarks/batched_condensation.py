@@ -50,7 +50,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import itertools
 
-from batched_clients import labelled_clients
+from batched_clients import labelled_clients, round_counts
 from condensation_round import PAPER, QUICK, run_specs
 
 
@@ -118,8 +118,7 @@ def timed_run(spec: Any, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def profiled_run(spec: Any, args: argparse.Namespace) -> dict[str, float]:
-    import torch
+def profiled_run(spec: Any, args: argparse.Namespace) -> dict[str, float | None]:
     from torch.profiler import ProfilerActivity, profile
 
     from fedskew.engine.round_loop import RoundLoop
@@ -128,21 +127,10 @@ def profiled_run(spec: Any, args: argparse.Namespace) -> dict[str, float]:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with tempfile.TemporaryDirectory() as tmp, labelled_clients(), profile(activities=activities) as prof:
         RoundLoop(spec.config, Path(tmp), data_dir=args.data_dir, progress=False).run()
-    events = prof.events()
-    aten = [e for e in events if e.name.startswith("aten::")]
-
-    def in_clients(e: Any) -> bool:
-        while e is not None:
-            if e.name == "fedskew_clients":
-                return True
-            e = e.cpu_parent
-        return False
-
-    kernels = sum(1 for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA)
-    rounds = args.rounds
-    return {"aten_ops_per_round": len(aten) / rounds,
-            "client_aten_ops_per_round": sum(1 for e in aten if in_clients(e)) / rounds,
-            "cuda_kernels_per_round": kernels / rounds if cuda else None}
+    counts: dict[str, float | None] = dict(round_counts(prof.events(), args.rounds))
+    if not cuda:
+        counts["cuda_kernels_per_round"] = None
+    return counts
 
 
 def step_ops(spec: Any, args: argparse.Namespace) -> dict[str, float]:

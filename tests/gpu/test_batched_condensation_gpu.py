@@ -5,8 +5,6 @@ Skipped without CUDA (tests/gpu/conftest.py). On a GPU machine: ``python -m pyte
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 
@@ -15,15 +13,6 @@ from fedskew.condense.distribution_matching import DMConfig
 from tests.components.test_batched_condensation import requests_and_sequential
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture
-def no_tf32() -> Any:
-    """True float32 convolutions and products (cuDNN's TF32 default would round the two paths apart)."""
-    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

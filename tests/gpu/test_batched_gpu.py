@@ -34,15 +34,6 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-@pytest.fixture
-def no_tf32() -> Any:
-    """True float32 convolutions and products: cuDNN's TF32 default would round the two runners apart by ~1e-3."""
-    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
-
-
 def _config(name: str, **over: Any) -> dict[str, Any]:
     algorithm = {"name": name, "clients_per_round": 4, "batch_size": 16, "lr": 0.05, "momentum": 0.9,
                  "weight_decay": 1e-3, "local_epochs": 2, **({"mu": 0.1} if name == "fedprox" else {})}
