@@ -3,11 +3,11 @@
 The condensation code knows nothing of federated learning or of runners. A runner that condenses many
 clients together (``clients_in_parallel``, :mod:`fedskew.engine.batched_runner`) installs a
 :class:`CondensationHandOff` once per process (:mod:`fedskew.components.batching` does, when imported);
-:func:`~fedskew.condense.distribution_matching` then offers its prepared request to it (:func:`hand_off`)
-and runs the loop itself when the hand-off declines (None: no runner batches this thread, or the request
-cannot be batched). Methods that have no batched form (KIP, gradient matching) say so once
-(:func:`say_unbatched`), so a run under ``clients_in_parallel`` tells which of its work ran one client at
-a time.
+:func:`~fedskew.condense.distribution_matching.distribution_matching` and :func:`~fedskew.condense.kip.kip`
+then offer their prepared request to it (:func:`hand_off`) and run the loop themselves when the hand-off
+declines (None: no runner batches this thread, or the request cannot be batched). A method that has no
+batched form (gradient matching) says so once (:func:`say_unbatched`), so a run under
+``clients_in_parallel`` tells which of its work ran one client at a time.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any, Protocol
 
 class CondensationHandOff(Protocol):
     def condense(self, request: Any) -> Any | None:
-        """The condensed result of ``request`` (a :class:`~fedskew.condense.distribution_matching.DMRequest`),
-        or None to let the caller run it."""
+        """The condensed result of ``request`` (a :class:`~fedskew.condense.distribution_matching.DMRequest`
+        or a :class:`~fedskew.condense.kip.KIPRequest`), or None to let the caller run it."""
         ...
 
     def unbatched(self, reason: str) -> None:
