@@ -224,8 +224,10 @@ def _takes_list(key: str, cfg: dict[str, Any]) -> bool:
     as in ``cfg`` (a resolved config, or one with dotted ``*.name`` keys on top)."""
     if key.split(".")[0] in ("seeds", "plugins"):
         return True
-    tables = {sec: cfg.get(sec) if isinstance(cfg.get(sec), dict) else {} for sec in NAMED}
-    names = {sec: cfg.get(f"{sec}.name", tables[sec].get("name")) for sec in NAMED}
+    names: dict[str, Any] = {}
+    for sec in NAMED:
+        table = cfg.get(sec)
+        names[sec] = cfg.get(f"{sec}.name", table.get("name") if isinstance(table, dict) else None)
     top = key.split(".")[0]
     swept = names.get(top)
     for name in swept if isinstance(swept, list) else [swept]:  # a grid over the table's name: any of them
