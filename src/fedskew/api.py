@@ -111,7 +111,8 @@ def run(
     data_dir
         Where the datasets are (default: ``$FEDSKEW_DATA``, else ``~/.cache/fedskew/data``).
     only
-        Run only the variants with these labels.
+        Run only the variants with these labels (a variant's label selects all its grid points; a point's full
+        label, that point).
     force
         Overwrite runs already in ``out``.
     progress
