@@ -110,9 +110,6 @@ class Grid:
     seeds: list[Any] | None = None
     seeds_source: str = ""
 
-    def __bool__(self) -> bool:
-        return bool(self.axes)
-
     @property
     def keys(self) -> list[str]:
         return [a.key for a in self.axes]
@@ -128,8 +125,7 @@ class Grid:
             parts = axis.key.split(".")
             candidates = ([axis.section] if axis.names_component else []) + [
                 ".".join(parts[-n:]) for n in range(1, len(parts) + 1)]
-            for name in candidates:
-                assert name is not None
+            for name in filter(None, candidates):
                 if not any(_claims(other, name) for other in self.axes if other is not axis):
                     out[axis.key] = name
                     break
