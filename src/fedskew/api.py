@@ -111,7 +111,8 @@ def run(
     data_dir
         Where the datasets are (default: ``$FEDSKEW_DATA``, else ``~/.cache/fedskew/data``).
     only
-        Run only the variants with these labels.
+        Run only the variants with these labels (a variant's label selects all its grid points; a point's full
+        label, that point).
     force
         Overwrite runs already in ``out``.
     progress
@@ -179,10 +180,12 @@ def plan(
         if not runs:
             raise ConfigError("no runs given: an empty list of RunSpec objects")
     elif isinstance(config, Mapping):
-        runs = resolve(copy.deepcopy(dict(config)), dict(overrides), where="config dict", imports=imports)
+        runs = resolve(copy.deepcopy(dict(config)), dict(overrides), where="config dict", imports=imports,
+                       relabelled=label is not None)
     elif config is None or isinstance(config, str | os.PathLike):
         source = None if config is None else os.fspath(config)
-        runs = resolve(read_config(source), dict(overrides), where=source or "default", imports=imports)
+        runs = resolve(read_config(source), dict(overrides), where=source or "default", imports=imports,
+                       relabelled=label is not None)
     else:
         raise ConfigError(f"config must be a TOML file, a built-in config name, a dict or RunSpec objects, "
                           f"got {type(config).__name__}")
@@ -222,15 +225,26 @@ def relabel(runs: list[RunSpec], template: str) -> list[RunSpec]:
 def select_labels(runs: list[RunSpec], wanted: list[str]) -> list[RunSpec]:
     """The runs whose label is in ``wanted``; every label in ``wanted`` must name one.
 
+    A run is selected by its label or by one of its :attr:`~fedskew.config.RunSpec.selectors`: a point of a grid
+    by its variant's label too (every point of the variant), or by its full label.
+
     ``--only`` takes several labels, so an override written after it (``--only FedAF rounds=5``) would
     otherwise be read as a label and silently dropped.
     """
-    labels = list(dict.fromkeys(r.label for r in runs))
-    unknown = [w for w in wanted if w not in labels]
+    names = {r.label: None for r in runs} | {s: None for r in runs for s in r.selectors}
+    unknown = [w for w in wanted if w not in names]
     if unknown:
         hint = ""
         if any("=" in w for w in unknown):
             hint = "; overrides go before --only, e.g. `fedskew run CONFIG rounds=5 --only LABEL`"
+        variants = list(dict.fromkeys(r.selectors[-1] if r.selectors else r.label for r in runs))
+        shown = ", ".join(map(repr, variants[:20]))
+        if len(variants) > 20:
+            shown += f" (and {len(variants) - 20} more)"
+        points = len({r.label for r in runs})
+        grid = ""
+        if points > len(variants):
+            grid = f", or a grid point's full label ({points} points, e.g. {runs[0].label!r})"
         raise FedskewError(f"--only: no run is labelled {', '.join(map(repr, unknown))}; "
-                           f"this config's labels: {', '.join(map(repr, labels))}{hint}")
-    return [r for r in runs if r.label in wanted]
+                           f"this config's labels: {shown}{grid}{hint}")
+    return [r for r in runs if r.label in wanted or any(s in wanted for s in r.selectors)]

@@ -27,6 +27,7 @@ import json
 import os
 import re
 import tomllib
+import unicodedata
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -102,21 +103,40 @@ MAX_LABEL = 100
 """The longest run label (``<label>-seed<k>`` stays well inside a file system's 255-byte names)."""
 
 
-def check_label(value: object, key: str = "label") -> str:
+def check_label(value: object, key: str = "label", longest: int | None = MAX_LABEL) -> str:
     """Require ``value`` to be a run label that is also a tidy folder name; returns it.
 
-    Refused: an empty label, one over :data:`MAX_LABEL` characters, control characters (a newline breaks
-    the printed tables), spaces at either end, and a leading ``.`` (a hidden folder, or ``../x``).
+    Refused: an empty label, one over :data:`MAX_LABEL` characters (``longest``; None: any length, for a label
+    about to be replaced), spaces at either end, a leading ``.`` (a hidden folder, or ``../x``), and characters
+    that print as nothing or reorder the text (:func:`hidden_character`): control characters (a newline breaks
+    the printed tables), and invisible and bidirectional format characters (U+202E, U+200B: a label that prints
+    as another, a spoofed table or report.html).
     """
     if (
-        isinstance(value, str) and value.strip() == value and 0 < len(value) <= MAX_LABEL
-        and not value.startswith(".") and not re.search(r"[\x00-\x1f\x7f]", value)
+        isinstance(value, str) and value.strip() == value and 0 < len(value) <= (longest or len(value))
+        and not value.startswith(".") and hidden_character(value) is None
     ):
         return value
+    hidden = hidden_character(value) if isinstance(value, str) else None
+    found = f" (U+{ord(hidden):04X}, {unicodedata.name(hidden, 'unnamed')})" if hidden is not None else ""
     raise ConfigError(
-        f"{key} must be 1 to {MAX_LABEL} characters, with no control characters, no spaces at either end "
-        f"and no leading '.', got {value!r}"
+        f"{key} must be 1 to {MAX_LABEL} characters, with no control, invisible or bidirectional format characters"
+        f"{found}, no spaces at either end and no leading '.', got {value!r}"
     )
+
+
+HIDDEN_CATEGORIES = ("Cc", "Cf", "Cs", "Zl", "Zp")
+"""Unicode categories a label may not hold: control (``\n``, ``\x85``), format (U+202E right-to-left override,
+U+200B zero-width space, U+2066 isolates, U+FEFF), surrogates, and the line and paragraph separators."""
+
+
+def hidden_character(text: str) -> str | None:
+    """The first character of ``text`` that prints as nothing or changes how the text around it prints
+    (:data:`HIDDEN_CATEGORIES`); None when there is none."""
+    for char in text:
+        if unicodedata.category(char) in HIDDEN_CATEGORIES:
+            return char
+    return None
 
 
 def check_out_folder(out: str | Path) -> Path:

@@ -80,8 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue a run folder from its last checkpoint; without RUN_DIR (CONFIG --out DIR --resume): "
                         "continue the experiment in DIR (finished runs kept, interrupted ones resumed)")
     r.add_argument("--only", nargs="+", metavar="LABEL",
-                   help="run only the variants with these labels (every word after it is a label: put "
-                        "overrides before --only)")
+                   help="run only the variants with these labels (a variant's label selects all its grid points; "
+                        "a point's full label, that point; every word after it is a label: put overrides before "
+                        "--only)")
     r.add_argument("--force", action="store_true", help="overwrite runs already in --out")
     r.add_argument("--label", help="label of the runs (after --only) in tables and plots; {label} is each "
                                    "variant's own label and {KEY} a config value, e.g. "
