@@ -33,6 +33,7 @@ The last line printed is one JSON object.
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
 import json
 import os
@@ -51,7 +52,6 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from fedskew.condense import distribution_matching as dm_module
 from fedskew.condense.distribution_matching import DMConfig, distribution_matching, random_model_sampler
 from fedskew.condense.gradient_matching import GMConfig, gradient_matching
 from fedskew.condense.kip import KIPConfig, kip
@@ -59,6 +59,8 @@ from fedskew.models import create_model
 
 LOOPS = ("dm", "dm_bn", "dc", "kip", "sgd")
 
+
+dm_module = importlib.import_module("fedskew.condense.distribution_matching")
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
