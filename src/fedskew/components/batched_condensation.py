@@ -5,20 +5,25 @@ client (FedDM's and FedAF's condensations, handed over by a batched runner, ``cl
 runs their matching steps together. At each step, every client draws exactly what it draws alone, in the
 same order, from its own generator: its network (its own sampler), then each class's real batch. Then:
 
-- **one forward** of all K clients' real and synthetic batches through their K networks: the networks'
-  weights are copied into stacked tensors (one ``_foreach_copy_``), and the batches sit side by side on
-  the channel axis, so that each convolution is one grouped convolution and the classifier one batched
-  product (:mod:`fedskew.components.stacked_forward`'s layered forward). The axis holds slots of one
-  width: a client's batch fills one or more of them (:data:`MAX_SLOTS_PER_CLIENT`, :func:`slot_width`),
-  its last slot padded with copies of its first sample, which count nowhere: they are left out of the
-  class means, and out of the batch statistics of BatchNorm layers (a masked batch normalisation,
-  :class:`_MaskedBatchNorm`, whose statistics are each client's over all its slots, as each client's
-  network normalises its own batch); instance and group norms, pooling and activations act per sample;
-- the class means of all clients as one segment sum, L_DM of every client, and FedAF's CDC term
+- **the forwards of** :func:`~fedskew.condense.distribution_matching.dm_loss`, each one pass of all K
+  clients' batches through their K networks: the real batches without an autograd graph (the class means are
+  constants), then the synthetic images with one; with BatchNorm and ``bn_statistics = "pooled"``, one pass
+  of both with a graph through both. The networks' weights are copied into stacked tensors (one
+  ``_foreach_copy_``), and the batches sit side by side on the channel axis, so that each convolution is
+  one grouped convolution and the classifier one batched product (:mod:`fedskew.components.stacked_forward`'s
+  layered forward). The axis holds slots of one width, laid out for each pass (:func:`lay_out`): a
+  client's batch fills one or more of them (:data:`MAX_SLOTS_PER_CLIENT`, :func:`slot_width`), its last
+  slot padded with copies of its first sample, which count nowhere: they are left out of the class means,
+  and out of the batch statistics of BatchNorm layers (a masked batch normalisation,
+  :class:`_MaskedBatchNorm`, whose statistics are each client's over all its slots of the pass, as each
+  client's network normalises its own batch); instance and group norms, pooling and activations act per
+  sample;
+- the class means of all clients as one segment sum a pass, L_DM of every client, and FedAF's CDC term
   (:class:`~fedskew.condense.swd.ClassSWD`) of every client and class as one batched sliced Wasserstein
   distance (directions drawn from each client's own stream, as alone); with BatchNorm, the term's
-  evaluation-mode logits come from a second batched forward of the synthetic images with the running
-  statistics each network would hold after the step's forward, as they are alone;
+  evaluation-mode logits come from a further batched forward of the synthetic images with the running
+  statistics each network would hold after the step's forwards (one momentum update each), as they are
+  alone;
 - **one backward** and **one SGD update** (``torch.optim.SGD``'s rule) of all clients' images, which sit
   in one tensor; FedDM's gradient clipping scales each client's part by its own norm.
 
@@ -51,6 +56,7 @@ from fedskew.condense.distribution_matching import (
     prepared,
     sampler_form,
     sampler_template,
+    segment_means_at,
 )
 from fedskew.condense.swd import ClassSWD, sliced_wasserstein_stacked
 from fedskew.condense.synthetic import SyntheticSet, draw_seed, fresh_model, sample_indices
@@ -67,35 +73,102 @@ off to check the path through each client's own sampler."""
 
 
 @dataclass
-class _Norms:
-    """What the masked batch normalisations of one stacked forward share: which samples count and whose they
-    are, whether the pass is the training-mode one, and each layer's statistics of each client from the last
-    training-mode pass.
+class _Slots:
+    """Where the samples of one stacked forward sit (:func:`lay_out`): each client's samples fill one or more
+    slots of one width on the channel axis, the last one padded with copies of the client's first sample,
+    which count nowhere (out of the class means and of the batch statistics).
 
-    The training-mode pass has K' slots on the channel axis, a client's batch spread over one or more of
-    them (``slot_client``); the evaluation-mode pass has one slot a client."""
+    The flat place of a sample is ``slot * width + i``, its row in the pass's ``(K', W, D)`` embedding
+    reshaped to ``(K'*W, D)``."""
 
-    slot_client: torch.Tensor | None = None
+    gather: torch.Tensor
+    """``(W, K')``: the row of the pass's source at each place."""
+    segment: torch.Tensor
+    """``(K'*W,)``: the segment of each flat place (padding: the last segment, whose mean is never read)."""
+    counts: torch.Tensor
+    """``(S+1,)``: each segment's samples (the padding's: 1)."""
+    slot_client: torch.Tensor
     """``(K',)``: the client of each slot."""
-    mask: torch.Tensor | None = None
-    """``(B, K')``: 1 for a client's own samples, 0 for padding (None: no padding, one slot a client)."""
-    samples: torch.Tensor | None = None
+    mask: torch.Tensor | None
+    """``(W, K')``: 1 for a client's own samples, 0 for padding (None: no padding, one slot a client)."""
+    samples: torch.Tensor
     """``(K,)``: each client's number of samples."""
-    training: bool = True
-    stats: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    """Layer -> each client's mean, variance and counted values a channel, ``(K*C,)`` each."""
+    batch: list[int]
+    positions: list[list[int]]
+    """Client -> the flat place of each of its samples, in the order given."""
+    params: dict[str, torch.Tensor] = field(default_factory=dict)
+    """The slots' weights (views of the clients' stacked weights, or of ``weights``), set by the user."""
+    weights: dict[str, torch.Tensor] | None = None
+    """Each slot's copy of its client's weights where a client has several slots (filled at every step)."""
     _channels: dict[int, tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+    @property
+    def slots(self) -> int:
+        return int(self.gather.shape[1])
+
+    @property
+    def width(self) -> int:
+        return int(self.gather.shape[0])
 
     def channel_mask(self, channels: int) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
         """For a layer of ``channels`` a client: the mask ``(B, K'*C)`` (None: no padding, one slot a client),
         the client channel of each slot channel ``(K'*C,)`` (indices into ``K*C``) and each client channel's
         counted samples ``(K*C,)``."""
         if channels not in self._channels:
-            assert self.samples is not None and self.slot_client is not None
             index = (self.slot_client[:, None] * channels + torch.arange(channels, device=self.slot_client.device))
             mask = None if self.mask is None else self.mask.repeat_interleave(channels, dim=1).contiguous()
             self._channels[channels] = (mask, index.reshape(-1), self.samples.repeat_interleave(channels))
         return self._channels[channels]
+
+
+def lay_out(
+    rows: Sequence[Sequence[int]], segments: Sequence[Sequence[int]], counts: Sequence[int], max_slots: int,
+    device: torch.device, dtype: torch.dtype,
+) -> _Slots:
+    """The slots of one stacked forward: client c's samples are the rows ``rows[c]`` of the pass's source, in
+    that order, the i-th in segment ``segments[c][i]`` (an index into ``counts``, each segment's samples);
+    they fill slots of the width that pads least in at most ``max_slots`` slots (:func:`slot_width`)."""
+    batch = [len(r) for r in rows]
+    width = slot_width(batch, max_slots)
+    dump = len(counts)  # padding: the last segment
+    gather: list[list[int]] = []
+    segment: list[list[int]] = []
+    slot_client: list[int] = []
+    positions: list[list[int]] = []
+    for c, (own, segs) in enumerate(zip(rows, segments, strict=True)):
+        positions.append([len(slot_client) * width + i for i in range(len(own))])
+        for at in range(0, len(own), width):
+            part, pad = list(own[at : at + width]), width - len(own[at : at + width])
+            gather.append(part + [own[0]] * pad)
+            segment.append(list(segs[at : at + width]) + [dump] * pad)
+            slot_client.append(c)
+    seg = np.asarray(segment, dtype=np.int64)
+    counted = seg != dump
+    one_each = len(slot_client) == len(rows) and bool(counted.all())
+    return _Slots(
+        gather=torch.tensor(gather, device=device).t(),
+        segment=torch.from_numpy(seg.reshape(-1)).to(device),
+        counts=torch.tensor([*counts, 1], dtype=dtype, device=device),
+        slot_client=torch.tensor(slot_client, device=device),
+        mask=None if one_each else torch.from_numpy(counted.T.astype(np.float64)).to(device, dtype),
+        samples=torch.tensor(batch, dtype=dtype, device=device),
+        batch=batch,
+        positions=positions,
+    )
+
+
+@dataclass
+class _Norms:
+    """What the masked batch normalisations of a step's stacked forwards share: the slots of the pass
+    (:class:`_Slots`), whether it is a training-mode one, and each layer's statistics of each client from
+    the step's training-mode passes, in order (the evaluation-mode pass normalises with the running
+    statistics the passes leave, one momentum update each, as a network's BatchNorm in training mode)."""
+
+    slots: _Slots | None = None
+    training: bool = True
+    stats: dict[str, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
+    """Layer -> for each training-mode pass of the step, each client's mean, variance and counted values a
+    channel, ``(K*C,)`` each."""
 
 
 @dataclass
@@ -202,26 +275,29 @@ def _batch_norm(module: nn.BatchNorm2d, prefix: str, norms: _Norms) -> Step:
     """BatchNorm2d of K clients side by side: in training mode each client's channels are normalised
     by the mean and (biased) variance over its own samples only (:class:`_MaskedBatchNorm`, or the plain
     kernel where each client has one slot and no padding); in evaluation mode (one slot a client) by the
-    running statistics its network holds after the training-mode pass (momentum update with the unbiased
-    variance), as a network's BatchNorm in training mode leaves them."""
+    running statistics its network holds after the step's training-mode passes (a momentum update with the
+    unbiased variance each, in order), as a network's BatchNorm in training mode leaves them."""
     channels, eps, momentum = module.num_features, module.eps, module.momentum
     assert momentum is not None
 
     def step(params: dict[str, torch.Tensor] | Any, h: torch.Tensor, k: int) -> torch.Tensor:
         w, b = params[prefix + "weight"], params[prefix + "bias"]  # (K'*C,)
         if norms.training:
-            mask, index, samples = norms.channel_mask(channels)
+            assert norms.slots is not None
+            mask, index, samples = norms.slots.channel_mask(channels)
             if mask is None:
                 out = F.batch_norm(h, None, None, w, b, True, 0.0, eps)
                 with torch.no_grad():
                     var, mean = torch.var_mean(h, dim=(0, 2, 3), correction=0)
             else:
                 out, mean, var = _MaskedBatchNorm.apply(h, mask, index, samples, w, b, eps)
-            norms.stats[prefix] = (mean.detach(), var.detach(), samples * (h.shape[2] * h.shape[3]))
+            count = samples * (h.shape[2] * h.shape[3])
+            norms.stats.setdefault(prefix, []).append((mean.detach(), var.detach(), count))
             return out
-        mean, var, count = norms.stats[prefix]
-        run_mean = (1.0 - momentum) * params[prefix + "running_mean"] + momentum * mean
-        run_var = (1.0 - momentum) * params[prefix + "running_var"] + momentum * (var * count / (count - 1))
+        run_mean, run_var = params[prefix + "running_mean"], params[prefix + "running_var"]
+        for mean, var, count in norms.stats[prefix]:
+            run_mean = (1.0 - momentum) * run_mean + momentum * mean
+            run_var = (1.0 - momentum) * run_var + momentum * (var * count / (count - 1))
         return F.batch_norm(h, run_mean, run_var, w, b, False, 0.0, eps)
 
     return step
@@ -299,7 +375,7 @@ def _group_key(r: DMRequest) -> tuple[Any, ...]:
     params = tuple((n, tuple(p.shape), p.dtype) for n, p in net.named_parameters())
     buffers = tuple((n, tuple(b.shape), b.dtype) for n, b in net.named_buffers())
     cfg = r.cfg
-    settings = (cfg.iterations, cfg.image_lr, cfg.momentum, cfg.clip_norm, cfg.real_batch)
+    settings = (cfg.iterations, cfg.image_lr, cfg.momentum, cfg.clip_norm, cfg.real_batch, cfg.bn_statistics)
     data = (tuple(r.x_real.shape[1:]), r.x_real.dtype, r.x_real.device, r.start.dtype)
     extra = r.extra_loss
     term = None if not isinstance(extra, ClassSWD) else ("swd", extra.projections, extra.local, extra.p)
@@ -382,10 +458,11 @@ def slot_width(sizes: Sequence[int], max_slots: int) -> int:
 class _StackedDM:
     """The batched matching of K clients of one group (see the module's docstring).
 
-    Each step's samples of client c are its real batch (class by class) then its synthetic images (class by
-    class), ``B_c`` in all; they fill ``ceil(B_c / W)`` slots of width W on the channel axis, the last one
-    padded with copies of the client's first sample (weighted 0 everywhere). The slots' weights are the
-    clients' stacked weights gathered by slot."""
+    A step's forwards follow :func:`~fedskew.condense.distribution_matching.dm_loss`: where the reading is
+    ``"separate"`` or the network does not couple its batch, one pass of every client's real batch (class by
+    class) without a graph, then one of its synthetic images (class by class) with one; with BatchNorm and
+    ``"pooled"``, one pass of both, a client's real batch then its synthetic images. Each pass has its own
+    slots (:func:`lay_out`); the slots' weights are the clients' stacked weights gathered by slot."""
 
     def __init__(self, requests: list[DMRequest]) -> None:
         self.requests = requests
@@ -400,6 +477,7 @@ class _StackedDM:
         plan = _network_plan(template, bool(self.swd))
         assert plan is not None
         self.plan = plan
+        self.pooled = plan.batch_norm and self.cfg.bn_statistics == "pooled"
         self.k = len(requests)
         self.channels_last = self.device.type in CHANNELS_LAST_DEVICES
         # the stacked weights: name -> (K, *shape), filled from the K networks at every step
@@ -418,12 +496,6 @@ class _StackedDM:
                     self.stacked[n].copy_(torch.stack([dict(f.model.named_buffers())[n] for f in self.sampler.forms]))
         self._layout(requests)
         self._swd_plan: Any = None
-        self.slot_stacked: dict[str, torch.Tensor] | None = None
-        self.slot_params = self.client_params
-        if self.slots != self.k:
-            self.slot_stacked = {n: torch.zeros((self.slots, *t.shape[1:]), dtype=self.dtype, device=self.device)
-                                 for n, t in self.stacked.items()}
-            self.slot_params = self._views(self.slot_stacked, self.slots)
 
     def _views(self, stacked: dict[str, torch.Tensor], k: int) -> dict[str, torch.Tensor]:
         out = {}
@@ -432,85 +504,66 @@ class _StackedDM:
             out[n] = t.as_strided(size, strides)
         return out
 
+    def _slots(self, rows: list[list[int]], segments: list[list[int]], counts: list[int], max_slots: int) -> _Slots:
+        """:func:`lay_out` with the slots' weights: the clients' own where each has one slot, else copies."""
+        slots = lay_out(rows, segments, counts, max_slots, self.device, self.dtype)
+        slots.params = self.client_params
+        if slots.slots != self.k:
+            slots.weights = {n: torch.zeros((slots.slots, *t.shape[1:]), dtype=self.dtype, device=self.device)
+                             for n, t in self.stacked.items()}
+            slots.params = self._views(slots.weights, slots.slots)
+        return slots
+
     def _layout(self, requests: list[DMRequest]) -> None:
-        """Where each client's samples sit in the stacked batch (fixed for the whole condensation: a class
-        takes min(real_batch, its real images) real images every step, and all its synthetic ones)."""
+        """Where each client's samples sit in each stacked forward (fixed for the whole condensation: a class
+        takes min(real_batch, its real images) real images every step, and all its synthetic ones). Class j
+        of client c is segment ``s`` of its real images and of its synthetic ones; the pooled pass has both
+        sets of segments, the synthetic ones after all real ones."""
         k, cfg = self.k, self.cfg
         self.x = torch.cat([r.x_real for r in requests]) if k > 1 else requests[0].x_real
         self.x_offsets = np.cumsum([0, *[int(r.x_real.shape[0]) for r in requests]]).tolist()
         self.real_cpu = [[idx.cpu() for idx in r.real_indices] for r in requests]
-        real_counts = [[min(cfg.real_batch, int(idx.numel())) for idx in r.real_indices] for r in requests]
-        real_total = [sum(c) for c in real_counts]
         sizes = [int(r.start.shape[0]) for r in requests]
         self.img_offsets = np.cumsum([0, *sizes]).tolist()
+        real_counts: list[int] = []  # each segment's (client by client, class by class)
+        syn_counts: list[int] = []
+        real_segs: list[list[int]] = []
+        syn_segs: list[list[int]] = []
+        for r in requests:
+            real_segs.append([])
+            syn_segs.append([])
+            for idx, syn in zip(r.real_indices, r.syn_indices, strict=True):
+                real_segs[-1] += [len(real_counts)] * min(cfg.real_batch, int(idx.numel()))
+                syn_segs[-1] += [len(syn_counts)] * int(syn.numel())
+                real_counts.append(min(cfg.real_batch, int(idx.numel())))
+                syn_counts.append(int(syn.numel()))
+        self.segments = len(real_counts)
+        # a step's real images: the drawn ones, all clients' one after another; its synthetic ones: the images
+        real_offsets = np.cumsum([0, *[len(s) for s in real_segs]]).tolist()
+        real_rows = [list(range(real_offsets[c], real_offsets[c + 1])) for c in range(k)]
         syn_orders = [torch.cat(r.syn_indices).cpu().tolist() for r in requests]
-        all_real = sum(real_total)
-        real_offsets = np.cumsum([0, *real_total]).tolist()
-        batch = [real_total[c] + len(syn_orders[c]) for c in range(k)]
-        width = slot_width(batch, MAX_SLOTS_PER_CLIENT * k)
-        # the source of a step's samples: its drawn real images (all clients'), then every synthetic image
-        gather: list[list[int]] = []
-        segment: list[list[int]] = []
-        slot_client: list[int] = []
-        counts: list[int] = []
-        real_seg: list[int] = []
-        syn_seg: list[int] = []
-        self.syn_position: list[dict[int, int]] = []  # client -> its synthetic row -> its flat slot position
-        for c, r in enumerate(requests):
-            rows: list[int] = []
-            segs: list[int] = []
-            ids = []
-            for j in range(len(r.syn_indices)):
-                ids.append((len(counts), len(counts) + 1))
-                real_seg.append(len(counts))
-                syn_seg.append(len(counts) + 1)
-                counts += [real_counts[c][j], int(r.syn_indices[j].numel())]
-            for j, n in enumerate(real_counts[c]):
-                rows += list(range(real_offsets[c] + len(segs), real_offsets[c] + len(segs) + n))
-                segs += [ids[j][0]] * n
-            syn_start = len(rows)
-            for j, idx in enumerate(r.syn_indices):
-                segs += [ids[j][1]] * int(idx.numel())
-            rows += [all_real + self.img_offsets[c] + row for row in syn_orders[c]]
-            first_slot = len(slot_client)
-            self.syn_position.append({row: (first_slot + (syn_start + i) // width) * width + (syn_start + i) % width
-                                      for i, row in enumerate(syn_orders[c])})
-            for at in range(0, len(rows), width):
-                part, part_segs = rows[at : at + width], segs[at : at + width]
-                gather.append(part + [rows[0]] * (width - len(part)))
-                segment.append(part_segs + [-1] * (width - len(part)))
-                slot_client.append(c)
-        self.slots, self.width, self.batch = len(slot_client), width, batch
-        dump = len(counts)  # padding: the last segment, whose mean is never read
-        counts.append(1)
-        dev, dtype = self.device, self.dtype
-        seg = np.asarray(segment, dtype=np.int64)
-        mask = (seg >= 0).T.astype(np.float64)  # (W, K')
-        seg[seg < 0] = dump
-        self.gather = torch.tensor(gather, device=dev)
-        self.segment = torch.from_numpy(seg.reshape(-1)).to(dev)
-        self.counts = torch.tensor(counts, dtype=dtype, device=dev)
-        self.real_seg = torch.tensor(real_seg, device=dev)
-        self.syn_seg = torch.tensor(syn_seg, device=dev)
-        self.num_segments = len(counts)
-        self.slot_client = torch.tensor(slot_client, device=dev)
-        norms = self.plan.norms
-        norms.slot_client = self.slot_client
-        one_each = self.slots == k and bool(mask.all())
-        norms.mask = None if one_each else torch.from_numpy(mask).to(dev, dtype)
-        norms.samples = torch.tensor(batch, dtype=dtype, device=dev)
-        norms._channels.clear()
-        # the evaluation-mode pass of FedAF's term with BatchNorm: each client's synthetic images, one slot each
-        self.s_width = max(len(o) for o in syn_orders)
-        syn_index = np.zeros((k, self.s_width), dtype=np.int64)
-        self.eval_position: list[dict[int, int]] = []
-        for c, order in enumerate(syn_orders):
-            syn_index[c, : len(order)] = [self.img_offsets[c] + row for row in order]
-            syn_index[c, len(order):] = self.img_offsets[c] + order[0]
-            self.eval_position.append({row: c * self.s_width + i for i, row in enumerate(order)})
-        self.syn_index = torch.from_numpy(syn_index).to(dev)
+        syn_rows = [[self.img_offsets[c] + row for row in order] for c, order in enumerate(syn_orders)]
+        max_slots = MAX_SLOTS_PER_CLIENT * k
+        self.passes: dict[str, _Slots] = {}
+        if self.pooled:  # source: the real images, then the synthetic ones
+            shifted = [[real_offsets[-1] + row for row in rows] for rows in syn_rows]
+            self.passes["pooled"] = self._slots(
+                [r + s for r, s in zip(real_rows, shifted, strict=True)],
+                [r + [self.segments + j for j in s] for r, s in zip(real_segs, syn_segs, strict=True)],
+                real_counts + syn_counts, max_slots)
+            syn_pass, skip = self.passes["pooled"], [len(r) for r in real_rows]
+        else:
+            self.passes["real"] = self._slots(real_rows, real_segs, real_counts, max_slots)
+            self.passes["syn"] = self._slots(syn_rows, syn_segs, syn_counts, max_slots)
+            syn_pass, skip = self.passes["syn"], [0] * k
+        # FedAF's term on the logits: with BatchNorm an evaluation-mode pass of its own, one slot a client
+        if self.swd and self.plan.batch_norm:
+            syn_pass, skip = self._slots(syn_rows, syn_segs, syn_counts, k), [0] * k
+            self.passes["eval"] = syn_pass
+        self.syn_position = [dict(zip(order, syn_pass.positions[c][skip[c]:], strict=True))
+                             for c, order in enumerate(syn_orders)]
         # which images are whose, for the per-client gradient clipping
-        self.owner = torch.repeat_interleave(torch.arange(k), torch.tensor(sizes)).to(dev)
+        self.owner = torch.repeat_interleave(torch.arange(k), torch.tensor(sizes)).to(self.device)
 
     def run(self) -> list[SyntheticSet]:
         cfg, requests = self.cfg, self.requests
@@ -562,9 +615,10 @@ class _StackedDM:
             drawn_all.append(torch.cat(drawn) + self.x_offsets[c])
         with torch.no_grad():
             torch._foreach_copy_(targets, sources)
-            if self.slot_stacked is not None:
-                for n, t in self.stacked.items():
-                    torch.index_select(t, 0, self.slot_client, out=self.slot_stacked[n])
+            for slots in self.passes.values():
+                if slots.weights is not None:
+                    for n, t in self.stacked.items():
+                        torch.index_select(t, 0, slots.slot_client, out=slots.weights[n])
         return torch.cat(drawn_all).to(self.device, non_blocking=True)
 
     def _stacked_input(self, h: torch.Tensor) -> torch.Tensor:
@@ -572,33 +626,42 @@ class _StackedDM:
         h = h.reshape(h.shape[0], h.shape[1] * h.shape[2], *h.shape[3:])
         return h.contiguous(memory_format=torch.channels_last) if self.channels_last else h
 
-    def _features(self, h: torch.Tensor, params: dict[str, torch.Tensor], k: int, training: bool) -> torch.Tensor:
-        self.plan.norms.training = training
+    def _embed(self, slots: _Slots, source: torch.Tensor, training: bool = True) -> torch.Tensor:
+        """The features of a pass's samples (rows of ``source``, laid out by ``slots``): ``(K'*W, D)``."""
+        norms = self.plan.norms
+        norms.slots, norms.training = slots, training
+        h = self._stacked_input(source[slots.gather])
         for step in self.plan.features:
-            h = step(params, h, k)
-        return h  # (k, B, D)
+            h = step(slots.params, h, slots.slots)
+        return at_least_float32(h).reshape(slots.slots * slots.width, h.shape[2])  # (K', W, D) flat
+
+    def _means(self, slots: _Slots, emb: torch.Tensor) -> torch.Tensor:
+        """The segments' means of a pass's features (its padding's last, never read)."""
+        return segment_means_at(emb, slots.segment, slots.counts)
 
     def _loss(self, step: int, images: torch.Tensor) -> torch.Tensor:
         real = self.x[self._draw(step)]
-        source = torch.cat([real, images])
-        emb = self._features(self._stacked_input(source[self.gather.t()]), self.slot_params, self.slots, True)
-        emb = at_least_float32(emb)
-        flat = emb.reshape(self.slots * self.width, emb.shape[2])
-        sums = torch.zeros((self.num_segments, flat.shape[1]), dtype=flat.dtype, device=flat.device)
-        means = sums.index_add(0, self.segment, flat) / self.counts.to(flat.dtype)[:, None]
-        diff = means[self.real_seg] - means[self.syn_seg]
+        self.plan.norms.stats.clear()
+        if self.pooled:  # one pass of real and synthetic images, with a graph through both
+            emb = self._embed(self.passes["pooled"], torch.cat([real, images]))
+            means = self._means(self.passes["pooled"], emb)
+            diff = means[: self.segments] - means[self.segments : 2 * self.segments]
+        else:  # the real class means as constants, then the synthetic images with a graph
+            with torch.no_grad():
+                real_means = self._means(self.passes["real"], self._embed(self.passes["real"], real))
+            emb = self._embed(self.passes["syn"], images)
+            diff = real_means[: self.segments] - self._means(self.passes["syn"], emb)[: self.segments]
         loss = (diff * diff).sum()
         if self.swd:
             assert self.plan.classifier is not None
-            if self.plan.batch_norm:  # evaluation mode: the running statistics, a pass of its own
-                syn = self._stacked_input(images[self.syn_index.t()])
-                logits = self._features(syn, self.client_params, self.k, False)
-                params, k, positions = self.client_params, self.k, self.eval_position
-            else:  # the same embedding as the training-mode pass (every layer acts per sample)
-                logits, params, k, positions = emb, self.slot_params, self.slots, self.syn_position
+            # with BatchNorm, evaluation mode: the running statistics, a pass of its own; otherwise the same
+            # embedding as the training-mode pass (every layer acts per sample)
+            slots = self.passes["eval" if "eval" in self.passes else "syn"]
+            logits = self._embed(slots, images, False) if "eval" in self.passes else emb
+            logits = logits.view(slots.slots, slots.width, -1)
             for head in self.plan.classifier:
-                logits = head(params, logits, k)
-            loss = loss + self._swd(logits.reshape(-1, logits.shape[2]), positions)
+                logits = head(slots.params, logits, slots.slots)
+            loss = loss + self._swd(logits.reshape(-1, logits.shape[2]), self.syn_position)
         return loss
 
     def _swd(self, flat: torch.Tensor, positions: list[dict[int, int]]) -> torch.Tensor:

@@ -192,8 +192,14 @@ def segment_means(emb: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
     # read its counts back to size its output: a host sync every step).
     sizes = torch.tensor(list(counts))
     segment = torch.repeat_interleave(torch.arange(len(sizes)), sizes).to(emb.device, non_blocking=True)
-    sums = torch.zeros((len(sizes), emb.shape[1]), dtype=emb.dtype, device=emb.device).index_add(0, segment, emb)
-    return sums / sizes.to(emb.device, emb.dtype, non_blocking=True)[:, None]
+    return segment_means_at(emb, segment, sizes.to(emb.device, emb.dtype, non_blocking=True))
+
+
+def segment_means_at(emb: torch.Tensor, segment: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """The means of the rows of ``emb`` by segment: row i is in segment ``segment[i]``, segment s has
+    ``counts[s]`` rows; ``(len(counts), D)`` (a batched runner's segments are not consecutive)."""
+    sums = torch.zeros((counts.shape[0], emb.shape[1]), dtype=emb.dtype, device=emb.device)
+    return sums.index_add(0, segment, emb) / counts.to(emb.dtype)[:, None]
 
 
 def real_class_means(model_features: nn.Module, real_by_class: Sequence[torch.Tensor]) -> torch.Tensor:
