@@ -11,14 +11,14 @@ import pytest
 import torch
 from torch import nn
 
-from fedskew.components import batched_condensation
+from fedskew.components import batched_condensation, batched_dm_networks
 from fedskew.components.batched_condensation import (
     _group_key,
     _StackedDM,
     condense_batched,
-    slot_width,
     why_dm_sequential,
 )
+from fedskew.components.batched_slots import slot_width
 from fedskew.condense import DSAConfig, sliced_wasserstein, sliced_wasserstein_stacked
 from fedskew.condense.distribution_matching import (
     BN_STATISTICS,
@@ -211,7 +211,7 @@ def test_slot_width_pads_least_within_the_slots_allowed() -> None:
 def test_the_gpu_layout_on_a_cpu(float64: None, monkeypatch: pytest.MonkeyPatch, norm: str, bn_statistics: str) -> None:
     """What a GPU runs, here: NCHW batches (no channels-last) and each sample's statistics in one ``var_mean``."""
     monkeypatch.setattr(batched_condensation, "CHANNELS_LAST_DEVICES", set())
-    monkeypatch.setattr(batched_condensation, "TWO_PASS_DEVICES", set())
+    monkeypatch.setattr(batched_dm_networks, "TWO_PASS_DEVICES", set())
     cfg = DMConfig(iterations=3, ipc=3, image_lr=0.5, momentum=0.9, real_batch=8, init="real",
                    bn_statistics=bn_statistics)
     requests, sequential = requests_and_sequential("fedaf", norm, cfg)
