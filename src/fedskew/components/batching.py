@@ -9,13 +9,16 @@ the runner trains every waiting client together (:mod:`fedskew.components.batche
 training that cannot be batched (see :func:`why_sequential`) runs in place, as without a runner, so any
 method batches whatever of its local training can be, with no change to its code.
 
-Loss terms batch when they carry a :class:`FunctionalTerm` (``term.functional``): the same term written
-on the stacked parameters of many clients at once.
+Loss terms batch when they carry a :class:`~fedskew.components.trainer.FunctionalTerm` (``term.functional``):
+the same term written on the stacked parameters of many clients at once.
+
+Nothing is installed by importing this module: the batched runner installs the hand-offs
+(:func:`install_hand_offs`) when it is made.
 
 Distribution matching (FedDM's and FedAF's condensation) and KIP (HFLDD's) are handed over the same way:
 the rendezvous carries any kind of request, a :class:`BatchRequest`, a
 :class:`~fedskew.condense.distribution_matching.DMRequest` or a :class:`~fedskew.condense.kip.KIPRequest`
-(:class:`_CondensationHandOff`, installed into :mod:`fedskew.condense.handoff` when this module is imported);
+(:class:`_CondensationHandOff`, installed into :mod:`fedskew.condense.handoff` by :func:`install_hand_offs`);
 the runner condenses the waiting clients together (:mod:`fedskew.components.batched_condensation`,
 :mod:`fedskew.components.batched_kip`). Condensations without a batched form say so once.
 """
@@ -23,17 +26,25 @@ the runner condenses the waiting clients together (:mod:`fedskew.components.batc
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from fedskew.components.batched_condensation import why_dm_sequential
 from fedskew.components.batched_kip import why_kip_sequential
-from fedskew.components.trainer import GradHook, LocalConfig, LocalResult, LossTerm, install_hand_off
+from fedskew.components.trainer import (
+    FunctionalTerm,
+    GradHook,
+    LocalConfig,
+    LocalResult,
+    LossTerm,
+    functional_of,
+    install_hand_off,
+)
 from fedskew.condense.distribution_matching import DMRequest
 from fedskew.condense.handoff import install_condensation_hand_off
 from fedskew.condense.kip import KIPRequest
@@ -43,41 +54,6 @@ from fedskew.models.layout import shuffled_batches
 
 BATCHED_DTYPES = (torch.float32, torch.float64)
 """Parameter dtypes the batched trainer takes (mixed precision runs one client at a time)."""
-
-
-@dataclass(frozen=True)
-class FunctionalTerm:
-    """A loss term on the stacked parameters of K clients: ``fn(params, data, *consts)`` returns the K
-    clients' terms, a tensor of shape ``(K,)``.
-
-    ``params`` maps every parameter name to its K clients' values stacked on a first axis (what
-    ``model.named_parameters()`` gives one client, in its order, with a client axis in front); ``data`` holds this
-    client's own tensors (a FedProx anchor), which the batched trainer stacks the same way; ``consts``
-    are plain numbers shared by the clients that batch together. ``fn`` must compute, for each client,
-    what the term's ordinary form computes on that client's model (up to float rounding), and use only
-    the parameters (not the batch).
-    """
-
-    fn: Callable[..., torch.Tensor]
-    data: Mapping[str, torch.Tensor]
-    consts: tuple[float, ...] = ()
-
-    def key(self) -> tuple[Any, ...]:
-        """Terms of equal keys batch together (same function, constants and data shapes)."""
-        shapes = tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(self.data.items()))
-        return (self.fn, self.consts, shapes)
-
-
-def with_functional(term: LossTerm, functional: FunctionalTerm) -> LossTerm:
-    """``term`` marked with its batched form (``term.functional``)."""
-    term.functional = functional  # type: ignore[attr-defined]
-    return term
-
-
-def functional_of(term: LossTerm) -> FunctionalTerm | None:
-    """The batched form of a loss term, if it has one."""
-    found = getattr(term, "functional", None)
-    return found if isinstance(found, FunctionalTerm) else None
 
 
 @dataclass
@@ -220,5 +196,12 @@ class _CondensationHandOff:
             rendezvous.sequential(reason, "condensation")
 
 
-install_hand_off(hand_off)
-install_condensation_hand_off(_CondensationHandOff())
+_CONDENSATION_HAND_OFF = _CondensationHandOff()
+
+
+def install_hand_offs() -> None:
+    """Let ``train_local`` and the condensations offer their work to a batched runner (:func:`hand_off`,
+    :class:`_CondensationHandOff`; once per process, idempotent). The batched runner calls it when it is
+    made, so that no import installs anything: outside a :func:`batching` block both hand-offs decline."""
+    install_hand_off(hand_off)
+    install_condensation_hand_off(_CONDENSATION_HAND_OFF)

@@ -24,8 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedskew.components.batching import FunctionalTerm, with_functional
-from fedskew.components.trainer import GradHook, LossTerm
+from fedskew.components.trainer import FunctionalTerm, GradHook, LossTerm, with_functional
 from fedskew.models.registry import FedModel
 
 

@@ -7,8 +7,9 @@ such pieces as arguments, so a method says only what it adds.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +25,43 @@ LossTerm = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch
 GradHook = Callable[[nn.Module], None]
 """Called after ``backward`` and before the optimiser step; may edit ``p.grad`` in place."""
 
+
+@dataclass(frozen=True)
+class FunctionalTerm:
+    """The batched form of a :data:`LossTerm` (a batched runner's, :mod:`fedskew.components.batching`): the
+    term on the stacked parameters of K clients; ``fn(params, data, *consts)`` returns the K clients' terms,
+    a tensor of shape ``(K,)``.
+
+    ``params`` maps every parameter name to its K clients' values stacked on a first axis (what
+    ``model.named_parameters()`` gives one client, in its order, with a client axis in front); ``data`` holds this
+    client's own tensors (a FedProx anchor), which the batched trainer stacks the same way; ``consts``
+    are plain numbers shared by the clients that batch together. ``fn`` must compute, for each client,
+    what the term's ordinary form computes on that client's model (up to float rounding), and use only
+    the parameters (not the batch).
+    """
+
+    fn: Callable[..., torch.Tensor]
+    data: Mapping[str, torch.Tensor]
+    consts: tuple[float, ...] = ()
+
+    def key(self) -> tuple[Any, ...]:
+        """Terms of equal keys batch together (same function, constants and data shapes)."""
+        shapes = tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(self.data.items()))
+        return (self.fn, self.consts, shapes)
+
+
+def with_functional(term: LossTerm, functional: FunctionalTerm) -> LossTerm:
+    """``term`` marked with its batched form (``term.functional``)."""
+    term.functional = functional  # type: ignore[attr-defined]
+    return term
+
+
+def functional_of(term: LossTerm) -> FunctionalTerm | None:
+    """The batched form of a loss term, if it has one."""
+    found = getattr(term, "functional", None)
+    return found if isinstance(found, FunctionalTerm) else None
+
+
 HandOff = Callable[..., "LocalResult | None"]
 """``hand_off(model, x, y, cfg, generator, terms, grad_hooks)``: trains the model elsewhere and returns its
 result, or None to let :func:`train_local` train it (see :func:`install_hand_off`)."""
@@ -33,7 +71,7 @@ _HAND_OFF: list[HandOff] = []
 
 def install_hand_off(hand_off: HandOff) -> None:
     """Let ``hand_off`` take trainings first (once per process): the batched runner's
-    (:func:`fedskew.components.batching.hand_off`, installed when that module is imported) hands a
+    (:func:`fedskew.components.batching.hand_off`, installed when a batched runner is made) hands a
     batchable training to the round's rendezvous and returns None outside one."""
     if hand_off not in _HAND_OFF:
         _HAND_OFF.append(hand_off)

@@ -2,7 +2,8 @@
 
 The condensation code knows nothing of federated learning or of runners. A runner that condenses many
 clients together (``clients_in_parallel``, :mod:`fedskew.engine.batched_runner`) installs a
-:class:`CondensationHandOff` once per process (:mod:`fedskew.components.batching` does, when imported);
+:class:`CondensationHandOff` once per process (:func:`fedskew.components.batching.install_hand_offs`, which
+the runner calls when it is made);
 :func:`~fedskew.condense.distribution_matching.distribution_matching` and :func:`~fedskew.condense.kip.kip`
 then offer their prepared request to it (:func:`hand_off`) and run the loop themselves when the hand-off
 declines (None: no runner batches this thread, or the request cannot be batched). A method that has no
