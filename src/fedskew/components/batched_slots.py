@@ -38,6 +38,11 @@ class Slots:
     samples: torch.Tensor
     """``(K,)``: each client's number of samples."""
     batch: list[int]
+    """Each client's number of samples."""
+    slots: int
+    """K', the number of slots."""
+    width: int
+    """W, the slots' width."""
     positions: list[list[int]]
     """Client -> the flat place of each of its samples, in the order given."""
     params: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -45,14 +50,6 @@ class Slots:
     weights: dict[str, torch.Tensor] | None = None
     """Each slot's copy of its client's weights where a client has several slots (filled at every step)."""
     _channels: dict[int, tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-
-    @property
-    def slots(self) -> int:
-        return int(self.gather.shape[1])
-
-    @property
-    def width(self) -> int:
-        return int(self.gather.shape[0])
 
     def channel_mask(self, channels: int) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
         """For a layer of ``channels`` a client: the mask ``(B, K'*C)`` (None: no padding, one slot a client),
@@ -97,6 +94,8 @@ def lay_out(
         mask=None if one_each else torch.from_numpy(counted.T.astype(np.float64)).to(device, dtype),
         samples=torch.tensor(batch, dtype=dtype, device=device),
         batch=batch,
+        slots=len(slot_client),
+        width=width,
         positions=positions,
     )
 
