@@ -72,7 +72,7 @@ each client's own sampler."""
 MAX_SLOTS_PER_CLIENT = 2
 """A client's batch may be spread over several slots of the channel axis (each with a copy of its network's
 weights), so that the slots have one width with little padding: at most this many slots a client on
-average. Samples in the stacked batch over the clients' own, round 1 of seed 0 (benchmarks/
+average. Samples in the stacked batch over the clients' own, round 1 of seed 0, one pooled pass (benchmarks/
 batched_condensation.py's configs): the quick FedAF config 1.71x with one slot a client, 1.14x with two
 (19 slots of 42); the paper config 2.01x and 1.24x (18 slots of 437). Not measured on a GPU: more slots pad
 less but run more, narrower groups."""
@@ -142,7 +142,8 @@ class _StackedDM:
     ``"separate"`` or the network does not couple its batch, one pass of every client's real batch (class by
     class) without a graph, then one of its synthetic images (class by class) with one; with BatchNorm and
     ``"pooled"``, one pass of both, a client's real batch then its synthetic images. Each pass has its own
-    slots (:func:`lay_out`); the slots' weights are the clients' stacked weights gathered by slot."""
+    slots (:func:`~fedskew.components.batched_slots.lay_out`); the slots' weights are the clients' stacked
+    weights gathered by slot."""
 
     def __init__(self, requests: list[DMRequest]) -> None:
         self.requests = requests
@@ -196,9 +197,9 @@ class _StackedDM:
 
     def _layout(self, requests: list[DMRequest]) -> None:
         """Where each client's samples sit in each stacked forward (fixed for the whole condensation: a class
-        takes min(real_batch, its real images) real images every step, and all its synthetic ones). Class j
-        of client c is segment ``s`` of its real images and of its synthetic ones; the pooled pass has both
-        sets of segments, the synthetic ones after all real ones."""
+        takes min(real_batch, its real images) real images every step, and all its synthetic ones). The
+        segments are the clients' classes, client by client and class by class, in the real pass and in the
+        synthetic pass alike; the pooled pass numbers its synthetic segments after all the real ones."""
         k, cfg = self.k, self.cfg
         self.x = torch.cat([r.x_real for r in requests]) if k > 1 else requests[0].x_real
         self.x_offsets = np.cumsum([0, *[int(r.x_real.shape[0]) for r in requests]]).tolist()

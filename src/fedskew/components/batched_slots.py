@@ -46,7 +46,7 @@ class Slots:
     positions: list[list[int]]
     """Client -> the flat place of each of its samples, in the order given."""
     params: dict[str, torch.Tensor] = field(default_factory=dict)
-    """The slots' weights (views of the clients' stacked weights, or of ``weights``), set by the user."""
+    """The slots' weights (views of the clients' stacked weights, or of ``weights``), set by the batched step."""
     weights: dict[str, torch.Tensor] | None = None
     """Each slot's copy of its client's weights where a client has several slots (filled at every step)."""
     _channels: dict[int, tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
