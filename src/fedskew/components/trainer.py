@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedskew.core.device import current_compute, host_floats
+from fedskew.core.handoff import hand_off
 from fedskew.core.params import check, next_checks
 from fedskew.models.layout import as_model_format, is_channels_last, shuffled_batches
 
@@ -60,21 +61,6 @@ def functional_of(term: LossTerm) -> FunctionalTerm | None:
     """The batched form of a loss term, if it has one."""
     found = getattr(term, "functional", None)
     return found if isinstance(found, FunctionalTerm) else None
-
-
-HandOff = Callable[..., "LocalResult | None"]
-"""``hand_off(model, x, y, cfg, generator, terms, grad_hooks)``: trains the model elsewhere and returns its
-result, or None to let :func:`train_local` train it (see :func:`install_hand_off`)."""
-
-_HAND_OFF: list[HandOff] = []
-
-
-def install_hand_off(hand_off: HandOff) -> None:
-    """Let ``hand_off`` take trainings first (once per process): the batched runner's
-    (:func:`fedskew.components.batching.hand_off`, installed when a batched runner is made) hands a
-    batchable training to the round's rendezvous and returns None outside one."""
-    if hand_off not in _HAND_OFF:
-        _HAND_OFF.append(hand_off)
 
 
 @dataclass
@@ -130,6 +116,19 @@ class LocalResult:
     mean_loss: float
 
 
+@dataclass
+class LocalTraining:
+    """A call of :func:`train_local`, as it offers itself to a batched runner (:mod:`fedskew.core.handoff`)."""
+
+    model: nn.Module
+    x: torch.Tensor
+    y: torch.Tensor
+    cfg: LocalConfig
+    generator: torch.Generator
+    terms: Sequence[LossTerm]
+    grad_hooks: Sequence[GradHook]
+
+
 def train_local(
     model: nn.Module,
     x: torch.Tensor,
@@ -155,12 +154,13 @@ def train_local(
         Method-specific additions, see :data:`LossTerm` and :data:`GradHook`.
 
     Under a batched runner (``clients_in_parallel``) the training is handed to it when it can be batched
-    (:func:`~fedskew.components.batching.hand_off`): same batches and update rule, other clients alongside.
+    (:mod:`fedskew.core.handoff`, :mod:`fedskew.components.batching`): same batches and update rule, other
+    clients alongside.
     """
-    for hand_off in _HAND_OFF:
-        batched = hand_off(model, x, y, cfg, generator, terms, grad_hooks)
-        if batched is not None:
-            return batched
+    batched = hand_off(LocalTraining(model, x, y, cfg, generator, terms, grad_hooks))
+    if batched is not None:
+        assert isinstance(batched, LocalResult)
+        return batched
     model.train()
     compute = current_compute()
     opt = torch.optim.SGD(

@@ -51,7 +51,6 @@ import torch
 from torch import nn
 
 from fedskew.condense.augment import DSAConfig, apply_dsa, sample_dsa_params
-from fedskew.condense.handoff import hand_off
 from fedskew.condense.synthetic import (
     INITS,
     ModelFactory,
@@ -69,6 +68,7 @@ from fedskew.condense.synthetic import (
 )
 from fedskew.core.device import Precision
 from fedskew.core.errors import ConfigError, DataError
+from fedskew.core.handoff import hand_off
 from fedskew.models.layout import as_model_format, is_channels_last, use_channels_last
 from fedskew.progress import progress_bar
 
@@ -414,7 +414,7 @@ def distribution_matching(
         and order. Otherwise the classes of ``y_real`` in increasing order, ``cfg.ipc`` images each.
 
     Under a batched runner (``clients_in_parallel``) the prepared request may be run together with other
-    clients' (:mod:`fedskew.condense.handoff`, :mod:`fedskew.components.batched_condensation`): the same
+    clients' (:mod:`fedskew.core.handoff`, :mod:`fedskew.components.batched_condensation`): the same
     draws, the same result up to float rounding.
     """
     device = x_real.device
@@ -497,7 +497,7 @@ def prepared(model: nn.Module, device: torch.device) -> nn.Module:
 @dataclass
 class DMRequest:
     """One client's distribution matching, prepared (its start drawn) and offered to a hand-off
-    (:mod:`fedskew.condense.handoff`) before its steps.
+    (:mod:`fedskew.core.handoff`) before its steps.
 
     Whoever runs it must draw from ``generator``, at every step, what :func:`distribution_matching`
     draws: the step's network (``sampler(step, generator)``), then for each class in turn its real
