@@ -201,3 +201,24 @@ def test_importing_a_loss_term_loads_no_batching_module() -> None:
             "'fedskew.engine.batched'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == ["0", ""]
+
+
+class _WithScalar(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+        self.scale = nn.Parameter(torch.tensor(1.5))
+
+
+def test_a_term_written_once_is_its_formula_for_one_client() -> None:
+    """proximal_term and linear_term are their stacked forms at K = 1 (components.trainer.stacked_term): the
+    papers' formulas, 0-dimensional parameters included."""
+    model = _WithScalar()
+    g = torch.Generator().manual_seed(0)
+    other = {n: torch.randn(p.shape, generator=g) for n, p in model.named_parameters()}
+    params = dict(model.named_parameters())
+    prox = proximal_term(other, 0.3)(model, torch.zeros(1), torch.zeros(1), torch.zeros(1))
+    want = 0.15 * sum(((params[n] - a) ** 2).sum() for n, a in other.items())
+    assert prox.shape == () and torch.allclose(prox, want, rtol=1e-12, atol=0)
+    lin = linear_term(other)(model, torch.zeros(1), torch.zeros(1), torch.zeros(1))
+    assert torch.allclose(lin, -sum((params[n] * c).sum() for n, c in other.items()), rtol=1e-12, atol=0)

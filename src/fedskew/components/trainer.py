@@ -57,6 +57,18 @@ def with_functional(term: LossTerm, functional: FunctionalTerm) -> LossTerm:
     return term
 
 
+def stacked_term(fn: Callable[..., torch.Tensor], data: Mapping[str, torch.Tensor], *consts: float) -> LossTerm:
+    """A loss term written once, on stacked parameters (a :class:`FunctionalTerm`'s ``fn``): for one client it
+    is the case K = 1, ``fn`` of the model's parameters and ``data`` each with a client axis of one; a batched
+    runner calls ``fn`` on K clients' stacked parameters."""
+    one = {name: t[None] for name, t in data.items()}
+
+    def term(model: nn.Module, x: torch.Tensor, y: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        return fn({name: p[None] for name, p in model.named_parameters()}, one, *consts)[0]
+
+    return with_functional(term, FunctionalTerm(fn, data, consts))
+
+
 def functional_of(term: LossTerm) -> FunctionalTerm | None:
     """The batched form of a loss term, if it has one."""
     found = getattr(term, "functional", None)
