@@ -24,8 +24,8 @@ same order, from its own generator: its network (its own sampler), then each cla
   evaluation-mode logits come from a further batched forward of the synthetic images with the running
   statistics each network would hold after the step's forwards (one momentum update each), as they are
   alone;
-- **one backward** and **one SGD update** (``torch.optim.SGD``'s rule) of all clients' images, which sit
-  in one tensor; FedDM's gradient clipping scales each client's part by its own norm.
+- **one backward** and **one SGD update** (a ``torch.optim.SGD`` as alone) of all clients' images, which
+  sit in one tensor; FedDM's gradient clipping scales each client's part by its own norm.
 
 Results equal :func:`~fedskew.condense.distribution_matching.distribution_matching` per client up to
 float rounding (tests/components/test_batched_condensation.py, float64). What cannot batch says why
@@ -249,22 +249,16 @@ class _StackedDM:
     def run(self) -> list[SyntheticSet]:
         cfg, requests = self.cfg, self.requests
         images = torch.cat([r.start for r in requests]).detach().clone().requires_grad_(True)
-        buf: torch.Tensor | None = None
+        # the sequential optimiser on all clients' images at once: SGD acts on each value alone
+        optimizer = torch.optim.SGD([images], lr=cfg.image_lr, momentum=cfg.momentum)
         for step in range(cfg.iterations):
             loss = self._loss(step, images)
-            images.grad = None
+            optimizer.zero_grad()
             loss.backward(inputs=[images])
-            grad = images.grad
-            assert grad is not None
-            with torch.no_grad():
-                if cfg.clip_norm is not None:
-                    self._clip(grad, cfg.clip_norm)
-                # torch.optim.SGD's rule (no weight decay, no dampening): the first step's buffer is the gradient
-                if cfg.momentum:
-                    buf = grad.clone() if buf is None else buf.mul_(cfg.momentum).add_(grad)
-                    images.add_(buf, alpha=-cfg.image_lr)
-                else:
-                    images.add_(grad, alpha=-cfg.image_lr)
+            if cfg.clip_norm is not None and images.grad is not None:
+                with torch.no_grad():
+                    self._clip(images.grad, cfg.clip_norm)
+            optimizer.step()
         done = images.detach()
         return [r.result(done[self.img_offsets[c] : self.img_offsets[c + 1]].clone())
                 for c, r in enumerate(requests)]
