@@ -44,6 +44,10 @@ class Norms:
 
 @dataclass
 class NetworkPlan:
+    """The stacked forward of a template network (:func:`network_plan`): the layered steps of its features
+    and (for FedAF's term) its classifier, the layouts its stacked weights need, the state its BatchNorm
+    steps share, and whether it has BatchNorm."""
+
     features: list[Step]
     classifier: list[Step] | None
     layouts: dict[str, Layout]
