@@ -51,7 +51,6 @@ import torch
 from torch import nn
 
 from fedskew.condense.augment import DSAConfig, apply_dsa, sample_dsa_params
-from fedskew.condense.handoff import hand_off
 from fedskew.condense.synthetic import (
     INITS,
     ModelFactory,
@@ -69,6 +68,7 @@ from fedskew.condense.synthetic import (
 )
 from fedskew.core.device import Precision
 from fedskew.core.errors import ConfigError, DataError
+from fedskew.core.handoff import hand_off
 from fedskew.models.layout import as_model_format, is_channels_last, use_channels_last
 from fedskew.progress import progress_bar
 
@@ -192,8 +192,14 @@ def segment_means(emb: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
     # read its counts back to size its output: a host sync every step).
     sizes = torch.tensor(list(counts))
     segment = torch.repeat_interleave(torch.arange(len(sizes)), sizes).to(emb.device, non_blocking=True)
-    sums = torch.zeros((len(sizes), emb.shape[1]), dtype=emb.dtype, device=emb.device).index_add(0, segment, emb)
-    return sums / sizes.to(emb.device, emb.dtype, non_blocking=True)[:, None]
+    return segment_means_at(emb, segment, sizes.to(emb.device, emb.dtype, non_blocking=True))
+
+
+def segment_means_at(emb: torch.Tensor, segment: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """The means of the rows of ``emb`` by segment: row i is in segment ``segment[i]``, segment s has
+    ``counts[s]`` rows; ``(len(counts), D)`` (a batched runner's segments are not consecutive)."""
+    sums = torch.zeros((counts.shape[0], emb.shape[1]), dtype=emb.dtype, device=emb.device)
+    return sums.index_add(0, segment, emb) / counts.to(emb.dtype)[:, None]
 
 
 def real_class_means(model_features: nn.Module, real_by_class: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -408,7 +414,7 @@ def distribution_matching(
         and order. Otherwise the classes of ``y_real`` in increasing order, ``cfg.ipc`` images each.
 
     Under a batched runner (``clients_in_parallel``) the prepared request may be run together with other
-    clients' (:mod:`fedskew.condense.handoff`, :mod:`fedskew.components.batched_condensation`): the same
+    clients' (:mod:`fedskew.core.handoff`, :mod:`fedskew.components.batched_condensation`): the same
     draws, the same result up to float rounding.
     """
     device = x_real.device
@@ -491,7 +497,7 @@ def prepared(model: nn.Module, device: torch.device) -> nn.Module:
 @dataclass
 class DMRequest:
     """One client's distribution matching, prepared (its start drawn) and offered to a hand-off
-    (:mod:`fedskew.condense.handoff`) before its steps.
+    (:mod:`fedskew.core.handoff`) before its steps.
 
     Whoever runs it must draw from ``generator``, at every step, what :func:`distribution_matching`
     draws: the step's network (``sampler(step, generator)``), then for each class in turn its real

@@ -39,10 +39,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedskew.condense.distribution_matching import image_dtype
-from fedskew.condense.handoff import hand_off
 from fedskew.condense.synthetic import INITS, SynthesisOptions, SyntheticSet, check_data, start_set
 from fedskew.core.device import Precision
 from fedskew.core.errors import ConfigError, DataError
+from fedskew.core.handoff import hand_off
 from fedskew.progress import progress_bar
 
 Kernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -309,7 +309,7 @@ def _checked_start(start: SyntheticSet, x_real: torch.Tensor, num_classes: int) 
 @dataclass
 class KIPRequest:
     """One client's KIP, prepared (its start checked, its targets made) and offered to a hand-off
-    (:mod:`fedskew.condense.handoff`) before its steps.
+    (:mod:`fedskew.core.handoff`) before its steps.
 
     Whoever runs it must draw from ``generator``, at every step, what :func:`kip` draws: the target batch
     (``torch.randperm`` of the real data, the first ``cfg.target_batch``), then the step's kernel's draws
