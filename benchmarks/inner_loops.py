@@ -23,7 +23,8 @@ it needs the Fashion-MNIST files (``FEDSKEW_DATA`` or ``--data-dir``).
 
 The process keeps freed memory (:func:`fedskew.core.allocator.keep_freed_memory`), as fedskew's run and
 condense processes do. The images are the real Fashion-MNIST training images when ``FEDSKEW_DATA`` (or
-``--data-dir``) holds them, else standard normal noise of the same shape (what a step costs does not depend on the pixel values).
+``--data-dir``) holds them, else standard normal noise of the same shape (what a step costs does not
+depend on the pixel values).
 The last line printed is one JSON object.
 
     FEDSKEW_DATA=../shared/datasets python benchmarks/inner_loops.py --threads 1           # CPU, ~3-6 min
