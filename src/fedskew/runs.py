@@ -340,6 +340,33 @@ def _is_run_folder(path: Path) -> bool:
     return (path / SUMMARY_FILE).is_file() or (path / METRICS_FILE).is_file()
 
 
+def experiment_runs(folder: Path) -> list[Path]:
+    """The run folders directly in ``folder`` (an experiment folder: ``fedskew run`` puts its runs there), sorted."""
+    try:
+        return sorted(d for d in Path(folder).iterdir() if d.is_dir() and _is_run_folder(d))
+    except OSError:
+        return []
+
+
+def experiment_of(run_dirs: Sequence[Path]) -> Path | None:
+    """The experiment folder of ``run_dirs``: the folder directly holding all of them (``EXP`` of ``EXP/<run>``),
+    or None when they lie in different folders."""
+    parents = {Path(d).resolve().parent for d in run_dirs}
+    return parents.pop() if len(parents) == 1 else None
+
+
+def report_folder(run_dirs: Sequence[Path]) -> Path:
+    """Where the report of ``run_dirs`` goes by default: ``report/`` in their experiment folder when they are
+    all of its runs (a one-run experiment's report is the one ``fedskew run`` wrote, ``EXP/report/``, not one
+    inside the run folder), else ``report/`` in their common folder (one run of several: in its run folder, so
+    that the experiment's report is not replaced by a report of part of it)."""
+    resolved = [Path(d).resolve() for d in run_dirs]
+    home = experiment_of(resolved)
+    if home is not None and set(experiment_runs(home)) == set(resolved):
+        return home / "report"
+    return Path(os.path.commonpath([str(d) for d in resolved])) / "report"
+
+
 def find_runs(paths: Sequence[Path]) -> list[Path]:
     """Run folders given directly or found below the given folders.
 

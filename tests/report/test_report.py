@@ -272,9 +272,9 @@ def test_plot_titles_name_the_experiment_and_centralised_is_a_reference_line(tmp
     summary = json.loads((tmp_path / "b" / "summary.json").read_text())
     (tmp_path / "b" / "summary.json").write_text(json.dumps({**summary, "algorithm": "centralized", "label": "C"}))
     runs = [load_run(p) for p in find_runs([tmp_path])]
-    assert experiment_title(runs) == "Fashion-MNIST, dirichlet (alpha=0.1)"  # built-in datasets by their title
+    assert experiment_title(runs) == "Fashion-MNIST, Dirichlet α=0.1"  # built-in datasets by their title
     _experiment_run(tmp_path / "p", "my_plugin_data", 0, [0.3, 0.4])
-    assert experiment_title([load_run(tmp_path / "p")]) == "my_plugin_data, dirichlet (alpha=0.1)"
+    assert experiment_title([load_run(tmp_path / "p")]) == "my_plugin_data, Dirichlet α=0.1"
     _experiment_run(tmp_path / "c", "digits", 0, [0.3, 0.4])
     assert experiment_title([load_run(p) for p in find_runs([tmp_path])]).startswith("several datasets")
 

@@ -36,6 +36,7 @@ EPILOG = """examples:
   fedskew run experiments/fmnist_fedavg.toml --out runs/f --resume   finish an interrupted experiment
   fedskew partition experiments/fmnist_fedavg.toml
   fedskew report runs/default
+  fedskew report runs/default --format pdf --preset single --no-titles   figures for one column of a paper
   fedskew audit runs/feddc_cifar10                 privacy of the condensed images FedDC clients sent
   fedskew condense --dataset fashion_mnist --method dm --ipc 10 --iterations 200   condense and score a set
   fedskew condense my_set.toml ipc=10 model.net_width=32   the same from a settings file and overrides
@@ -94,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     pa = sub.add_parser("partition", help="print per-client class counts and save a bubble plot or heat map")
     pa.add_argument("config", help="TOML config file or built-in config name")
     pa.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
-    pa.add_argument("--out", help="PNG path (default: partition-<name>.png)")
+    pa.add_argument("--out", help="file to write, .png, .pdf or .svg (default: partition-<partitioner>.png in the "
+                                  "current folder)")
     pa.add_argument("--style", choices=["auto", "bubble", "heatmap"], default="auto",
                     help="bubbles per client and class, or a heat map (auto: a heat map from 100 clients on)")
     pa.add_argument("--data-dir", help=data_help)
@@ -113,10 +115,20 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--label", default="", metavar="TEMPLATE",
                     help="relabel the runs: {label} is a run's own label, {KEY} its value of a config key, e.g. "
                          "--label '{label}, KL {algorithm.kl_reduction}' (as fedskew run --label)")
-    rp.add_argument("--format", choices=["png", "pdf", "svg"], default="png",
+    rp.add_argument("--format", choices=["png", "pdf", "svg"],
                     help="file format of the figures (default png; a pdf figure also gets the png copy that "
-                         "report.html shows)")
-    rp.add_argument("--dpi", type=int, default=150, help="resolution of raster figures, 50 to 1200 (default 150)")
+                         "report.html shows; pdf and eps fonts are embedded TrueType, not Type 3)")
+    rp.add_argument("--dpi", type=int, help="resolution of raster figures, 50 to 1200 (default 150)")
+    rp.add_argument("--preset", choices=["single", "double"],
+                    help="figures for a two-column paper: single (one column, 3.3 in wide, 8 pt) or double (both "
+                         "columns, 6.9 in, 9 pt); --width and --font-size win over it")
+    rp.add_argument("--width", type=float, metavar="INCHES", help="figure width (default: each figure's own, "
+                                                                  "7 in for the curves)")
+    rp.add_argument("--height", type=float, metavar="INCHES", help="figure height (default: the figure's own "
+                                                                   "aspect ratio at that width)")
+    rp.add_argument("--font-size", type=float, metavar="POINTS", help="base font size (default 10)")
+    rp.add_argument("--no-titles", dest="titles", action="store_false", default=None,
+                    help="figures without titles (a paper's caption says what they show)")
     rp.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_import(rp)
     rp.set_defaults(func=cmd_report)

@@ -47,6 +47,8 @@ TOP_LEVEL: dict[str, str] = {
             "personalized_lr, personalized_batch_size",
     "ray": "table: the Ray engine: address (empty: a local instance), num_cpus, num_gpus per client job",
     "logging": "table: extra logs of a run: tensorboard = true writes TensorBoard event files (fedskew[tensorboard])",
+    "report": "table: how the experiment's report looks: format (png, pdf, svg), dpi, width and height (inches), "
+              "font_size (points), titles (true/false), preset (single or double column of a paper)",
     "variants": "list of tables of dotted overrides, one run each (with a label)",
     "sweep": "table of dotted keys and lists of values: a grid of runs, every variant at every combination",
     "plugins": "modules and .py files (relative to the config file) to import first: they register algorithms, "

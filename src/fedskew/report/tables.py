@@ -116,6 +116,29 @@ def separate_experiments(runs: list[RunData], group_by: Sequence[str] = (), labe
     return runs
 
 
+def differing_settings(runs: list[RunData]) -> list[str]:
+    """The keys of the dataset, partition and model tables (:data:`EXPERIMENT_TABLES`, ``data_dir`` aside) and
+    ``rounds`` on which the runs differ: runs of different experiments, whatever their labels (runs without a
+    ``config.toml`` are not compared). An unset key is at its default, as for runs sharing a label."""
+    known = [(run, _identity(run)) for run in runs if run.config]
+    keys = sorted({k for _, identity in known for k in identity})
+    differ = [k for k in keys if len({repr(_setting(run, identity, k)) for run, identity in known}) > 1]
+    if len({run.summary.get("rounds") for run in runs}) > 1:
+        differ.append("rounds")
+    return differ
+
+
+def differing_line(runs: list[RunData]) -> str:
+    """One line saying that the runs come from different experiments and on which keys they differ
+    (:func:`differing_settings`), or "" where they do not."""
+    keys = differing_settings(runs)
+    if not keys:
+        return ""
+    shown = ", ".join(keys[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")
+    return (f"note: these runs come from different experiments: they differ in {shown}; compare them with care "
+            "(no best value is marked)")
+
+
 def group_runs(runs: Iterable[RunData]) -> dict[str, list[RunData]]:
     """Runs by label, labels in order of first appearance."""
     groups: dict[str, list[RunData]] = {}
