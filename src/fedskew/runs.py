@@ -452,6 +452,23 @@ def _read_config(path: Path) -> dict[str, Any]:
         raise FedskewError(f"cannot read {path}: {e}") from None
 
 
+def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A run's config as ``{"partition.alpha": 0.1, "rounds": 30, ...}``: nested tables flattened into dotted keys,
+    lists as tuples (hashable, so that a frame can group by them)."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flat_config(value, f"{name}."))
+        else:
+            flat[name] = _frozen(value)
+    return flat
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
+
+
 def load_run(path: Path) -> RunData:
     """Read one run folder.
 
