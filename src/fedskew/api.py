@@ -246,7 +246,7 @@ def select_labels(runs: list[RunSpec], wanted: list[str]) -> list[RunSpec]:
     if unknown:
         hint = ""
         if any("=" in w for w in unknown):
-            hint = "; overrides go before --only, e.g. `fedskew run CONFIG rounds=5 --only LABEL`"
+            hint = "; a KEY=VALUE word is an override only where KEY is a config key (rounds=5, partition.alpha=0.5)"
         variants = list(dict.fromkeys(r.selectors[-1] if r.selectors else r.label for r in runs))
         shown = ", ".join(map(repr, variants[:20]))
         if len(variants) > 20:

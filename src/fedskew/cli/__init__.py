@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import threading
@@ -82,8 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "continue the experiment in DIR (finished runs kept, interrupted ones resumed)")
     r.add_argument("--only", nargs="+", metavar="LABEL",
                    help="run only the variants with these labels (a variant's label selects all its grid points; "
-                        "a point's full label, that point; every word after it is a label: put overrides before "
-                        "--only)")
+                        "a point's full label, that point); a KEY=VALUE word after it whose KEY is a config key "
+                        "(rounds=5, partition.alpha=0.5) is an override, not a label")
     r.add_argument("--force", action="store_true", help="overwrite runs already in --out")
     r.add_argument("--label", help="label of the runs (after --only) in tables and plots; {label} is each "
                                    "variant's own label and {KEY} a config value, e.g. "
@@ -212,7 +213,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     argparse fills a list positional from one run of words only, so words after an option come back
     unrecognised; they are appended, in order, to the command's list (:data:`TRAILING`). ``run`` takes only
     ``key=value`` words there (a second config file is an error), and anything starting with ``-`` stays an
-    unrecognised option. ``--only LABEL ...`` still takes every word after it as a label.
+    unrecognised option. ``--only LABEL ...`` takes the words after it as labels, but for ``KEY=VALUE`` words whose KEY
+    is a config key (:func:`_is_override`), which are overrides wherever they stand.
     """
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -223,7 +225,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if extra:
         setattr(args, dest, [*(getattr(args, dest) or []), *extra])  # type: ignore[arg-type]
+    if args.command == "run" and args.only:  # `--only FedAvg rounds=5`: the override is one, not a label
+        moved = [w for w in args.only if _is_override(w)]
+        args.only = [w for w in args.only if w not in moved] or None
+        args.overrides = [*args.overrides, *moved]
+        if args.only is None:
+            parser.error("--only needs at least one label (the words after it were overrides)")
     return args
+
+
+def _is_override(word: str) -> bool:
+    """Whether ``word`` is ``KEY=VALUE`` with KEY a config key (``rounds``, ``partition.alpha``): an override
+    wherever it stands (a label is not written so)."""
+    from fedskew.config.files import TOP_LEVEL
+
+    key, eq, _ = word.partition("=")
+    dotted = re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", key) is not None
+    return bool(eq) and dotted and key.split(".")[0] in TOP_LEVEL
 
 
 class Terminated(KeyboardInterrupt):
