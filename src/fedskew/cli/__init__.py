@@ -106,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("report", help="plots, comparison table and report.html for run folders")
     rp.add_argument("runs", nargs="+", help="run folders or their parents")
-    rp.add_argument("--out", help="output folder (default: <common parent>/report)")
+    rp.add_argument("--out", help="output folder (default: EXP/report when the runs are those of one experiment "
+                                  "folder EXP, also a one-run one; else <common parent>/report)")
     rp.add_argument(
         "--group-by", action="append", metavar="KEY[,KEY]",
         help="config keys whose values tell runs apart in the labels (dataset.name, algorithm.tau, ...; "
@@ -118,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "--label '{label}, KL {algorithm.kl_reduction}' (as fedskew run --label)")
     rp.add_argument("--format", choices=["png", "pdf", "svg"],
                     help="file format of the figures (default png; a pdf figure also gets the png copy that "
-                         "report.html shows; pdf and eps fonts are embedded TrueType, not Type 3)")
+                         "report.html shows, and embeds TrueType fonts, not Type 3). These options default to the "
+                         "[report] table of the runs' configs")
     rp.add_argument("--dpi", type=int, help="resolution of raster figures, 50 to 1200 (default 150)")
     rp.add_argument("--preset", choices=["single", "double"],
                     help="figures for a two-column paper: single (one column, 3.3 in wide, 8 pt) or double (both "
