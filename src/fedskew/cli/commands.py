@@ -58,7 +58,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedskew.api import plan
     from fedskew.config import parse_overrides
     from fedskew.engine.experiment import resume_run, run_experiment
-    from fedskew.report import write_report
 
     overrides = parse_overrides(args.overrides)
     progress = not args.no_progress
@@ -99,6 +98,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         run_experiment(runs, parent, data_dir=_data_dir(args), progress=progress)
         parents = [parent]
     # The experiment's report, EXP/report/: after --resume RUN, that of every run of RUN's experiment folder
+    from fedskew.report import write_report  # matplotlib: imported once the runs are done, not before they start
+
     runs_of: list[Path] = parents
     try:
         runs_of, folder = _experiment_report(parents) if args.resume else (parents, parents[0] / "report")
