@@ -17,6 +17,7 @@ user runs it, ``--repeat`` times, alternating with ``python -c "import torch"``,
     python benchmarks/startup.py                                  # the default experiment, rounds=1, FedAvg
     python benchmarks/startup.py --repeat 5 -- experiments/fmnist_fedavg.toml rounds=3
     PYTHONPATH=../main/src python benchmarks/startup.py           # another version of fedskew, same interpreter
+    PYTHONPYCACHEPREFIX=/tmp/none python benchmarks/startup.py    # as if no .pyc had been written (fresh clone)
 
 The last line printed is one JSON object. Machines shared with other work swing by seconds: compare versions
 in one call (``--repeat`` alternates them with the torch baseline) and read the medians.
@@ -64,6 +65,8 @@ timed(experiment, "build_federation", "federation")
 timed(workers.WorkerPool, "__init__", "pool")
 timed(round_loop.RoundLoop, "_one_round", "rounds")
 timed(html, "write_report", "report")
+import fedskew.report
+fedskew.report.write_report = html.write_report  # what `fedskew run` imports from the package
 code = fedskew.cli.main(sys.argv[1:])
 phases["total_in_process"] = time.perf_counter() - t0
 print("PHASES " + json.dumps(phases), file=sys.stderr)

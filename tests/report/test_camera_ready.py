@@ -197,6 +197,8 @@ def test_a_one_run_experiment_has_one_report_folder(tmp_path: Path) -> None:
     _experiment_run(exp / "FedAvg-seed0", "digits", 0, [0.2, 0.3])
     assert main(["report", str(exp), "--no-progress"]) == 0
     assert (exp / "report" / "report.html").is_file() and not (exp / "FedAvg-seed0" / "report").exists()
+    page = (exp / "report" / "report.html").read_text()
+    assert f"1 run(s) under <code>{exp.resolve()}</code>" in page and "<td>FedAvg-seed0</td>" in page
     assert report_folder([exp / "FedAvg-seed0"]) == (exp / "report").resolve()
     _experiment_run(exp / "FedAvg-seed1", "digits", 1, [0.2, 0.4])
     assert report_folder([exp / "FedAvg-seed1"]) == (exp / "FedAvg-seed1" / "report").resolve()

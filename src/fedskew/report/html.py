@@ -254,6 +254,8 @@ def write_report(paths: Sequence[Path], out_dir: Path | None = None, group_by: S
                         for r in loaded], runs)
     root = Path(os.path.commonpath([str(p.resolve()) for p in run_paths]))
     out = Path(out_dir) if out_dir is not None else report_folder(run_paths)
+    if out_dir is None:
+        root = out.parent  # the experiment folder of a one-run experiment, not its run folder
     rows = comparison_table(runs)
     write_table(rows, out)
     with progress_bar(total=3, desc=f"report of {len(runs)} run(s)", unit="step", enabled=progress) as bar:
