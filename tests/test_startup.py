@@ -12,7 +12,7 @@ from tests.cli_process import environment
 
 RUN_PATH = ("fedskew.cli", "fedskew.cli.commands", "fedskew.api", "fedskew.config", "fedskew.engine.experiment",
             "fedskew.engine.session", "fedskew.engine.round_loop", "fedskew.engine.tensorboard",
-            "fedskew.engine.workers", "fedskew.report", "fedskew.report.style", "fedskew.runs")
+            "fedskew.engine.workers", "fedskew.report", "fedskew.core.figures", "fedskew.runs")
 
 
 def test_the_modules_a_run_starts_with_import_no_plotting_or_tracker_package() -> None:

@@ -62,8 +62,8 @@ def test_pdf_figures_embed_truetype_fonts_not_type3(tmp_path: Path) -> None:
 
 def test_partition_plot_and_condensed_grids_share_the_style(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from fedskew.condense.grids import labelled_grid_figure
+    from fedskew.core.figures import DEFAULT_STYLE
     from fedskew.data.partition_plot import bubble_plot, heatmap_plot
-    from fedskew.report.style import DEFAULT_STYLE
 
     counts = np.array([[5, 0, 3], [0, 7, 1]])
     for draw in (bubble_plot, heatmap_plot):
@@ -240,3 +240,20 @@ def test_resume_and_audit_update_the_experiment_report(tmp_path: Path, monkeypat
     monkeypatch.setattr(commands, "_experiment_report", spy)
     assert main(["audit", str(run_dir), "--no-progress"]) == 0
     assert written == [exp.resolve() / "report"] and not (run_dir / "report").exists()
+
+
+def test_fedskew_partition_names_the_data_as_the_report_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The partition plot's title had the raw names and every key (``min_size=5``); it is a PDF where asked."""
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(dump(tiny_config(rounds=1)))
+    titles: list[str] = []
+    original = Figure.savefig
+
+    def spy(self: Figure, *args: object, **kwargs: object) -> None:
+        titles.append(self.axes[0].get_title())
+        original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    assert main(["partition", str(cfg), "--out", str(tmp_path / "p.pdf")]) == 0
+    assert titles == ["synthetic data, Dirichlet α=0.5, 6 clients"]
+    assert b"/Subtype /Type3" not in (tmp_path / "p.pdf").read_bytes()

@@ -133,7 +133,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
     part = Partition(indices=[np.arange(fed.offsets[k], fed.offsets[k + 1]) for k in range(fed.info.num_clients)])
     labels = fed.y.numpy()
     print(summarize(part, labels, fed.info.num_classes))
-    from fedskew.report.style import dataset_title, partition_title
+    from fedskew.core.figures import dataset_title, partition_title
 
     out = Path(args.out or f"partition-{config.partition.name}.png")  # in the current folder, as --help says
     title = f"{dataset_title(config.dataset.name)}, {partition_title(partition)}"  # the report's names
@@ -144,8 +144,8 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from fedskew.core.figures import style_of
     from fedskew.report import write_report
-    from fedskew.report.style import style_of
     from fedskew.runs import find_runs, load_run
 
     paths = [Path(p) for p in args.runs]

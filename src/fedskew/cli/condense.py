@@ -316,9 +316,9 @@ def _settings(args: argparse.Namespace) -> MethodSettings:
 def cmd_condense(args: argparse.Namespace, data_dir: str | None) -> int:
     """Run ``fedskew condense`` (see the module docstring); returns the exit code."""
     from fedskew.condense.grids import labelled_grid_figure, save_figure
+    from fedskew.core.figures import DEFAULT_STYLE, dataset_title
     from fedskew.data import load_dataset
     from fedskew.models import create_model
-    from fedskew.report.style import DEFAULT_STYLE, dataset_title
 
     args = resolve_settings(args)
     settings = _settings(args)

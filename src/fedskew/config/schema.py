@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from fedskew.core.engines import check_engine
 from fedskew.core.errors import ConfigError
+from fedskew.core.figures import FigureStyle
 from fedskew.core.params import build_params, check
 from fedskew.core.seeding import numpy_rng
 from fedskew.plugins import check_specs, load_plugins
-from fedskew.report.style import FigureStyle
 from fedskew.runs import check_folder_name, check_label
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@
 The usual picture of label skew in FL papers: one column per client, one row per class, and a
 circle whose area is the number of samples of that class the client holds. It shows at a glance
 how many classes each client has and how unequal the client sizes are, which a table of 200
-rows does not. Both plots are drawn in the report's style (:class:`fedskew.report.style.FigureStyle`: fonts,
+rows does not. Both plots are drawn in the report's style (:class:`fedskew.core.figures.FigureStyle`: fonts,
 dpi, TrueType fonts in a PDF), class 0 on top as in the report's per-class heat maps.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from fedskew.report.style import DEFAULT_STYLE, FigureStyle
+from fedskew.core.figures import DEFAULT_STYLE, FigureStyle
 
 __all__ = ["bubble_plot", "heatmap_plot", "partition_plot"]
 
@@ -111,7 +111,7 @@ def bubble_plot(counts: np.ndarray, path: Path, title: str = "", class_names: li
     class_names
         Labels for the class axis (default: the class indices).
     look
-        The figure style (:class:`~fedskew.report.style.FigureStyle`; default: the report's default): fonts,
+        The figure style (:class:`~fedskew.core.figures.FigureStyle`; default: the report's default): fonts,
         dpi, titles.
 
     Returns

@@ -4,7 +4,8 @@
 folders is :mod:`fedskew.runs`' (``RunData``, ``find_runs`` and ``load_run`` are re-exported here).
 
 The package is also callable: ``fedskew.report(runs)`` is :func:`report`. Its names are imported on first use
-(matplotlib with them), so that importing :mod:`fedskew.report.style` (the ``[report]`` config table) costs nothing.
+(matplotlib with them): importing the package costs nothing until a report is drawn. How the figures look is
+:mod:`fedskew.core.figures`' (:class:`FigureStyle`, re-exported here).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedskew.report.style import DEFAULT_DPI, FORMATS, PRESETS, FigureStyle
+from fedskew.core.figures import DEFAULT_DPI, FORMATS, PRESETS, FigureStyle
 from fedskew.runs import RunData, find_runs, load_run
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ def report(runs: Any, out: str | os.PathLike[str] | None = None, group_by: Seque
     wide at 8 pt; ``"double"``: both columns, 6.9 in at 9 pt). PDF and PostScript figures embed TrueType fonts
     (no Type 3 fonts, which paper submission checks refuse).
     """
-    from fedskew.report.style import style_of
+    from fedskew.core.figures import style_of
 
     changes = {"width": width, "height": height, "font_size": font_size, "titles": titles, "preset": preset}
     items = runs if isinstance(runs, Sequence) and not isinstance(runs, str) else [runs]

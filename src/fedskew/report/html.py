@@ -20,11 +20,11 @@ from typing import Any
 from urllib.parse import quote
 
 from fedskew.config.variants import expand_label
+from fedskew.core.figures import FigureStyle, style_of
 from fedskew.metrics.catalog import column
 from fedskew.progress import progress_bar
 from fedskew.report.order import in_config_order
 from fedskew.report.plots import experiment_title, plot_clients, plot_curves, synthetic_grids
-from fedskew.report.style import FigureStyle, style_of
 from fedskew.report.tables import (
     comparison_table,
     differing_line,
@@ -236,8 +236,8 @@ def write_report(paths: Sequence[Path], out_dir: Path | None = None, group_by: S
         A progress bar of the figures on standard error (:func:`fedskew.progress.progress_bar`: plain lines
         where it is not a terminal); ``fedskew report`` shows it.
     style
-        How the figures look (:class:`~fedskew.report.style.FigureStyle`: size, font size, titles, a paper
-        preset); None: the ``[report]`` table the runs' configs share (:func:`~fedskew.report.style.style_of`).
+        How the figures look (:class:`~fedskew.core.figures.FigureStyle`: size, font size, titles, a paper
+        preset); None: the ``[report]`` table the runs' configs share (:func:`~fedskew.core.figures.style_of`).
 
     Returns
     -------

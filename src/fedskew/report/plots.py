@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from fedskew.core.errors import FedskewError
-from fedskew.report.style import (
+from fedskew.core.figures import (
     DATASET_TITLES,
     DEFAULT_DPI,
     DEFAULT_STYLE,
@@ -171,7 +171,7 @@ BAND = "shaded: mean ± 1 sample std over seeds"
 
 def experiment_title(runs: list[RunData]) -> str:
     """What the runs were run on, for plot titles: the dataset and the partition with the parameters that say
-    what it is (:func:`~fedskew.report.style.partition_title`: ``Dirichlet α=0.1, 10 clients``, not how it is
+    what it is (:func:`~fedskew.core.figures.partition_title`: ``Dirichlet α=0.1, 10 clients``, not how it is
     drawn, ``min_size`` or ``max_retries``), those all runs share; "several datasets" etc. where they differ."""
     def common(table: str) -> dict[str, Any] | None:
         tables = [{k: v for k, v in (run.config.get(table) or {}).items() if k != "data_dir"} for run in runs]
@@ -225,7 +225,7 @@ def _title_width(ax: Axes, style: FigureStyle, share: float = 1.0) -> int:
 def plot_curves(runs: list[RunData], out_dir: Path, fmt: str | None = None, dpi: int | None = None,
                 kinds: Mapping[str, tuple[str, str]] | None = None, style: FigureStyle | None = None) -> list[Path]:
     """Write the comparison plots into ``out_dir``, as ``fmt`` files (png, pdf or svg) at ``dpi`` (None: those of
-    ``style``), in ``style`` (:class:`~fedskew.report.style.FigureStyle`: size, fonts, titles).
+    ``style``), in ``style`` (:class:`~fedskew.core.figures.FigureStyle`: size, fonts, titles).
 
     Writes ``accuracy.png`` (test accuracy per round), ``class_variance.png`` (per-round class
     variance), ``bytes.png`` (accuracy against cumulative traffic in all directions, the fair axis
