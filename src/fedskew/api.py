@@ -52,23 +52,33 @@ class Results:
         return {r.run_dir.name: r.summary for r in self.runs}
 
     def to_frame(self, per: str = "run") -> Any:
-        """The results as a pandas DataFrame (``pip install pandas``), for sweeps and your own analysis.
+        """The results as a pandas DataFrame (``pip install pandas``; from the clone: ``pip install -e
+        '.[analysis]'``), for sweeps and your own analysis.
 
         ``per="run"``: one row per run (its label, seed and every scalar of its summary); ``per="round"``:
-        one row per run and round (label, seed and every scalar of the round's record).
+        one row per run and round (label, seed and every scalar of the round's record). Either way each row
+        also carries the run's resolved config (its ``config.toml``: every value it ran with, defaults
+        included) as dotted columns, ``partition.alpha``, ``algorithm.lr``, ``rounds`` ..., so that
+        ``frame.groupby("partition.alpha")`` sums up a sweep; a list value (``model.hidden``) is a tuple. Where
+        a summary or a record has a key of the same name (``rounds``), its value is the column's.
         """
         try:
             import pandas as pd
         except ImportError:
-            raise FedskewError("Results.to_frame needs pandas, which is not installed: pip install pandas") from None
+            raise FedskewError("Results.to_frame needs pandas, which is not installed: pip install pandas (from "
+                               "fedskew's clone: pip install -e '.[analysis]')") from None
         if per not in ("run", "round"):
             raise FedskewError(f"per must be 'run' or 'round', got {per!r}")
+        from fedskew.runs import CONFIG_FILE, flat_config, load_run
+
         rows: list[dict[str, Any]] = []
         for r in self.runs:
             who = {"label": r.summary.get("label"), "seed": r.summary.get("seed"), "run_dir": str(r.run_dir)}
+            config = flat_config(load_run(r.run_dir).config) if (r.run_dir / CONFIG_FILE).is_file() else {}
             tables = [r.summary] if per == "run" else r.records
             for table in tables:
-                rows.append({**who, **{k: v for k, v in table.items() if _scalar(v) and k not in who}})
+                row = {**who, **{k: v for k, v in table.items() if _scalar(v) and k not in who}}
+                rows.append({**row, **{k: v for k, v in config.items() if k not in row}})
         return pd.DataFrame(rows)
 
     def table(self) -> str:
@@ -236,7 +246,7 @@ def select_labels(runs: list[RunSpec], wanted: list[str]) -> list[RunSpec]:
     if unknown:
         hint = ""
         if any("=" in w for w in unknown):
-            hint = "; overrides go before --only, e.g. `fedskew run CONFIG rounds=5 --only LABEL`"
+            hint = "; a KEY=VALUE word is an override only where KEY is a config key (rounds=5, partition.alpha=0.5)"
         variants = list(dict.fromkeys(r.selectors[-1] if r.selectors else r.label for r in runs))
         shown = ", ".join(map(repr, variants[:20]))
         if len(variants) > 20:

@@ -340,6 +340,33 @@ def _is_run_folder(path: Path) -> bool:
     return (path / SUMMARY_FILE).is_file() or (path / METRICS_FILE).is_file()
 
 
+def experiment_runs(folder: Path) -> list[Path]:
+    """The run folders directly in ``folder`` (an experiment folder: ``fedskew run`` puts its runs there), sorted."""
+    try:
+        return sorted(d for d in Path(folder).iterdir() if d.is_dir() and _is_run_folder(d))
+    except OSError:
+        return []
+
+
+def experiment_of(run_dirs: Sequence[Path]) -> Path | None:
+    """The experiment folder of ``run_dirs``: the folder directly holding all of them (``EXP`` of ``EXP/<run>``),
+    or None when they lie in different folders."""
+    parents = {Path(d).resolve().parent for d in run_dirs}
+    return parents.pop() if len(parents) == 1 else None
+
+
+def report_folder(run_dirs: Sequence[Path]) -> Path:
+    """Where the report of ``run_dirs`` goes by default: ``report/`` in their experiment folder when they are
+    all of its runs (a one-run experiment's report is the one ``fedskew run`` wrote, ``EXP/report/``, not one
+    inside the run folder), else ``report/`` in their common folder (one run of several: in its run folder, so
+    that the experiment's report is not replaced by a report of part of it)."""
+    resolved = [Path(d).resolve() for d in run_dirs]
+    home = experiment_of(resolved)
+    if home is not None and set(experiment_runs(home)) == set(resolved):
+        return home / "report"
+    return Path(os.path.commonpath([str(d) for d in resolved])) / "report"
+
+
 def find_runs(paths: Sequence[Path]) -> list[Path]:
     """Run folders given directly or found below the given folders.
 
@@ -423,6 +450,23 @@ def _read_config(path: Path) -> dict[str, Any]:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise FedskewError(f"cannot read {path}: {e}") from None
+
+
+def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A run's config as ``{"partition.alpha": 0.1, "rounds": 30, ...}``: nested tables flattened into dotted keys,
+    lists as tuples (hashable, so that a frame can group by them)."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flat_config(value, f"{name}."))
+        else:
+            flat[name] = _frozen(value)
+    return flat
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
 
 
 def load_run(path: Path) -> RunData:

@@ -57,6 +57,8 @@ from fedskew.core.threads import num_threads
 METHODS = ("dc", "dm", "kip", "random")
 """Condensation methods of ``fedskew condense``; ``random`` is the random-real-subset baseline."""
 
+METHOD_TITLES = {"dc": "DC", "dm": "DM", "kip": "KIP", "random": "random real images"}
+"""How the grid's title names each method."""
 PUBLISHED_ITERATIONS = {"dc": 1000, "dm": 20000, "kip": 1000, "random": 0}
 """Default iteration counts: DC's 1000 outer iterations, DM's 20,000 steps, and 1000 KIP steps (the
 library default; KIP's own runs are longer)."""
@@ -314,6 +316,7 @@ def _settings(args: argparse.Namespace) -> MethodSettings:
 def cmd_condense(args: argparse.Namespace, data_dir: str | None) -> int:
     """Run ``fedskew condense`` (see the module docstring); returns the exit code."""
     from fedskew.condense.grids import labelled_grid_figure, save_figure
+    from fedskew.core.figures import DEFAULT_STYLE, dataset_title
     from fedskew.data import load_dataset
     from fedskew.models import create_model
 
@@ -353,9 +356,12 @@ def cmd_condense(args: argparse.Namespace, data_dir: str | None) -> int:
     info = {"dataset": args.dataset, "method": args.method, "ipc": args.ipc}
     save_set(out / "synthetic.safetensors", u, ds.mean, ds.std, info)
     names = [str(c) for c in ds.classes] or None
-    grid = labelled_grid_figure(u.images, u.labels, names, title=f"{args.dataset}, {args.method}, ipc {args.ipc}",
-                                scale=max(2, round(32 / int(u.images.shape[2]))))
-    save_figure(grid, out / "grid.png")
+    with DEFAULT_STYLE.context():  # the report's style and dataset names
+        method = METHOD_TITLES.get(args.method, args.method)
+        title = f"{dataset_title(args.dataset)}, {method}, {args.ipc} image{'s' if args.ipc != 1 else ''} per class"
+        grid = labelled_grid_figure(u.images, u.labels, names, title=title,
+                                    scale=max(2, round(32 / int(u.images.shape[2]))))
+        save_figure(grid, out / "grid.png", DEFAULT_STYLE.dpi)
     result = {
         **info,
         "seed": args.seed,
