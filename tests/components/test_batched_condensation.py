@@ -129,7 +129,7 @@ def test_the_readings_differ_with_batchnorm(float64: None) -> None:
     """With BatchNorm the two readings are two computations, and requests of each condense in groups of their
     own."""
     base = dict(iterations=3, ipc=2, image_lr=0.5, momentum=0.0, real_batch=8, init="real")
-    separate, _ = requests_and_sequential("fedaf", "batchnorm", DMConfig(**base))
+    separate, _ = requests_and_sequential("fedaf", "batchnorm", DMConfig(**base, bn_statistics="separate"))
     pooled, _ = requests_and_sequential("fedaf", "batchnorm", DMConfig(**base, bn_statistics="pooled"))
     assert _group_key(separate[0]) != _group_key(pooled[0])
     for a, b in zip(condense_batched(separate), condense_batched(pooled), strict=True):

@@ -129,6 +129,6 @@ def test_the_methods_pass_their_reading_to_the_matching(name: str) -> None:
         method = ALGORITHMS.get(name)
         assert method.dm_config(SimpleNamespace(params=spec.typed.algorithm.params), "mean", None).bn_statistics \
             == reading  # what the client's distribution_matching gets
-    assert resolve(base)[0].typed.algorithm.params.bn_statistics == "separate"
+    assert resolve(base)[0].typed.algorithm.params.bn_statistics == "pooled"
     with pytest.raises(ConfigError, match=r"algorithm\.bn_statistics must be one of 'separate', 'pooled', got 'x'"):
         resolve({**base, "algorithm": {"name": name, "bn_statistics": "x"}})

@@ -186,8 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--outer-loop", type=int, help="DC matching steps per network [DC's: 1 at ipc 1, 10 at 10]")
     co.add_argument("--inner-loop", type=int, help="DC network steps between them [DC's: 1 at ipc 1, 50 at 10]")
     co.add_argument("--kernel", help="KIP kernel: ntk or rf_convnet [ntk]")
-    co.add_argument("--bn-statistics", help="DM with a BatchNorm network: separate (real and synthetic images "
-                    "normalised in passes of their own, DM's code) or pooled (one pass) [separate]")
+    co.add_argument("--bn-statistics", help="DM with a BatchNorm network: pooled (real and synthetic images "
+                    "normalised in one pass) or separate (a pass each, DM's code) [pooled]")
     co.add_argument("--learn-labels", action="store_true", default=None,
                     help="KIP also learns the labels (saved as soft labels)")
     co.add_argument("--threads", type=int, help="torch threads [1: reproducible, fair to others]")

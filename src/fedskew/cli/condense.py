@@ -108,7 +108,7 @@ class MethodSettings:
     kernel: str = "ntk"
     rf_width: int = 128
     learn_labels: bool = False
-    bn_statistics: str = "separate"
+    bn_statistics: str = "pooled"
 
 
 def dc_loops(ipc: int) -> tuple[int, int]:
@@ -230,7 +230,7 @@ DEFAULTS: dict[str, Any] = {
     "dataset": "digits", "method": "dm", "ipc": 1, "iterations": None, "seed": 0, "out": None, "eval_epochs": 300,
     "eval_dsa": False, "model": "convnet", "net_width": None, "image_lr": None, "real_batch": None, "dsa": None,
     "outer_loop": None, "inner_loop": None, "kernel": "ntk", "learn_labels": False, "threads": 1,
-    "bn_statistics": "separate",
+    "bn_statistics": "pooled",
 }
 """The settings of ``fedskew condense`` and their defaults (``None``: the method's published value)."""
 
