@@ -1,0 +1,146 @@
+"""Issue 44, the fourth reliability pass: faults and resources (items 7, 8, 9, 10, 14 and 15).
+
+7. an unreachable MLflow server is one line naming it, in seconds;
+8. a report that cannot be written (a read-only folder, a full disk) is exit 1 naming it, the runs kept, no
+   partial report;
+9. a run's memory is estimated jointly before it starts, and a run that cannot fit is one line;
+10. ``checkpoint_every = 0`` writes the final checkpoint: the run can be extended and an experiment resume
+    continues it;
+14. W&B writes its files into the run folder;
+15. a stop never waits on a worker that died in the middle of sending a result (the watchdog is a guard, not the
+    path).
+
+Most cases run ``fedskew`` as a separate process, as a user does, with real failures: a closed port, a
+read-only bind mount, a file-size limit, real SIGTERMs.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fedskew.engine.checkpoint import load_checkpoint
+from fedskew.runs import LOCK_FILE
+from tests.cli_process import SRC, environment, fedskew, write_config
+from tests.engine.test_run_folders import LONG, rounds_of, start, started, wait_for  # noqa: F401
+
+ROOT = Path(__file__).resolve().parents[2]
+
+TRIALS = int(os.environ.get("FEDSKEW_SIGTERM_TRIALS", "5"))
+"""SIGTERM trials of item 15 (``benchmarks/integrity.py`` runs 20)."""
+
+
+# ---- 15. a stop never waits on a half-sent reply --------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["stop", "crash"])
+def test_a_worker_that_dies_mid_reply_never_holds_up_the_pool(kind: str) -> None:
+    """A worker stops in the middle of sending its result (tests/engine/pool_faults.py): the pool still ends in
+    seconds, stopped (its workers terminated, then closed) or crashed (the other worker alive: the wait for the
+    result ends in the one-line BROKEN error), with no semaphore leaked."""
+    env = environment(PYTHONPATH=f"{SRC}{os.pathsep}{ROOT}")
+    res = subprocess.run([sys.executable, "-m", "tests.engine.pool_faults", kind], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    seconds = float(res.stdout.split("ended in ")[1].split()[0])
+    assert seconds < 5.0, res.stdout
+    assert "leaked" not in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+HALF_A_REPLY = """
+import multiprocessing
+import struct
+import sys
+import time
+from pathlib import Path
+
+import fedskew.engine.workers as workers
+
+if multiprocessing.parent_process() is not None:  # in a pool worker: from round 3 on, send half a reply and stay
+    _task = workers._client_task
+
+    def _client_task(args):
+        if args[1].round >= 3 and Path(__file__).with_suffix(".on").exists():
+            frame = sys._getframe(1)  # as tests/engine/pool_faults.py's half_a_reply
+            while "result_queue" not in frame.f_locals:
+                frame = frame.f_back
+            frame.f_locals["result_queue"]._writer._send(struct.pack("!i", 1 << 20) + b"half a reply")
+            time.sleep(600)
+        return _task(args)
+
+    workers._client_task = _client_task
+"""
+
+
+def _stopped(proc: subprocess.Popen[str], run: Path) -> tuple[float, str]:
+    """SIGTERM ``proc``; the seconds it took to exit and its stderr, checked: exit 143 without the watchdog, no
+    leaked semaphore, no traceback, no lock left, the metrics a prefix of rounds and a checkpoint of one of them."""
+    from fedskew.cli import STOP_GRACE_S
+
+    t0 = time.monotonic()
+    proc.terminate()
+    code = proc.wait(STOP_GRACE_S + 60)
+    took = time.monotonic() - t0
+    err = proc.stderr.read() if proc.stderr else ""
+    assert code == 143, err
+    assert "of winding down" not in err, err  # the watchdog's line: it had to end the process
+    assert err.count("fedskew: terminated") == 1 and "leaked" not in err and "Traceback" not in err, err
+    assert not (run / LOCK_FILE).exists()
+    done = rounds_of(run)
+    assert done == list(range(1, len(done) + 1))
+    assert 1 <= int(load_checkpoint(run / "checkpoints")["round"]) <= len(done)
+    return took, err
+
+
+def _resumes(run: Path, cwd: Path) -> None:
+    """``--resume`` of the stopped run (one more round, one process) finishes, so nothing holds the folder."""
+    ck = int(load_checkpoint(run / "checkpoints")["round"])
+    res = fedskew("run", "--resume", str(run), f"rounds={ck + 1}", "workers=1", "--no-progress", cwd=cwd)
+    assert res.code == 0, res.err
+    assert rounds_of(run) == list(range(1, ck + 2))
+
+
+def test_sigterm_while_a_reply_is_half_sent_never_waits_for_the_watchdog(tmp_path: Path,
+                                                                         started: list) -> None:  # noqa: F811
+    """The red team's hang, made certain: a worker of a two-worker run has sent half its round-3 reply when SIGTERM
+    comes (the executor's thread waits for the rest): exit 143 well within the grace period, without the watchdog,
+    no leaked semaphore, no lock left, and the run resumes."""
+    from fedskew.cli import STOP_GRACE_S
+
+    plugin = tmp_path / "half_a_reply.py"
+    plugin.write_text(HALF_A_REPLY)
+    plugin.with_suffix(".on").touch()
+    cfg = write_config(tmp_path / "half.toml", rounds=LONG, workers=2)
+    run = tmp_path / "half" / "fedavg-seed0"
+    proc = start(started, tmp_path, "run", str(cfg), "--import", str(plugin), "--out", "half", "--no-progress")
+    wait_for(lambda: (run / "metrics.jsonl").is_file() and len(rounds_of(run)) >= 2, what="round 2")
+    time.sleep(1.0)  # round 3's first reply is half sent
+    took, _ = _stopped(proc, run)
+    assert took < STOP_GRACE_S - 1.0, took
+    plugin.with_suffix(".on").unlink()
+    _resumes(run, tmp_path)
+
+
+def test_sigterm_at_random_moments_of_a_two_worker_run(tmp_path: Path, started: list) -> None:  # noqa: F811
+    """``FEDSKEW_SIGTERM_TRIALS`` (5; 20 in benchmarks/integrity.py) SIGTERMs at random moments after round 2 of a
+    two-worker run with larger replies (more of each round is spent sending them): each as above, and the last
+    run resumes."""
+    from fedskew.cli import STOP_GRACE_S
+
+    rng = random.Random(44)
+    times = []
+    for trial in range(TRIALS):
+        cfg = write_config(tmp_path / f"t{trial}.toml", rounds=LONG, workers=2, model={"name": "mlp",
+                                                                                      "hidden": [512, 512]})
+        run = tmp_path / f"o{trial}" / "fedavg-seed0"
+        proc = start(started, tmp_path, "run", str(cfg), "--out", f"o{trial}", "--no-progress")
+        wait_for(lambda run=run: (run / "metrics.jsonl").is_file() and len(rounds_of(run)) >= 2, what="round 2")
+        time.sleep(rng.uniform(0.0, 0.6))  # a random moment of a round
+        times.append(_stopped(proc, run)[0])
+    print(f"SIGTERM: {TRIALS} trials, seconds to exit: max {max(times):.2f}, mean {sum(times) / len(times):.2f}")
+    assert max(times) < STOP_GRACE_S - 1.0, times
+    _resumes(run, tmp_path)
