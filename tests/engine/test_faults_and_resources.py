@@ -21,13 +21,15 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from fedskew.engine.checkpoint import load_checkpoint
 from fedskew.runs import LOCK_FILE
-from tests.cli_process import SRC, environment, fedskew, write_config
+from tests.cli_process import SRC, Result, environment, fedskew, write_config
 from tests.engine.test_run_folders import LONG, rounds_of, start, started, wait_for  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -144,3 +146,44 @@ def test_sigterm_at_random_moments_of_a_two_worker_run(tmp_path: Path, started: 
     print(f"SIGTERM: {TRIALS} trials, seconds to exit: max {max(times):.2f}, mean {sum(times) / len(times):.2f}")
     assert max(times) < STOP_GRACE_S - 1.0, times
     _resumes(run, tmp_path)
+
+
+# ---- 10. checkpoint_every = 0 writes the final checkpoint ------------------------------------------------------
+@pytest.fixture
+def inline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Any:
+    """``fedskew ARGS`` run in this process, in ``tmp_path``; returns the exit code and the output."""
+    from fedskew.cli import main
+
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args: str) -> Result:
+        capsys.readouterr()
+        code = main(list(args))
+        out = capsys.readouterr()
+        return Result(code, out.out, out.err)
+
+    return run
+
+
+def test_checkpoint_every_0_writes_the_last_round_so_a_finished_run_can_be_extended(
+    tmp_path: Path, inline: Any, finished_run: Callable[[int], Path]
+) -> None:
+    cfg = write_config(tmp_path / "c.toml", rounds=2, checkpoint_every=0)
+    assert inline("run", str(cfg), "--out", "o", "--no-progress").code == 0
+    run = tmp_path / "o" / "fedavg-seed0"
+    assert int(load_checkpoint(run / "checkpoints")["round"]) == 2  # only the last round's
+    res = inline("run", "--resume", str(run), "rounds=3", "--no-progress")
+    assert res.code == 0, res.err
+    assert (run / "metrics.jsonl").read_bytes() == (finished_run(3) / "metrics.jsonl").read_bytes()
+
+
+def test_an_experiment_resume_continues_a_run_checkpointed_only_at_the_end(tmp_path: Path, inline: Any) -> None:
+    """Not rerun from round 1: the resume says it continues the run, and rounds 1-2 are kept as they were."""
+    cfg = write_config(tmp_path / "c.toml", rounds=2, checkpoint_every=0)
+    assert inline("run", str(cfg), "--out", "o", "--no-progress").code == 0
+    metrics = tmp_path / "o" / "fedavg-seed0" / "metrics.jsonl"
+    before = metrics.read_bytes()
+    res = inline("run", str(cfg), "rounds=3", "--out", "o", "--resume", "--no-progress")
+    assert res.code == 0, res.err
+    assert "0 run(s) finished, 1 to continue, 0 to start" in res.err
+    assert rounds_of(metrics.parent) == [1, 2, 3] and metrics.read_bytes().startswith(before)
