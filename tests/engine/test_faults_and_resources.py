@@ -187,3 +187,32 @@ def test_an_experiment_resume_continues_a_run_checkpointed_only_at_the_end(tmp_p
     assert res.code == 0, res.err
     assert "0 run(s) finished, 1 to continue, 0 to start" in res.err
     assert rounds_of(metrics.parent) == [1, 2, 3] and metrics.read_bytes().startswith(before)
+
+
+# ---- 14. W&B writes into the run folder ---------------------------------------------------------------------------
+def test_wandb_writes_its_files_into_the_run_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without WANDB_DIR: W&B's offline run is in the run folder's wandb/; nothing lands in the current folder, and
+    no run in the temporary folder."""
+    pytest.importorskip("wandb", reason="the tracker extra (pip install wandb) is not installed")
+    import tempfile
+
+    import fedskew
+    from tests.conftest import tiny_config
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    results = fedskew.run(tiny_config(rounds=2, logging={"wandb": True}), out=tmp_path / "o", progress=False)
+    run = results.runs[0].run_dir
+    offline = list((run / "wandb").glob("offline-run-*"))
+    assert len(offline) == 1 and any(f.suffix == ".wandb" and f.stat().st_size > 0 for f in offline[0].iterdir())
+    assert list(cwd.iterdir()) == []
+    assert not list(temp.rglob("offline-run-*")) and not list(temp.rglob("*.wandb"))  # (its service's files stay)
+    assert [r["round"] for r in results.runs[0].records] == [1, 2]

@@ -5,8 +5,9 @@ mlflow-skinny``) make the round loop hand each round's record to the tracker, as
 every numeric value under the same grouped name (:func:`~fedskew.engine.tensorboard.tensorboard_tag`:
 ``eval/accuracy``, ``comm/bytes_server_to_client`` ...) at step = round, and the run's settings as the
 tracker's config / params. Neither changes a run's own files. Both work offline: W&B with
-``WANDB_MODE=offline`` (its files under ``WANDB_DIR``), MLflow with a file store (``logging.mlflow_uri =
-"file:/path/mlruns"``, or ``MLFLOW_TRACKING_URI``; by default ``<run folder>/../mlruns``).
+``WANDB_MODE=offline`` (its files in the run folder's ``wandb/``, or under ``WANDB_DIR`` when that is set),
+MLflow with a file store (``logging.mlflow_uri = "file:/path/mlruns"``, or ``MLFLOW_TRACKING_URI``; by default
+``<run folder>/../mlruns``).
 """
 
 from __future__ import annotations
@@ -30,14 +31,19 @@ class Tracker(Protocol):
 
 
 class WandbTracker:
-    """One W&B run per fedskew run (its name: the run folder's); a resumed run continues the same W&B run."""
+    """One W&B run per fedskew run (its name: the run folder's); a resumed run continues the same W&B run.
+
+    W&B's files (``wandb/``: the offline run, its logs) go into the run folder, beside the run's own files, not
+    into the current folder (or the temporary folder when that cannot be written); ``WANDB_DIR``, when set,
+    still chooses another folder."""
 
     def __init__(self, cfg: dict[str, Any], run_dir: Path, project: str) -> None:
         import wandb
 
         run_id = f"{run_dir.parent.name}-{run_dir.name}"[-128:].replace("/", "_")
+        where = os.environ.get("WANDB_DIR") or str(run_dir.resolve())
         self._run = wandb.init(project=project, name=run_dir.name, id=run_id, resume="allow",
-                               config=hyperparameters(cfg), dir=None, reinit="finish_previous")
+                               config=hyperparameters(cfg), dir=where, reinit="finish_previous")
 
     def record(self, rec: dict[str, Any]) -> None:
         self._run.log(grouped_scalars(rec), step=int(rec["round"]))
