@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import random
+import socket
 import subprocess
 import sys
 import time
@@ -29,7 +30,7 @@ import pytest
 
 from fedskew.engine.checkpoint import load_checkpoint
 from fedskew.runs import LOCK_FILE
-from tests.cli_process import SRC, Result, environment, fedskew, write_config
+from tests.cli_process import SRC, Result, environment, fedskew, one_error, write_config
 from tests.engine.test_run_folders import LONG, rounds_of, start, started, wait_for  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -216,3 +217,50 @@ def test_wandb_writes_its_files_into_the_run_folder(tmp_path: Path, monkeypatch:
     assert list(cwd.iterdir()) == []
     assert not list(temp.rglob("offline-run-*")) and not list(temp.rglob("*.wandb"))  # (its service's files stay)
     assert [r["round"] for r in results.runs[0].records] == [1, 2]
+
+
+# ---- 7. an unreachable MLflow server is one line, in seconds ---------------------------------------------------
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_an_unreachable_mlflow_server_is_one_line_naming_it_before_anything_runs(tmp_path: Path,
+                                                                                 inline: Any) -> None:
+    """A closed port: one line naming the URI (without its password) within seconds, not after MLflow's 255 s of
+    retries; nothing written."""
+    pytest.importorskip("mlflow", reason="the tracker extra (pip install mlflow-skinny) is not installed")
+    port = _closed_port()
+    cfg = write_config(tmp_path / "c.toml", rounds=1, logging={"mlflow": True,
+                                                               "mlflow_uri": f"http://me:secret@127.0.0.1:{port}"})
+    t0 = time.monotonic()
+    line = one_error(inline("run", str(cfg), "--out", "o", "--no-progress"))
+    assert time.monotonic() - t0 < 10
+    assert f"logging.mlflow: the tracking server http://127.0.0.1:{port} cannot be reached (connection refused" in line
+    assert "secret" not in line and not (tmp_path / "o").exists()
+
+
+def test_the_mlflow_tracker_checks_its_server_and_lowers_mlflows_retries(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the run starts its tracker (a resumed deployment, a caller of the round loop): the same line, through
+    the tracker's one-line guard; MLflow's retries are lowered unless the environment sets them."""
+    pytest.importorskip("mlflow", reason="the tracker extra (pip install mlflow-skinny) is not installed")
+    from fedskew.core.errors import FedskewError
+    from fedskew.engine.trackers import MLFLOW_HTTP_DEFAULTS, MlflowTracker, OneLine, check_mlflow_server
+
+    for name in MLFLOW_HTTP_DEFAULTS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "7")
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    with pytest.raises(FedskewError, match=r"logging.mlflow: the tracking server http://127.0.0.1:\d+ cannot be"):
+        OneLine("mlflow", lambda: MlflowTracker({}, tmp_path / "run", uri, "exp"))
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2" and os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "7"
+    with socket.socket() as server:  # a server that listens is reached
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        check_mlflow_server(f"http://127.0.0.1:{server.getsockname()[1]}/mlflow")
+    check_mlflow_server("file:/nowhere/mlruns")  # not a server: left to MLflow
+    with pytest.raises(FedskewError, match="is not valid"):
+        check_mlflow_server("http://127.0.0.1:99999")
