@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -30,7 +31,7 @@ import pytest
 
 from fedskew.engine.checkpoint import load_checkpoint
 from fedskew.runs import LOCK_FILE
-from tests.cli_process import SRC, Result, environment, fedskew, one_error, write_config
+from tests.cli_process import SRC, Result, environment, fedskew, one_error, small_disk, snapshot, write_config
 from tests.engine.test_run_folders import LONG, rounds_of, start, started, wait_for  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -264,3 +265,70 @@ def test_the_mlflow_tracker_checks_its_server_and_lowers_mlflows_retries(tmp_pat
     check_mlflow_server("file:/nowhere/mlruns")  # not a server: left to MLflow
     with pytest.raises(FedskewError, match="is not valid"):
         check_mlflow_server("http://127.0.0.1:99999")
+
+
+# ---- 8. a report that cannot be written: exit 1 naming it, the runs kept, no partial report --------------------
+def test_a_read_only_report_folder_is_exit_1_naming_it_and_the_old_report_stays(tmp_path: Path) -> None:
+    """The report folder of an earlier run, made read-only (a read-only bind mount: root ignores chmod), and the
+    experiment run again with --force: exit 1, one line naming the report folder, the runs kept, the old report
+    as it was."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare")
+    cfg = write_config(tmp_path / "c.toml", rounds=1)
+    assert fedskew("run", str(cfg), "--out", "o", "--no-progress", cwd=tmp_path).code == 0
+    report = tmp_path / "o" / "report"
+    before = snapshot(report)
+    mount = f"mount --bind {report} {report} && mount -o remount,bind,ro {report}"
+    if subprocess.run(["unshare", "--mount", "sh", "-c", mount], capture_output=True).returncode != 0:
+        pytest.skip("cannot bind-mount read-only here")
+    res = fedskew("run", str(cfg), "rounds=2", "--out", "o", "--force", "--no-progress", cwd=tmp_path,
+                  prefix=["unshare", "--mount", "sh", "-c", f'{mount} && exec "$@"', "sh"])
+    line = one_error(res, code=1, after_start=True)
+    assert "the runs finished and are kept in o, but no report was written: read-only file system in o/report" in line
+    assert "fedskew report o" in line and ".partial" not in line
+    assert rounds_of(tmp_path / "o" / "fedavg-seed0") == [1, 2]
+    assert snapshot(report) == before
+
+
+def test_a_disk_that_fills_while_the_report_is_written_leaves_no_partial_report(tmp_path: Path) -> None:
+    """A real 256 KiB tmpfs: the run's files fit, its report (about 480 KiB) does not. Exit 1, one line naming the
+    report folder, the run kept and complete, no report folder and no temporary one; `fedskew report` of the kept
+    runs writes it afterwards."""
+    disk = small_disk(tmp_path, "256k")
+    kept = tmp_path / "kept"
+    script = (f'mount -t tmpfs -o size=256k tmpfs {disk} && cd {disk} && "$@"; code=$?; '
+              f"cp -r {disk}/o {kept}; exit $code")
+    cfg = write_config(tmp_path / "c.toml", rounds=1)
+    res = fedskew("run", str(cfg), "--out", "o", "--no-progress", cwd=tmp_path,
+                  prefix=["unshare", "--mount", "sh", "-c", script, "sh"])
+    line = one_error(res, code=1, after_start=True)
+    assert ("the runs finished and are kept in o, but no report was written: the disk is full (no space left on "
+            "device) while writing o/report; fix that, then `fedskew report o`") in line
+    assert sorted(p.name for p in kept.iterdir()) == ["fedavg-seed0"]  # no report, no .report.partial-*
+    assert (kept / "fedavg-seed0" / "summary.json").is_file() and rounds_of(kept / "fedavg-seed0") == [1]
+    assert fedskew("report", str(kept), "--no-progress", cwd=tmp_path).code == 0
+    assert len(list(kept.rglob("report.html"))) == 1
+
+
+def test_a_report_write_that_fails_part_way_leaves_the_folder_as_it_was(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """staged_folder: a new folder appears whole or not at all; an existing one keeps its other files and gets the
+    new ones only when every write succeeded."""
+    from fedskew.core.files import staged_folder
+
+    out = tmp_path / "report"
+    with pytest.raises(OSError), staged_folder(out) as stage:
+        (stage / "a.md").write_text("a")
+        raise OSError(28, "No space left on device")
+    assert list(tmp_path.iterdir()) == []
+    with staged_folder(out) as stage:
+        (stage / "a.md").write_text("a")
+        (stage / "b.png").write_text("b")
+    (out / "mine.txt").write_text("kept")
+    with pytest.raises(OSError), staged_folder(out) as stage:
+        (stage / "a.md").write_text("new a")
+        raise OSError(30, "Read-only file system")
+    assert snapshot(out) == {"a.md": b"a", "b.png": b"b", "mine.txt": b"kept"}
+    with staged_folder(out) as stage:
+        (stage / "a.md").write_text("new a")
+    assert snapshot(out) == {"a.md": b"new a", "b.png": b"b", "mine.txt": b"kept"}

@@ -81,15 +81,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"fedskew: {len(runs)} run(s) -> {parent}", file=sys.stderr)
         run_experiment(runs, parent, data_dir=_data_dir(args), progress=progress)
         parents = [parent]
+    report = parents[0] / "report"
     try:
-        html = write_report(parents, parents[0] / "report")
-    except FedskewError as e:  # the runs are done and kept; only the report of their folder failed: not a success
-        print(f"fedskew: error: the runs finished and are kept in {parents[0]}, but no report was written: {e}; "
+        html = write_report(parents, report)
+    except (FedskewError, OSError) as e:  # the runs are done and kept; only their report failed: not a success
+        why = _report_error(e, report) if isinstance(e, OSError) else str(e)
+        print(f"fedskew: error: the runs finished and are kept in {parents[0]}, but no report was written: {why}; "
               f"fix that, then `fedskew report {parents[0]}`", file=sys.stderr)
         return 1
     _print_table(parents)
     print(f"\nrun folder: {parents[0]}\nreport:     {html}")
     return 0
+
+
+def _report_error(e: OSError, report: Path) -> str:
+    """A failed report write in one line naming the report folder (a full disk, a read-only folder), not the
+    temporary folder it was being written into (:func:`fedskew.core.files.staged_folder`)."""
+    from fedskew.runs import describe_os_error
+
+    staged = isinstance(e.filename, str | bytes) and ".partial-" in os.fsdecode(e.filename)
+    return describe_os_error(OSError(e.errno, e.strerror) if staged else e, report)
 
 
 def cmd_partition(args: argparse.Namespace) -> int:

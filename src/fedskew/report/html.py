@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import quote
 
 from fedskew.config.variants import expand_label
+from fedskew.core.files import staged_folder
 from fedskew.metrics.catalog import column
 from fedskew.progress import progress_bar
 from fedskew.report.order import in_config_order
@@ -241,17 +242,25 @@ def write_report(paths: Sequence[Path], out_dir: Path | None = None, group_by: S
                         for r in loaded], runs)
     root = Path(os.path.commonpath([str(p.resolve()) for p in run_paths]))
     out = Path(out_dir) if out_dir is not None else root / "report"
+    with staged_folder(out) as stage:  # a write that fails leaves no partial report
+        _write_report(runs, kinds, root, out, stage, fmt, dpi, progress)
+    return out / "report.html"
+
+
+def _write_report(runs: list[RunData], kinds: dict[str, tuple[str, str]] | None, root: Path, out: Path, stage: Path,
+                  fmt: str, dpi: int, progress: bool) -> None:
+    """:func:`write_report`'s files, written into ``stage``; ``out`` is where they will be (the page's links)."""
     rows = comparison_table(runs)
-    write_table(rows, out)
+    write_table(rows, stage)
     with progress_bar(total=3, desc=f"report of {len(runs)} run(s)", unit="step", enabled=progress) as bar:
         bar.set_postfix_str("curves")
-        images = plot_curves(runs, out, fmt, dpi, kinds)
+        images = plot_curves(runs, stage, fmt, dpi, kinds)
         bar.update(1)
         bar.set_postfix_str("per-client plots")
-        images += plot_clients(runs, out, fmt, dpi, kinds)
+        images += plot_clients(runs, stage, fmt, dpi, kinds)
         bar.update(1)
         bar.set_postfix_str("image grids")
-        images += synthetic_grids(runs, out, fmt=fmt, dpi=dpi)
+        images += synthetic_grids(runs, stage, fmt=fmt, dpi=dpi)
         bar.update(1)
     headers, cells = table_cells(rows)
     keys = table_keys(rows)
@@ -270,9 +279,7 @@ def write_report(paths: Sequence[Path], out_dir: Path | None = None, group_by: S
         + _html_table(headers, cells, best_cells(rows, keys))
         + "<h2>Curves</h2>"
         + figures
-        + _audit_section(runs, out)
+        + _audit_section(runs, stage)
         + "</body></html>\n"
     )
-    html_path = out / "report.html"
-    html_path.write_text(page, encoding="utf-8")
-    return html_path
+    (stage / "report.html").write_text(page, encoding="utf-8")
