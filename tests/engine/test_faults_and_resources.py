@@ -332,3 +332,85 @@ def test_a_report_write_that_fails_part_way_leaves_the_folder_as_it_was(tmp_path
     with staged_folder(out) as stage:
         (stage / "a.md").write_text("new a")
     assert snapshot(out) == {"a.md": b"new a", "b.png": b"b", "mine.txt": b"kept"}
+
+
+# ---- 9. a run's memory, estimated jointly before it starts ------------------------------------------------------
+REPRODUCER = ["algorithm.name=feddm", "algorithm.ipc=10000", "dataset.num_classes=100", "dataset.image_size=256",
+              "dataset.channels=3"]
+"""Issue 44's case: every value within its own bound, about a million condensed 3x256x256 images together."""
+
+
+def _syn(tmp_path: Path) -> Path:
+    """The red team's ``syn.toml``: 200 images of 8x8, 4 clients, FedAvg, 2 rounds."""
+    return write_config(tmp_path / "syn.toml", rounds=2, dataset={"num_train": 200, "num_test": 100},
+                        partition={"num_clients": 4}, algorithm={"clients_per_round": 4})
+
+
+def test_sizes_that_multiply_beyond_memory_are_one_line_before_anything_runs(
+    tmp_path: Path, inline: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fedskew.engine import memory
+
+    monkeypatch.setattr(memory, "machine_memory", lambda config: (64 * 10**9, "RAM"))
+    t0 = time.monotonic()
+    line = one_error(inline("run", str(_syn(tmp_path)), *REPRODUCER, "--out", "o", "--no-progress"))
+    assert time.monotonic() - t0 < 30  # not after 28 s of allocating
+    assert "run 'feddm' (seed 0) would run out of memory: it needs at least 983.4 GB (data 0.2 GB, model " in line
+    assert "condensed sets 983.0 GB (1,000,000 images of 3x256x256)), more than this machine's 64.0 GB of RAM" in line
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("overrides, part", [
+    (["model.name=convnet", "model.net_width=65536"], "model 927.7 GB (77,310,853,124 values)"),
+    (["model.name=mlp", "model.hidden=[65536,16384]", "clients_in_parallel=4", "workers=1"],
+     "batched clients 34.5 GB (4 models and their gradients)"),
+    (["algorithm.name=fedaf", "algorithm.ipc=10000", "dataset.num_classes=40", "dataset.image_size=256",
+      "dataset.channels=3"], "condensed sets 393.2 GB (400,000 images of 3x256x256)"),
+    (["algorithm.name=hfldd", "algorithm.kip_images=1000000", "dataset.image_size=256", "dataset.channels=3"],
+     "condensed sets 1,572.9 GB (1,000,000 images a client)"),
+])
+def test_every_part_of_the_estimate_can_refuse_a_run(tmp_path: Path, overrides: list[str], part: str) -> None:
+    from fedskew.config import parse_overrides, read_config, resolve
+    from fedskew.core.errors import ConfigError
+    from fedskew.engine.memory import check_memory
+
+    runs = resolve(read_config(str(_syn(tmp_path))), parse_overrides(overrides))
+    with pytest.raises(ConfigError, match="would run out of memory") as refused:
+        check_memory([r.typed for r in runs], memory=lambda config: (16 * 10**9, "RAM"))
+    assert part in str(refused.value), refused.value
+
+
+def _shipped() -> list[str]:
+    from fedskew.config.files import builtin_configs
+
+    return [*sorted(str(p.relative_to(ROOT)) for p in (ROOT / "experiments").rglob("*.toml")), *builtin_configs()]
+
+
+@pytest.mark.parametrize("config", _shipped())
+def test_every_shipped_config_passes_the_estimate_on_a_small_machine(config: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """No false refusal: every variant and seed of every config in experiments/ and the built-in ones fits a
+    4 GB machine by the estimate (the largest, CIFAR-10's, needs 0.8 GB: the data)."""
+    from fedskew.config import read_config, resolve
+    from fedskew.engine.memory import check_memory, estimate
+
+    monkeypatch.chdir(ROOT)  # configs name their plug-ins relative to the repository
+    runs = resolve(read_config(config), {})
+    check_memory([r.typed for r in runs], memory=lambda c: (4 * 10**9, "RAM"))
+    assert all(estimate(r.typed).total < 1.5 * 10**9 for r in runs)
+
+
+def test_the_estimate_counts_what_a_run_holds() -> None:
+    """The tiny config: its data as float32 plus labels, its model once for the server and twice for the one
+    process that trains; a dataset known only once it is read counts nothing."""
+    from fedskew.config.schema import typed_config
+    from fedskew.engine.memory import estimate, total_ram
+    from tests.conftest import tiny_config
+
+    est = estimate(typed_config(tiny_config()))
+    params = 64 * 32 + 32 + 32 * 4 + 4
+    assert est.parts == {"data": 600 * (64 * 4 + 8), "model": params * 4 * 3}
+    folder = tiny_config(dataset={"name": "image_folder", "path": "/nowhere"})
+    folder["dataset"] = {"name": "image_folder", "path": "/nowhere"}
+    assert estimate(typed_config(folder)).parts == {}
+    assert (total_ram() or 0) > 2**28
