@@ -124,6 +124,7 @@ def test_sigterm_while_a_reply_is_half_sent_never_waits_for_the_watchdog(tmp_pat
     wait_for(lambda: (run / "metrics.jsonl").is_file() and len(rounds_of(run)) >= 2, what="round 2")
     time.sleep(1.0)  # round 3's first reply is half sent
     took, _ = _stopped(proc, run)
+    print(f"SIGTERM with a reply half sent: exit 143 after {took:.2f} s")
     assert took < STOP_GRACE_S - 1.0, took
     plugin.with_suffix(".on").unlink()
     _resumes(run, tmp_path)
@@ -368,7 +369,7 @@ def test_sizes_that_multiply_beyond_memory_are_one_line_before_anything_runs(
       "dataset.channels=3"], "condensed sets 393.2 GB (400,000 images of 3x256x256)"),
     (["algorithm.name=hfldd", "algorithm.kip_images=1000000", "dataset.image_size=256", "dataset.channels=3"],
      "condensed sets 1,572.9 GB (1,000,000 images a client)"),
-])
+], ids=["model", "batched-clients", "fedaf-sets", "hfldd-kip"])
 def test_every_part_of_the_estimate_can_refuse_a_run(tmp_path: Path, overrides: list[str], part: str) -> None:
     from fedskew.config import parse_overrides, read_config, resolve
     from fedskew.core.errors import ConfigError
