@@ -132,12 +132,12 @@ class ClientBench:
     def __init__(self, spec: Any, data_dir: str | None) -> None:
         import torch
 
+        from fedskew.algorithms.base import make_algorithm
         from fedskew.algorithms.condensation.wire import MODEL
         from fedskew.algorithms.fedaf import GLOBAL_LABELS, GLOBAL_LOGITS
         from fedskew.core.device import Compute, resolve_device
         from fedskew.core.message import Message, state_to_arrays
         from fedskew.engine.federation import build_federation
-        from fedskew.engine.round_loop import make_algorithm
 
         self.cfg = cfg = spec.config
         self.device = resolve_device(str(cfg.get("device", "cpu")))
@@ -155,7 +155,7 @@ class ClientBench:
         self.clients = [c for c in range(self.fed.info.num_clients) if self.fed.offsets[c + 1] > self.fed.offsets[c]]
 
     def algorithm(self, iterations: int | None = None) -> Any:
-        from fedskew.engine.round_loop import make_algorithm
+        from fedskew.algorithms.base import make_algorithm
 
         table = dict(self.cfg["algorithm"])
         if iterations is not None:

@@ -34,6 +34,7 @@ FLOWER = "tests/engine/test_flower.py"
 ALL_ALGORITHMS = "tests/algorithms/test_all_algorithms.py"
 FEDDC = "tests/algorithms/test_feddc.py"
 RULES = "tests/engine/test_failure_rules.py"
+GRID_TESTS = "tests/test_grids.py"
 FAULTS = "tests/engine/test_faults_and_resources.py"
 
 
@@ -74,6 +75,7 @@ FILES = "Rule 6: every file a resume or report reads may be damaged or hostile"
 OPTIONAL = "Rule 7: optional components fail in one line, once"
 SIZES = "Rule 8: sizes are bounded before memory is"
 STOP = "Rule 9: a stop request ends a run within seconds, every time"
+GRIDS = "Issue 44: a grid never runs something other than what its labels say"
 
 CASES: list[Case] = [
     # ---- hostile and broken clients
@@ -245,6 +247,45 @@ CASES: list[Case] = [
          (f"{RULES}::test_sigterm_ends_a_pooled_run_within_seconds_every_time",)),
     Case(STOP, "a stop whose clean-up hangs (an exit handler sleeping 120 s): the watchdog ends it at 5 s with 143",
          (f"{RULES}::test_a_run_whose_wind_down_hangs_still_ends_within_the_grace_period",)),
+    # ---- issue 44: the fourth pass, grids (its failures 1 to 6 and 11 to 13)
+    Case(GRIDS, "1. `'algorithm.name=[\"ditto\",\"apfl\"]'` (command line or `[sweep]`) runs each method, keeping the "
+                "variants (one naming its own method keeps it); through the real CLI, each run records its method",
+         (f"{GRID_TESTS}::test_a_grid_over_the_method_runs_each_named_method",
+          f"{GRID_TESTS}::test_a_grid_over_the_method_keeps_the_variants",
+          f"{GRID_TESTS}::test_the_default_config_keeps_its_variants_under_a_method_grid",
+          f"{GRID_TESTS}::test_a_single_method_on_the_command_line_still_replaces_the_variants",
+          f"{GRID_TESTS}::test_the_cli_runs_each_method_of_a_grid_under_its_label")),
+    Case(GRIDS, "2. `partition.alpha=0.9` on a config sweeping `partition.alpha`: one run, labelled and run with 0.9",
+         (f"{GRID_TESTS}::test_a_plain_override_of_a_swept_key_is_a_grid_of_that_value",)),
+    Case(GRIDS, "3. `'algorithm.bogus=[1,2]'` and `[sweep]` typos refused in one line; a key goes to the runs whose "
+                "component has it and that do not set it themselves",
+         (f"{GRID_TESTS}::test_a_swept_key_that_no_run_has_is_refused",
+          f"{GRID_TESTS}::test_a_key_swept_where_some_variants_lack_it_goes_to_the_others",
+          f"{GRID_TESTS}::test_keys_that_cannot_be_swept_are_refused",
+          f"{GRID_TESTS}::test_the_cli_refuses_a_bad_grid_in_one_line_and_writes_nothing")),
+    Case(GRIDS, "4. `--only VARIANT` selects all the variant's grid points; a point's full label still works",
+         (f"{GRID_TESTS}::test_only_selects_a_variant_and_all_its_grid_points",)),
+    Case(GRIDS, "5. an ordinary grid over three keys has short labels; a label over 100 characters names the sweep "
+                "and `--label`, which then works",
+         (f"{GRID_TESTS}::test_an_ordinary_grid_over_three_keys_has_short_labels",
+          f"{GRID_TESTS}::test_a_label_too_long_names_the_sweep_and_the_way_out")),
+    Case(GRIDS, "6. 1000 x 1000 and 100 x 100 values refused before a point is made (time and memory bounded); "
+                "the bound counts variants and seeds",
+         (f"{GRID_TESTS}::test_a_grid_too_big_is_refused_before_any_point_is_made",
+          f"{GRID_TESTS}::test_the_bound_counts_variants_and_seeds_and_allows_its_limit")),
+    Case(GRIDS, "11. `seed=[0,1]` (or `seed`/`seeds` in `[sweep]`) runs seeds 0 and 1",
+         (f"{GRID_TESTS}::test_a_grid_over_the_seed_is_the_seeds",)),
+    Case(GRIDS, "12. `'partition.alpha=[1,1.0]'`, `[0.1,0.10]`, `rounds=[3,3.0]`: one value given twice, refused after "
+                "typing",
+         (f"{GRID_TESTS}::test_a_value_given_twice_is_refused_after_typing",
+          f"{GRID_TESTS}::test_swept_values_are_typed_as_the_option_takes_them")),
+    Case(GRIDS, "13. labels with U+202E, U+200B and other invisible or bidirectional characters refused wherever a "
+                "label comes from",
+         (f"{GRID_TESTS}::test_labels_refuse_invisible_and_bidirectional_characters",
+          f"{GRID_TESTS}::test_ordinary_labels_in_any_script_pass")),
+    Case(GRIDS, "the rule: for every kind of swept key, from `[sweep]` and the command line, each run is the grid "
+                "point its label names",
+         (f"{GRID_TESTS}::test_each_run_is_the_grid_point_its_label_names",)),
 ]
 """The cases of issues 26 and 35, in their order; add a case by adding one entry."""
 

@@ -173,6 +173,22 @@ def spy_pools(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return started
 
 
+def spy_calls(
+    monkeypatch: pytest.MonkeyPatch, module: Any, name: str, record: Callable[[Any], Any] = len
+) -> list[Any]:
+    """Replace ``module.name``, a batched runner's entry point (called with a list of requests), by one that
+    records ``record(requests)`` of every call (by default how many requests), then runs it."""
+    calls: list[Any] = []
+    run = getattr(module, name)
+
+    def spying(requests: Any) -> Any:
+        calls.append(record(requests))
+        return run(requests)
+
+    monkeypatch.setattr(module, name, spying)
+    return calls
+
+
 @pytest.fixture
 def float64() -> Iterator[None]:
     """Float64 as torch's default dtype for the test (the equality tests of the batched runners)."""

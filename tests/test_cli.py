@@ -140,10 +140,13 @@ def test_only_names_unknown_labels_and_catches_a_misplaced_override(capsys: pyte
     out = str(tmp_path / "o")
     line = _err(capsys, ["run", str(cfg_file), "--out", out, "--no-progress", "--only", "fedavg", "FedAFF"])
     assert "'FedAFF'" in line and "'fedavg'" in line and "overrides go before" not in line
-    # `--only LABEL key=value` used to run LABEL and drop the override without a word
-    line = _err(capsys, ["run", str(cfg_file), "--out", out, "--no-progress", "--only", "fedavg", "rounds=2"])
-    assert "'rounds=2'" in line and "overrides go before --only" in line
+    # `--only LABEL key=value` used to run LABEL and drop the override without a word; then it was refused;
+    # now (issue 46) an override is one wherever it stands, and a word that is neither is named
+    line = _err(capsys, ["run", str(cfg_file), "--out", out, "--no-progress", "--only", "fedavg", "nokey=2"])
+    assert "'nokey=2'" in line and "an override only where KEY is a config key" in line
     assert not (tmp_path / "o").exists()
+    assert main(["run", str(cfg_file), "--out", out, "--no-progress", "--only", "fedavg", "rounds=2"]) == 0
+    assert len((tmp_path / "o" / "fedavg-seed0" / "metrics.jsonl").read_text().splitlines()) == 2
 
 
 @pytest.mark.parametrize(
@@ -152,6 +155,8 @@ def test_only_names_unknown_labels_and_catches_a_misplaced_override(capsys: pyte
         (["run", "exp.toml", "--import", "x.py", "rounds=1"], "overrides", ["rounds=1"]),
         (["run", "exp.toml", "a=1", "--out", "d", "b=2", "--no-progress", "c=3"], "overrides", ["a=1", "b=2", "c=3"]),
         (["run", "exp.toml", "--only", "FedAvg", "--out", "d", "rounds=2"], "overrides", ["rounds=2"]),
+        (["run", "exp.toml", "--only", "FedAvg", "rounds=2", "B", "partition.alpha=[0.1,0.5]"], "overrides",
+         ["rounds=2", "partition.alpha=[0.1,0.5]"]),
         (["deploy", "init", "my-app", "exp.toml", "--label", "X", "rounds=2"], "overrides", ["rounds=2"]),
         (["partition", "exp.toml", "--out", "p.png", "partition.alpha=1"], "overrides", ["partition.alpha=1"]),
         (["condense", "--ipc", "3", "method=dc", "--no-progress", "eval.epochs=2"], "items",

@@ -138,20 +138,20 @@ def test_a_list_override_is_a_grid_and_a_list_option_is_not() -> None:
            "variants": [{"label": "A"}, {"label": "P", "algorithm.name": "fedprox"}]}
     runs = resolve(raw, {"partition.alpha": [0.1, 0.5], "algorithm.mu": [0.01, 0.1], "at_rounds": [1]})
     assert [r.label for r in runs] == [
-        "A, partition.alpha=0.1", "A, partition.alpha=0.5",
-        "P, partition.alpha=0.1, algorithm.mu=0.01", "P, partition.alpha=0.1, algorithm.mu=0.1",
-        "P, partition.alpha=0.5, algorithm.mu=0.01", "P, partition.alpha=0.5, algorithm.mu=0.1",
-    ]  # FedAvg has no mu: it is swept over alpha alone
+        "A, alpha=0.1", "A, alpha=0.5",
+        "P, alpha=0.1, mu=0.01", "P, alpha=0.1, mu=0.1",
+        "P, alpha=0.5, mu=0.01", "P, alpha=0.5, mu=0.1",
+    ]  # FedAvg has no mu: it is swept over alpha alone; a key is shown by its last part (issue 44)
     assert [r.config["partition"]["alpha"] for r in runs] == [0.1, 0.5, 0.1, 0.1, 0.5, 0.5]
     assert [r.config["algorithm"].get("mu") for r in runs[2:]] == [0.01, 0.1, 0.01, 0.1]
     assert all(r.config["at_rounds"] == [1] for r in runs)  # a list option stays a list
-    assert runs[2].folder_name == "P_partition.alpha_0.1_algorithm.mu_0.01-seed0"
+    assert runs[2].folder_name == "P_alpha_0.1_mu_0.01-seed0"
     hidden = resolve({"rounds": 1, "model": {"name": "mlp"}}, {"model.hidden": [16, 8]})
     assert len(hidden) == 1 and hidden[0].config["model"]["hidden"] == [16, 8]
     table = resolve({"rounds": 1, "sweep": {"algorithm.lr": [0.1, 0.01]}, "seeds": [0, 1]})
     assert [(r.label, r.config["seed"]) for r in table] == [
-        ("fedavg, algorithm.lr=0.1", 0), ("fedavg, algorithm.lr=0.1", 1),
-        ("fedavg, algorithm.lr=0.01", 0), ("fedavg, algorithm.lr=0.01", 1)]
+        ("fedavg, lr=0.1", 0), ("fedavg, lr=0.1", 1),
+        ("fedavg, lr=0.01", 0), ("fedavg, lr=0.01", 1)]
     with pytest.raises(ConfigError, match="repeats a value"):
         resolve({"rounds": 1}, {"algorithm.lr": [0.1, 0.1]})
     with pytest.raises(ConfigError, match=r"sweep\.algorithm\.lr must be a non-empty list"):
@@ -163,7 +163,7 @@ def test_a_grid_runs_reports_and_resumes_as_an_experiment(tmp_path: Path) -> Non
     res = run_fedskew("run", str(cfg), "algorithm.lr=[0.1,0.05]", "--out", "o", "--no-progress", cwd=tmp_path)
     assert res.code == 0, res.err
     assert sorted(p.name for p in (tmp_path / "o").iterdir() if p.name.endswith("seed0")) == [
-        "fedavg_algorithm.lr_0.05-seed0", "fedavg_algorithm.lr_0.1-seed0"]
+        "fedavg_lr_0.05-seed0", "fedavg_lr_0.1-seed0"]
     again = run_fedskew("run", str(cfg), "algorithm.lr=[0.1,0.05]", "--out", "o", "--resume", "--no-progress",
                         cwd=tmp_path)
     assert again.code == 0 and "2 run(s) finished, 0 to continue, 0 to start" in again.err

@@ -52,23 +52,33 @@ class Results:
         return {r.run_dir.name: r.summary for r in self.runs}
 
     def to_frame(self, per: str = "run") -> Any:
-        """The results as a pandas DataFrame (``pip install pandas``), for sweeps and your own analysis.
+        """The results as a pandas DataFrame (``pip install pandas``; from the clone: ``pip install -e
+        '.[analysis]'``), for sweeps and your own analysis.
 
         ``per="run"``: one row per run (its label, seed and every scalar of its summary); ``per="round"``:
-        one row per run and round (label, seed and every scalar of the round's record).
+        one row per run and round (label, seed and every scalar of the round's record). Either way each row
+        also carries the run's resolved config (its ``config.toml``: every value it ran with, defaults
+        included) as dotted columns, ``partition.alpha``, ``algorithm.lr``, ``rounds`` ..., so that
+        ``frame.groupby("partition.alpha")`` sums up a sweep; a list value (``model.hidden``) is a tuple. Where
+        a summary or a record has a key of the same name (``rounds``), its value is the column's.
         """
         try:
             import pandas as pd
         except ImportError:
-            raise FedskewError("Results.to_frame needs pandas, which is not installed: pip install pandas") from None
+            raise FedskewError("Results.to_frame needs pandas, which is not installed: pip install pandas (from "
+                               "fedskew's clone: pip install -e '.[analysis]')") from None
         if per not in ("run", "round"):
             raise FedskewError(f"per must be 'run' or 'round', got {per!r}")
+        from fedskew.runs import CONFIG_FILE, flat_config, load_run
+
         rows: list[dict[str, Any]] = []
         for r in self.runs:
             who = {"label": r.summary.get("label"), "seed": r.summary.get("seed"), "run_dir": str(r.run_dir)}
+            config = flat_config(load_run(r.run_dir).config) if (r.run_dir / CONFIG_FILE).is_file() else {}
             tables = [r.summary] if per == "run" else r.records
             for table in tables:
-                rows.append({**who, **{k: v for k, v in table.items() if _scalar(v) and k not in who}})
+                row = {**who, **{k: v for k, v in table.items() if _scalar(v) and k not in who}}
+                rows.append({**row, **{k: v for k, v in config.items() if k not in row}})
         return pd.DataFrame(rows)
 
     def table(self) -> str:
@@ -111,7 +121,8 @@ def run(
     data_dir
         Where the datasets are (default: ``$FEDSKEW_DATA``, else ``~/.cache/fedskew/data``).
     only
-        Run only the variants with these labels.
+        Run only the variants with these labels (a variant's label selects all its grid points; a point's full
+        label, that point).
     force
         Overwrite runs already in ``out``.
     progress
@@ -179,10 +190,12 @@ def plan(
         if not runs:
             raise ConfigError("no runs given: an empty list of RunSpec objects")
     elif isinstance(config, Mapping):
-        runs = resolve(copy.deepcopy(dict(config)), dict(overrides), where="config dict", imports=imports)
+        runs = resolve(copy.deepcopy(dict(config)), dict(overrides), where="config dict", imports=imports,
+                       relabelled=label is not None)
     elif config is None or isinstance(config, str | os.PathLike):
         source = None if config is None else os.fspath(config)
-        runs = resolve(read_config(source), dict(overrides), where=source or "default", imports=imports)
+        runs = resolve(read_config(source), dict(overrides), where=source or "default", imports=imports,
+                       relabelled=label is not None)
     else:
         raise ConfigError(f"config must be a TOML file, a built-in config name, a dict or RunSpec objects, "
                           f"got {type(config).__name__}")
@@ -222,15 +235,26 @@ def relabel(runs: list[RunSpec], template: str) -> list[RunSpec]:
 def select_labels(runs: list[RunSpec], wanted: list[str]) -> list[RunSpec]:
     """The runs whose label is in ``wanted``; every label in ``wanted`` must name one.
 
+    A run is selected by its label or by one of its :attr:`~fedskew.config.RunSpec.selectors`: a point of a grid
+    by its variant's label too (every point of the variant), or by its full label.
+
     ``--only`` takes several labels, so an override written after it (``--only FedAF rounds=5``) would
     otherwise be read as a label and silently dropped.
     """
-    labels = list(dict.fromkeys(r.label for r in runs))
-    unknown = [w for w in wanted if w not in labels]
+    names = {r.label: None for r in runs} | {s: None for r in runs for s in r.selectors}
+    unknown = [w for w in wanted if w not in names]
     if unknown:
         hint = ""
         if any("=" in w for w in unknown):
-            hint = "; overrides go before --only, e.g. `fedskew run CONFIG rounds=5 --only LABEL`"
+            hint = "; a KEY=VALUE word is an override only where KEY is a config key (rounds=5, partition.alpha=0.5)"
+        variants = list(dict.fromkeys(r.selectors[-1] if r.selectors else r.label for r in runs))
+        shown = ", ".join(map(repr, variants[:20]))
+        if len(variants) > 20:
+            shown += f" (and {len(variants) - 20} more)"
+        points = len({r.label for r in runs})
+        grid = ""
+        if points > len(variants):
+            grid = f", or a grid point's full label ({points} points, e.g. {runs[0].label!r})"
         raise FedskewError(f"--only: no run is labelled {', '.join(map(repr, unknown))}; "
-                           f"this config's labels: {', '.join(map(repr, labels))}{hint}")
-    return [r for r in runs if r.label in wanted]
+                           f"this config's labels: {shown}{grid}{hint}")
+    return [r for r in runs if r.label in wanted or any(s in wanted for s in r.selectors)]

@@ -27,6 +27,7 @@ import json
 import os
 import re
 import tomllib
+import unicodedata
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -102,21 +103,40 @@ MAX_LABEL = 100
 """The longest run label (``<label>-seed<k>`` stays well inside a file system's 255-byte names)."""
 
 
-def check_label(value: object, key: str = "label") -> str:
+def check_label(value: object, key: str = "label", longest: int | None = MAX_LABEL) -> str:
     """Require ``value`` to be a run label that is also a tidy folder name; returns it.
 
-    Refused: an empty label, one over :data:`MAX_LABEL` characters, control characters (a newline breaks
-    the printed tables), spaces at either end, and a leading ``.`` (a hidden folder, or ``../x``).
+    Refused: an empty label, one over :data:`MAX_LABEL` characters (``longest``; None: any length, for a label
+    about to be replaced), spaces at either end, a leading ``.`` (a hidden folder, or ``../x``), and characters
+    that print as nothing or reorder the text (:func:`hidden_character`): control characters (a newline breaks
+    the printed tables), and invisible and bidirectional format characters (U+202E, U+200B: a label that prints
+    as another, a spoofed table or report.html).
     """
     if (
-        isinstance(value, str) and value.strip() == value and 0 < len(value) <= MAX_LABEL
-        and not value.startswith(".") and not re.search(r"[\x00-\x1f\x7f]", value)
+        isinstance(value, str) and value.strip() == value and 0 < len(value) <= (longest or len(value))
+        and not value.startswith(".") and hidden_character(value) is None
     ):
         return value
+    hidden = hidden_character(value) if isinstance(value, str) else None
+    found = f" (U+{ord(hidden):04X}, {unicodedata.name(hidden, 'unnamed')})" if hidden is not None else ""
     raise ConfigError(
-        f"{key} must be 1 to {MAX_LABEL} characters, with no control characters, no spaces at either end "
-        f"and no leading '.', got {value!r}"
+        f"{key} must be 1 to {MAX_LABEL} characters, with no control, invisible or bidirectional format characters"
+        f"{found}, no spaces at either end and no leading '.', got {value!r}"
     )
+
+
+HIDDEN_CATEGORIES = ("Cc", "Cf", "Cs", "Zl", "Zp")
+"""Unicode categories a label may not hold: control (``\n``, ``\x85``), format (U+202E right-to-left override,
+U+200B zero-width space, U+2066 isolates, U+FEFF), surrogates, and the line and paragraph separators."""
+
+
+def hidden_character(text: str) -> str | None:
+    """The first character of ``text`` that prints as nothing or changes how the text around it prints
+    (:data:`HIDDEN_CATEGORIES`); None when there is none."""
+    for char in text:
+        if unicodedata.category(char) in HIDDEN_CATEGORIES:
+            return char
+    return None
 
 
 def check_out_folder(out: str | Path) -> Path:
@@ -320,6 +340,33 @@ def _is_run_folder(path: Path) -> bool:
     return (path / SUMMARY_FILE).is_file() or (path / METRICS_FILE).is_file()
 
 
+def experiment_runs(folder: Path) -> list[Path]:
+    """The run folders directly in ``folder`` (an experiment folder: ``fedskew run`` puts its runs there), sorted."""
+    try:
+        return sorted(d for d in Path(folder).iterdir() if d.is_dir() and _is_run_folder(d))
+    except OSError:
+        return []
+
+
+def experiment_of(run_dirs: Sequence[Path]) -> Path | None:
+    """The experiment folder of ``run_dirs``: the folder directly holding all of them (``EXP`` of ``EXP/<run>``),
+    or None when they lie in different folders."""
+    parents = {Path(d).resolve().parent for d in run_dirs}
+    return parents.pop() if len(parents) == 1 else None
+
+
+def report_folder(run_dirs: Sequence[Path]) -> Path:
+    """Where the report of ``run_dirs`` goes by default: ``report/`` in their experiment folder when they are
+    all of its runs (a one-run experiment's report is the one ``fedskew run`` wrote, ``EXP/report/``, not one
+    inside the run folder), else ``report/`` in their common folder (one run of several: in its run folder, so
+    that the experiment's report is not replaced by a report of part of it)."""
+    resolved = [Path(d).resolve() for d in run_dirs]
+    home = experiment_of(resolved)
+    if home is not None and set(experiment_runs(home)) == set(resolved):
+        return home / "report"
+    return Path(os.path.commonpath([str(d) for d in resolved])) / "report"
+
+
 def find_runs(paths: Sequence[Path]) -> list[Path]:
     """Run folders given directly or found below the given folders.
 
@@ -403,6 +450,23 @@ def _read_config(path: Path) -> dict[str, Any]:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise FedskewError(f"cannot read {path}: {e}") from None
+
+
+def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A run's config as ``{"partition.alpha": 0.1, "rounds": 30, ...}``: nested tables flattened into dotted keys,
+    lists as tuples (hashable, so that a frame can group by them)."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flat_config(value, f"{name}."))
+        else:
+            flat[name] = _frozen(value)
+    return flat
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
 
 
 def load_run(path: Path) -> RunData:

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 
 import pytest
 import torch
 from torch import nn
 
 from fedskew.components import batched
-from fedskew.components.batching import BatchRequest, draw_batches, functional_of, why_sequential
+from fedskew.components.batching import BatchRequest, draw_batches, why_sequential
 from fedskew.components.stacked_forward import LayeredForward, VmapForward, stacked_forward
 from fedskew.components.terms import FeatureTap, contrastive_term, correction_hook, linear_term, proximal_term
-from fedskew.components.trainer import LocalConfig, train_local
+from fedskew.components.trainer import LocalConfig, functional_of, train_local
 from fedskew.core.device import Compute, use_compute
 from fedskew.models import create_model
 from fedskew.models.layout import use_channels_last
@@ -187,3 +189,36 @@ def test_what_cannot_batch_says_why() -> None:
     with use_compute(Compute("cpu", compile="default")):
         assert "compile" in str(why_sequential(_cnn(0), x, [], []))
     assert why_sequential(_cnn(0), x, [], []) is None
+
+
+def test_importing_a_loss_term_loads_no_batching_module() -> None:
+    """The batching code is loaded, and its hand-off installed, by the batched runner only (issue 45): a
+    method's loss terms, its condensations and the methods themselves load none of it."""
+    code = ("import sys, fedskew.components.terms, fedskew.condense, fedskew.algorithms\n"
+            "from fedskew.core import handoff\n"
+            "print(len(handoff._HAND_OFF))\n"
+            "print(*sorted(m for m in sys.modules if m.startswith(('fedskew.components.batch', "
+            "'fedskew.engine.batched'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["0", ""]
+
+
+class _WithScalar(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+        self.scale = nn.Parameter(torch.tensor(1.5))
+
+
+def test_a_term_written_once_is_its_formula_for_one_client() -> None:
+    """proximal_term and linear_term are their stacked forms at K = 1 (components.trainer.stacked_term): the
+    papers' formulas, 0-dimensional parameters included."""
+    model = _WithScalar()
+    g = torch.Generator().manual_seed(0)
+    other = {n: torch.randn(p.shape, generator=g) for n, p in model.named_parameters()}
+    params = dict(model.named_parameters())
+    prox = proximal_term(other, 0.3)(model, torch.zeros(1), torch.zeros(1), torch.zeros(1))
+    want = 0.15 * sum(((params[n] - a) ** 2).sum() for n, a in other.items())
+    assert prox.shape == () and torch.allclose(prox, want, rtol=1e-12, atol=0)
+    lin = linear_term(other)(model, torch.zeros(1), torch.zeros(1), torch.zeros(1))
+    assert torch.allclose(lin, -sum((params[n] * c).sum() for n, c in other.items()), rtol=1e-12, atol=0)

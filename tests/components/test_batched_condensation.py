@@ -11,10 +11,17 @@ import pytest
 import torch
 from torch import nn
 
-from fedskew.components import batched_condensation
-from fedskew.components.batched_condensation import _StackedDM, condense_batched, slot_width, why_dm_sequential
+from fedskew.components import batched_condensation, batched_dm_networks
+from fedskew.components.batched_condensation import (
+    _group_key,
+    _StackedDM,
+    condense_batched,
+    why_dm_sequential,
+)
+from fedskew.components.batched_slots import slot_width
 from fedskew.condense import DSAConfig, sliced_wasserstein, sliced_wasserstein_stacked
 from fedskew.condense.distribution_matching import (
+    BN_STATISTICS,
     DMConfig,
     DMRequest,
     distribution_matching,
@@ -79,25 +86,35 @@ def requests_and_sequential(
     return requests, sequential
 
 
+@pytest.mark.parametrize("bn_statistics", BN_STATISTICS)
 @pytest.mark.parametrize(("max_slots", "stacked_sampler"), [(1, True), (2, True), (2, False)])
 @pytest.mark.parametrize("norm", ["instancenorm", "batchnorm"])
 @pytest.mark.parametrize(("method", "local"), [("feddm", ""), ("fedaf", "samples"), ("fedaf", "mean")])
 def test_batched_matching_equals_each_client_alone(
     float64: None, monkeypatch: pytest.MonkeyPatch, norm: str, method: str, local: str, max_slots: int,
-    stacked_sampler: bool,
+    stacked_sampler: bool, bn_statistics: str,
 ) -> None:
-    """Each client's networks from its own sampler, or all clients' at once (the default)."""
+    """Each client's networks from its own sampler, or all clients' at once (the default); both readings of
+    the batch statistics (the same computation with instance norm)."""
     monkeypatch.setattr(batched_condensation, "MAX_SLOTS_PER_CLIENT", max_slots)
     monkeypatch.setattr(batched_condensation, "USE_STACKED_SAMPLER", stacked_sampler)
     clip = 0.05 if method == "feddm" else None  # FedDM's clipping, small enough to act at every step
-    cfg = DMConfig(iterations=4, ipc=3, image_lr=0.5, momentum=0.9, real_batch=8, init="real", clip_norm=clip)
+    cfg = DMConfig(iterations=4, ipc=3, image_lr=0.5, momentum=0.9, real_batch=8, init="real", clip_norm=clip,
+                   bn_statistics=bn_statistics)
     requests, sequential = requests_and_sequential(method, norm, cfg, local)
     assert all(why_dm_sequential(r) is None for r in requests)
     stacked = _StackedDM(requests)
-    assert stacked.plan.norms.mask is not None  # the clients' batches are padded
-    assert stacked.batch == [42, 20, 44]  # real (min(8, a class's)) and synthetic (3 a class) images
-    # one slot a client, or the two larger clients over two slots each (width 22: 110 samples, not 132)
-    assert (stacked.slots, stacked.width) == ((3, 44) if max_slots == 1 else (5, 22))
+    pooled = norm == "batchnorm" and bn_statistics == "pooled"
+    # real (min(8, a class's)) and synthetic (3 a class) images: one pass of both, or a pass of each
+    passes = {"pooled": [42, 20, 44]} if pooled else {"real": [30, 11, 32], "syn": [12, 9, 12]}
+    assert {name: stacked.passes[name].batch for name in passes} == passes
+    assert ("eval" in stacked.passes) == (method == "fedaf" and norm == "batchnorm")
+    # one slot a client, or the larger clients over two slots each (the pooled pass: width 22, 110 samples
+    # not 132; the real pass: width 16, 80 samples not 96)
+    first = stacked.passes["pooled" if pooled else "real"]
+    assert first.mask is not None  # the clients' batches are padded
+    wide = {"pooled": (3, 44), "real": (3, 32)} if max_slots == 1 else {"pooled": (5, 22), "real": (5, 16)}
+    assert (first.slots, first.width) == wide["pooled" if pooled else "real"]
     assert stacked.plan.batch_norm == (norm == "batchnorm")
     assert (stacked.sampler is not None) == stacked_sampler
     batched = condense_batched(requests)
@@ -106,6 +123,17 @@ def test_batched_matching_equals_each_client_alone(
         assert torch.equal(together.labels, r.labels)
         assert (alone - together.images).abs().max().item() <= TOL
         assert (alone - r.start).abs().max().item() > 1e-3  # the steps moved the images
+
+
+def test_the_readings_differ_with_batchnorm(float64: None) -> None:
+    """With BatchNorm the two readings are two computations, and requests of each condense in groups of their
+    own."""
+    base = dict(iterations=3, ipc=2, image_lr=0.5, momentum=0.0, real_batch=8, init="real")
+    separate, _ = requests_and_sequential("fedaf", "batchnorm", DMConfig(**base, bn_statistics="separate"))
+    pooled, _ = requests_and_sequential("fedaf", "batchnorm", DMConfig(**base, bn_statistics="pooled"))
+    assert _group_key(separate[0]) != _group_key(pooled[0])
+    for a, b in zip(condense_batched(separate), condense_batched(pooled), strict=True):
+        assert (a.images - b.images).abs().max().item() > 1e-4
 
 
 def test_clipping_acts_per_client(float64: None) -> None:
@@ -178,12 +206,14 @@ def test_slot_width_pads_least_within_the_slots_allowed() -> None:
     assert slot_width([7], 2) == 7
 
 
+@pytest.mark.parametrize("bn_statistics", BN_STATISTICS)
 @pytest.mark.parametrize("norm", ["instancenorm", "batchnorm"])
-def test_the_gpu_layout_on_a_cpu(float64: None, monkeypatch: pytest.MonkeyPatch, norm: str) -> None:
+def test_the_gpu_layout_on_a_cpu(float64: None, monkeypatch: pytest.MonkeyPatch, norm: str, bn_statistics: str) -> None:
     """What a GPU runs, here: NCHW batches (no channels-last) and each sample's statistics in one ``var_mean``."""
     monkeypatch.setattr(batched_condensation, "CHANNELS_LAST_DEVICES", set())
-    monkeypatch.setattr(batched_condensation, "TWO_PASS_DEVICES", set())
-    cfg = DMConfig(iterations=3, ipc=3, image_lr=0.5, momentum=0.9, real_batch=8, init="real")
+    monkeypatch.setattr(batched_dm_networks, "TWO_PASS_DEVICES", set())
+    cfg = DMConfig(iterations=3, ipc=3, image_lr=0.5, momentum=0.9, real_batch=8, init="real",
+                   bn_statistics=bn_statistics)
     requests, sequential = requests_and_sequential("fedaf", norm, cfg)
     assert not _StackedDM(requests).channels_last
     for alone, together in zip(sequential, condense_batched(requests), strict=True):

@@ -69,6 +69,7 @@ def test_kip_learned_labels_are_saved_as_soft_labels(tmp_path: Path) -> None:
         (["--image-lr", "0"], "--image-lr must be > 0"),
         (["--eval-epochs", "-3"], "evaluation epochs must be >= 0"),
         (["--model", "gpt"], "unknown model 'gpt'"),
+        (["--bn-statistics", "both"], "--bn-statistics must be one of separate, pooled, got 'both'"),
     ],
 )
 def test_bad_values_end_in_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str],

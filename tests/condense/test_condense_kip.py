@@ -90,6 +90,24 @@ def test_random_feature_kernel_is_psd_and_seeded() -> None:
     assert list(nets[0].parameters()) == []  # a fixed feature map
 
 
+def test_a_step_embeds_each_batch_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The random-feature kernel of a KIP step embeds the support images once for K_ss and K_ts (issue 45), with
+    the kernel values of embedding them each time."""
+    cfg = KIPConfig(kernel="rf_convnet", rf_width=4, depth=2, rf_draws=2)
+    kernel = _step_kernel(cfg, 1, torch.Generator().manual_seed(0))
+    same = torch.Generator().manual_seed(0)
+    nets = [RandomConvFeatures(1, 4, 2, same) for _ in range(2)]  # the step's draws
+    g = torch.Generator().manual_seed(1)
+    x_s, x_t = torch.randn((4, 1, 8, 8), generator=g), torch.randn((6, 1, 8, 8), generator=g)
+    expected = random_feature_kernel(x_s, x_s, nets), random_feature_kernel(x_t, x_s, nets)
+    calls: list[int] = []
+    forward = RandomConvFeatures.forward
+    monkeypatch.setattr(RandomConvFeatures, "forward", lambda self, x: (calls.append(x.shape[0]), forward(self, x))[1])
+    k_ss, k_ts = kernel(x_s, x_s), kernel(x_t, x_s)
+    assert sorted(calls) == [4, 4, 6, 6]  # two networks, each batch once
+    assert torch.equal(k_ss, expected[0]) and torch.equal(k_ts, expected[1])
+
+
 @pytest.mark.parametrize("kernel", ["ntk", "rf_convnet"])
 def test_gradient_reaches_support_images_and_labels(kernel: str, toy: Toy) -> None:
     x, y = toy

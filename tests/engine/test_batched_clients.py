@@ -22,7 +22,7 @@ from fedskew.engine.round_loop import RoundLoop
 from fedskew.engine.runner import EngineContext
 from fedskew.engine.workers import Workers
 from tests.algorithms.test_all_algorithms import config_for
-from tests.conftest import tiny_config
+from tests.conftest import spy_calls, tiny_config
 
 TOL = 1e-9
 
@@ -30,15 +30,7 @@ TOL = 1e-9
 @pytest.fixture
 def spy(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
     """The step counts of the clients of every batched training."""
-    calls: list[list[int]] = []
-    train = batched.train_batched
-
-    def counting(requests: Any) -> Any:
-        calls.append([len(r.batches) for r in requests])
-        return train(requests)
-
-    monkeypatch.setattr(batched, "train_batched", counting)
-    return calls
+    return spy_calls(monkeypatch, batched, "train_batched", lambda requests: [len(r.batches) for r in requests])
 
 
 def _config(**over: Any) -> dict[str, Any]:

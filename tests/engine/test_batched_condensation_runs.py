@@ -15,7 +15,7 @@ import fedskew.algorithms.feddm as feddm_module
 from fedskew.components import batched_condensation, batched_kip
 from fedskew.engine.round_loop import RoundLoop
 from tests.algorithms.test_all_algorithms import config_for
-from tests.conftest import tiny_config
+from tests.conftest import spy_calls, tiny_config
 from tests.engine.test_batched_clients import _federation64, _final_model, _max_diff
 
 TOL = 1e-9
@@ -125,14 +125,7 @@ def test_fallback_condenses_as_the_sequential_runner(
 
 def test_hfldd_distils_its_clients_together(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """HFLDD's KIP (NTK kernel) batched: float32, the sequential runner's global model up to rounding."""
-    calls: list[int] = []
-    run = batched_kip.kip_batched
-
-    def spying(requests: Any) -> Any:
-        calls.append(len(requests))
-        return run(requests)
-
-    monkeypatch.setattr(batched_kip, "kip_batched", spying)
+    calls = spy_calls(monkeypatch, batched_kip, "kip_batched")
 
     def config(width: int) -> dict[str, Any]:
         cfg = config_for("hfldd", rounds=2, clients_in_parallel=width)

@@ -287,7 +287,7 @@ def test_deploy_equals_simulation(probe: str, tmp_path: Path, algorithm: str) ->
     """Six clients on two nodes (one reading shard files): the simulator's metrics, state kept on the nodes."""
     cfg = tiny_config(rounds=2, algorithm={"name": algorithm, "clients_per_round": 4, **FAST.get(algorithm, {})})
     run_dir, grid = _deploy_on_two_nodes(cfg, tmp_path)
-    assert (run_dir / "report" / "report.html").exists()
+    assert (run_dir.parent / "report" / "report.html").exists()
     if algorithm == probe:
         chosen = [c for r in _records(run_dir) for c in r["clients"]]
         for cid in range(6):
@@ -428,7 +428,7 @@ def test_fedaf_over_flower(federation: LocalFederation, tmp_path: Path, algorith
     run_id = _submit(federation, tmp_path, cfg)
     sim = _simulate(cfg, tmp_path / "sim")
     run_dir = tmp_path / "out" / "tiny-seed0"
-    status = _wait(federation, run_id, run_dir / "report" / "report.html", timeout=300)
+    status = _wait(federation, run_id, run_dir.parent / "report" / "report.html", timeout=300)
     assert status["status"] == "finished:completed", federation.run_log(run_id)
     records = _records(run_dir)
     assert [r["round"] for r in records] == [1, 2]
@@ -455,7 +455,7 @@ def test_a_plugin_runs_over_flower(federation: LocalFederation, tmp_path: Path) 
     run_config.write_text(f'out = "{tmp_path / "out"}"\nnode_wait = 60.0\n')
     run_id = str(federation.flwr("run", str(app), "fedskew-test", "--run-config", str(run_config))["run-id"])
     run_dir = tmp_path / "out" / "tiny-seed0"
-    status = _wait(federation, run_id, run_dir / "report" / "report.html", timeout=240)
+    status = _wait(federation, run_id, run_dir.parent / "report" / "report.html", timeout=240)
     assert status["status"] == "finished:completed", federation.run_log(run_id)
     records = _records(run_dir)
     assert [r["round"] for r in records] == [1] and records[0]["clients"] == [0, 1, 2]
@@ -481,10 +481,10 @@ def test_fedavg_over_flower_equals_simulation_and_survives_a_killed_node(
     federation.wait_for_log("node2", RECEIVING_TRAIN, train_requests + 4, timeout=240)
     federation.kill("node2", signal.SIGTERM)
     run_dir = tmp_path / "out" / "tiny-seed0"
-    status = _wait(federation, run_id, run_dir / "report" / "report.html", timeout=240)
+    status = _wait(federation, run_id, run_dir.parent / "report" / "report.html", timeout=240)
     assert status["status"] == "finished:completed", federation.run_log(run_id)
     for f in ("config.toml", "metrics.jsonl", "timing.jsonl", "summary.json", "model.pt", "checkpoints/last.pt",
-              "report/report.html"):
+              "../report/report.html"):  # the experiment's report (issue 46), beside the run folder
         assert (run_dir / f).exists(), f
     flower, simulated = _records(run_dir), _records(sim)
     assert [r["round"] for r in flower] == [1, 2, 3, 4]

@@ -16,16 +16,18 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("norm", ["instancenorm", "batchnorm"])
+@pytest.mark.parametrize(("norm", "bn_statistics"), [("instancenorm", "separate"), ("batchnorm", "separate"),
+                                                     ("batchnorm", "pooled")])
 @pytest.mark.parametrize("method", ["feddm", "fedaf"])
 def test_batched_matching_on_cuda_equals_each_client_alone(
-    no_tf32: None, dtype: torch.dtype, norm: str, method: str
+    no_tf32: None, dtype: torch.dtype, norm: str, bn_statistics: str, method: str
 ) -> None:
     before = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         clip = 0.05 if method == "feddm" else None
-        cfg = DMConfig(iterations=4, ipc=3, image_lr=0.5, momentum=0.9, real_batch=8, init="real", clip_norm=clip)
+        cfg = DMConfig(iterations=4, ipc=3, image_lr=0.5, momentum=0.9, real_batch=8, init="real", clip_norm=clip,
+                       bn_statistics=bn_statistics)
         requests, sequential = requests_and_sequential(method, norm, cfg, device="cuda")
         batched = condense_batched(requests)
     finally:

@@ -16,22 +16,14 @@ from fedskew.components import batched
 from fedskew.config.schema import typed_config
 from fedskew.engine.federation import Federation, build_federation
 from fedskew.engine.round_loop import RoundLoop
-from tests.conftest import tiny_config
+from tests.conftest import spy_calls, tiny_config
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture
 def spy(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    calls: list[int] = []
-    train = batched.train_batched
-
-    def counting(requests: Any) -> Any:
-        calls.append(len(requests))
-        return train(requests)
-
-    monkeypatch.setattr(batched, "train_batched", counting)
-    return calls
+    return spy_calls(monkeypatch, batched, "train_batched")
 
 
 def _config(name: str, **over: Any) -> dict[str, Any]:

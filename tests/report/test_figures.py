@@ -61,8 +61,8 @@ def test_identical_curves_are_both_visible(tmp_path: Path, figures: dict[str, Fi
     assert len(lines) == 3
     assert len({(line.get_linestyle(), line.get_marker()) for line in lines}) == 3
     assert len({str(line.get_markevery()) for line in lines}) == 3  # markers at different rounds
-    widths = [line.get_linewidth() for line in lines]  # later curves thinner: the earlier show round them
-    assert widths == sorted(widths, reverse=True) and len(set(widths)) == 3
+    # issue 46: every curve equally wide with equal markers (a method plotted last was the least visible)
+    assert len({(line.get_linewidth(), line.get_markersize()) for line in lines}) == 1
     styles = line_styles([f"label {i}" for i in range(12)])
     assert len({(s["color"], s["linestyle"], s["marker"]) for s in styles.values()}) == 12
 

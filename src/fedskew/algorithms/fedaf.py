@@ -261,7 +261,7 @@ class FedAF(AggregationFree):
         rows = class_indices(client.y, held)
         real = [as_model_format(client.x[sample_indices(r, p.real_batch, g)], cl) for r in rows]
         syn = [as_model_format(images[labels == c], cl) for c in held]
-        (g_dm,) = torch.autograd.grad(dm_loss(model_features(net), real, syn), [images])
+        (g_dm,) = torch.autograd.grad(dm_loss(model_features(net), real, syn, p.bn_statistics), [images])
         swd = self.cdc_loss(classes, v, g, weight=1.0)(net, SyntheticSet(images, labels))
         g_swd = torch.autograd.grad(swd, [images])[0] if swd.requires_grad else torch.zeros_like(images)
         return float(g_dm.norm()), float(g_swd.norm())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import threading
@@ -36,6 +37,7 @@ EPILOG = """examples:
   fedskew run experiments/fmnist_fedavg.toml --out runs/f --resume   finish an interrupted experiment
   fedskew partition experiments/fmnist_fedavg.toml
   fedskew report runs/default
+  fedskew report runs/default --format pdf --preset single --no-titles   figures for one column of a paper
   fedskew audit runs/feddc_cifar10                 privacy of the condensed images FedDC clients sent
   fedskew condense --dataset fashion_mnist --method dm --ipc 10 --iterations 200   condense and score a set
   fedskew condense my_set.toml ipc=10 model.net_width=32   the same from a settings file and overrides
@@ -80,8 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue a run folder from its last checkpoint; without RUN_DIR (CONFIG --out DIR --resume): "
                         "continue the experiment in DIR (finished runs kept, interrupted ones resumed)")
     r.add_argument("--only", nargs="+", metavar="LABEL",
-                   help="run only the variants with these labels (every word after it is a label: put "
-                        "overrides before --only)")
+                   help="run only the variants with these labels (a variant's label selects all its grid points; "
+                        "a point's full label, that point); a KEY=VALUE word after it whose KEY is a config key "
+                        "(rounds=5, partition.alpha=0.5) is an override, not a label")
     r.add_argument("--force", action="store_true", help="overwrite runs already in --out")
     r.add_argument("--label", help="label of the runs (after --only) in tables and plots; {label} is each "
                                    "variant's own label and {KEY} a config value, e.g. "
@@ -93,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     pa = sub.add_parser("partition", help="print per-client class counts and save a bubble plot or heat map")
     pa.add_argument("config", help="TOML config file or built-in config name")
     pa.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
-    pa.add_argument("--out", help="PNG path (default: partition-<name>.png)")
+    pa.add_argument("--out", help="file to write, .png, .pdf or .svg (default: partition-<partitioner>.png in the "
+                                  "current folder)")
     pa.add_argument("--style", choices=["auto", "bubble", "heatmap"], default="auto",
                     help="bubbles per client and class, or a heat map (auto: a heat map from 100 clients on)")
     pa.add_argument("--data-dir", help=data_help)
@@ -102,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("report", help="plots, comparison table and report.html for run folders")
     rp.add_argument("runs", nargs="+", help="run folders or their parents")
-    rp.add_argument("--out", help="output folder (default: <common parent>/report)")
+    rp.add_argument("--out", help="output folder (default: EXP/report when the runs are those of one experiment "
+                                  "folder EXP, also a one-run one; else <common parent>/report)")
     rp.add_argument(
         "--group-by", action="append", metavar="KEY[,KEY]",
         help="config keys whose values tell runs apart in the labels (dataset.name, algorithm.tau, ...; "
@@ -112,10 +117,21 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--label", default="", metavar="TEMPLATE",
                     help="relabel the runs: {label} is a run's own label, {KEY} its value of a config key, e.g. "
                          "--label '{label}, KL {algorithm.kl_reduction}' (as fedskew run --label)")
-    rp.add_argument("--format", choices=["png", "pdf", "svg"], default="png",
+    rp.add_argument("--format", choices=["png", "pdf", "svg"],
                     help="file format of the figures (default png; a pdf figure also gets the png copy that "
-                         "report.html shows)")
-    rp.add_argument("--dpi", type=int, default=150, help="resolution of raster figures, 50 to 1200 (default 150)")
+                         "report.html shows, and embeds TrueType fonts, not Type 3). These options default to the "
+                         "[report] table of the runs' configs")
+    rp.add_argument("--dpi", type=int, help="resolution of raster figures, 50 to 1200 (default 150)")
+    rp.add_argument("--preset", choices=["single", "double"],
+                    help="figures for a two-column paper: single (one column, 3.3 in wide, 8 pt) or double (both "
+                         "columns, 6.9 in, 9 pt); --width and --font-size win over it")
+    rp.add_argument("--width", type=float, metavar="INCHES", help="figure width (default: each figure's own, "
+                                                                  "7 in for the curves)")
+    rp.add_argument("--height", type=float, metavar="INCHES", help="figure height (default: the figure's own "
+                                                                   "aspect ratio at that width)")
+    rp.add_argument("--font-size", type=float, metavar="POINTS", help="base font size (default 10)")
+    rp.add_argument("--no-titles", dest="titles", action="store_false", default=None,
+                    help="figures without titles (a paper's caption says what they show)")
     rp.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_import(rp)
     rp.set_defaults(func=cmd_report)
@@ -170,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--outer-loop", type=int, help="DC matching steps per network [DC's: 1 at ipc 1, 10 at 10]")
     co.add_argument("--inner-loop", type=int, help="DC network steps between them [DC's: 1 at ipc 1, 50 at 10]")
     co.add_argument("--kernel", help="KIP kernel: ntk or rf_convnet [ntk]")
+    co.add_argument("--bn-statistics", help="DM with a BatchNorm network: pooled (real and synthetic images "
+                    "normalised in one pass) or separate (a pass each, DM's code) [pooled]")
     co.add_argument("--learn-labels", action="store_true", default=None,
                     help="KIP also learns the labels (saved as soft labels)")
     co.add_argument("--threads", type=int, help="torch threads [1: reproducible, fair to others]")
@@ -197,7 +215,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     argparse fills a list positional from one run of words only, so words after an option come back
     unrecognised; they are appended, in order, to the command's list (:data:`TRAILING`). ``run`` takes only
     ``key=value`` words there (a second config file is an error), and anything starting with ``-`` stays an
-    unrecognised option. ``--only LABEL ...`` still takes every word after it as a label.
+    unrecognised option. ``--only LABEL ...`` takes the words after it as labels, but for ``KEY=VALUE`` words whose KEY
+    is a config key (:func:`_is_override`), which are overrides wherever they stand.
     """
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -208,7 +227,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if extra:
         setattr(args, dest, [*(getattr(args, dest) or []), *extra])  # type: ignore[arg-type]
+    if args.command == "run" and args.only:  # `--only FedAvg rounds=5`: the override is one, not a label
+        moved = [w for w in args.only if _is_override(w)]
+        args.only = [w for w in args.only if w not in moved] or None
+        args.overrides = [*args.overrides, *moved]
+        if args.only is None:
+            parser.error("--only needs at least one label (the words after it were overrides)")
     return args
+
+
+def _is_override(word: str) -> bool:
+    """Whether ``word`` is ``KEY=VALUE`` with KEY a config key (``rounds``, ``partition.alpha``): an override
+    wherever it stands (a label is not written so)."""
+    from fedskew.config.files import TOP_LEVEL
+
+    key, eq, _ = word.partition("=")
+    dotted = re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", key) is not None
+    return bool(eq) and dotted and key.split(".")[0] in TOP_LEVEL
 
 
 class Terminated(KeyboardInterrupt):

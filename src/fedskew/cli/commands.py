@@ -22,7 +22,8 @@ def _data_dir(args: argparse.Namespace) -> str | None:
 
 
 def _print_table(paths: list[Path], group_by: list[str] | None = None, label: str = "") -> None:
-    """Print the comparison table of the runs under ``paths``."""
+    """Print the comparison table of the runs under ``paths`` (after a line naming the keys they differ in, when
+    they come from different experiments)."""
     from fedskew.report import (
         comparison_table,
         find_runs,
@@ -31,17 +32,32 @@ def _print_table(paths: list[Path], group_by: list[str] | None = None, label: st
         load_run,
         separate_experiments,
     )
-    from fedskew.report.tables import TERMINAL_WIDTH
+    from fedskew.report.tables import TERMINAL_WIDTH, differing_line
 
     runs = separate_experiments(in_config_order([load_run(p) for p in find_runs(paths)]), group_by or (), label)
+    mixed = differing_line(runs)
+    if mixed:
+        print(f"fedskew: {mixed}", file=sys.stderr)
     print(format_table(comparison_table(runs), max_width=TERMINAL_WIDTH))
+
+
+def _experiment_report(run_dirs: list[Path]) -> tuple[list[Path], Path | None]:
+    """The runs and report folder of the experiment that ``run_dirs`` belong to: every run of their experiment
+    folder and its ``report/`` (the report ``fedskew run`` wrote, which ``audit`` and ``--resume`` update),
+    or ``run_dirs`` and None (the default folder) when they are not the runs of one folder."""
+    from fedskew.runs import experiment_of, experiment_runs, find_runs
+
+    runs = find_runs(run_dirs)
+    home = experiment_of(runs)
+    if home is not None and {p.resolve() for p in runs} <= set(experiment_runs(home)):
+        return experiment_runs(home), home / "report"
+    return runs, None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from fedskew.api import plan
     from fedskew.config import parse_overrides
     from fedskew.engine.experiment import resume_run, run_experiment
-    from fedskew.report import write_report
 
     overrides = parse_overrides(args.overrides)
     progress = not args.no_progress
@@ -81,26 +97,32 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"fedskew: {len(runs)} run(s) -> {parent}", file=sys.stderr)
         run_experiment(runs, parent, data_dir=_data_dir(args), progress=progress)
         parents = [parent]
-    report = parents[0] / "report"
+    # The experiment's report, EXP/report/: after --resume RUN, that of every run of RUN's experiment folder
+    from fedskew.report import write_report  # matplotlib: imported once the runs are done, not before they start
+
+    runs_of: list[Path] = parents
+    folder: Path | None = parents[0] / "report"
     try:
-        html = write_report(parents, report)
+        runs_of, folder = _experiment_report(parents) if args.resume else (parents, parents[0] / "report")
+        html = write_report(runs_of, folder)
     except (FedskewError, OSError) as e:  # the runs are done and kept; only their report failed: not a success
-        why = _report_error(e, report) if isinstance(e, OSError) else str(e)
+        why = _report_error(e, folder, runs_of) if isinstance(e, OSError) else str(e)
         print(f"fedskew: error: the runs finished and are kept in {parents[0]}, but no report was written: {why}; "
               f"fix that, then `fedskew report {parents[0]}`", file=sys.stderr)
         return 1
-    _print_table(parents)
+    _print_table(runs_of)
     print(f"\nrun folder: {parents[0]}\nreport:     {html}")
     return 0
 
 
-def _report_error(e: OSError, report: Path) -> str:
-    """A failed report write in one line naming the report folder (a full disk, a read-only folder), not the
-    temporary folder it was being written into (:func:`fedskew.core.files.staged_folder`)."""
-    from fedskew.runs import describe_os_error
+def _report_error(e: OSError, report: Path | None, runs: list[Path]) -> str:
+    """A failed report write in one line naming the report folder (``report``, None: the default one of ``runs``)
+    on a full disk or a read-only folder, not the temporary folder it was being written into
+    (:func:`fedskew.core.files.staged_folder`)."""
+    from fedskew.runs import describe_os_error, report_folder
 
     staged = isinstance(e.filename, str | bytes) and ".partial-" in os.fsdecode(e.filename)
-    return describe_os_error(OSError(e.errno, e.strerror) if staged else e, report)
+    return describe_os_error(OSError(e.errno, e.strerror) if staged else e, report or report_folder(runs))
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
@@ -123,22 +145,30 @@ def cmd_partition(args: argparse.Namespace) -> int:
     part = Partition(indices=[np.arange(fed.offsets[k], fed.offsets[k + 1]) for k in range(fed.info.num_clients)])
     labels = fed.y.numpy()
     print(summarize(part, labels, fed.info.num_classes))
-    out = Path(args.out or f"partition-{config.partition.name}.png")
-    title = f"{config.dataset.name}: {config.partition.name} " + ", ".join(
-        f"{k}={v}" for k, v in partition.items() if k != "name"
-    )
-    partition_plot(fed.counts, out, title=title, class_names=fed.class_names, style=args.style)
-    print(f"\npartition plot: {out}")
+    from fedskew.core.figures import dataset_title, partition_title
+
+    out = Path(args.out or f"partition-{config.partition.name}.png")  # in the current folder, as --help says
+    title = f"{dataset_title(config.dataset.name)}, {partition_title(partition)}"  # the report's names
+    partition_plot(fed.counts, out, title=title, class_names=fed.class_names, style=args.style,
+                   look=config.report)
+    print(f"\npartition plot: {out.resolve()}")
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from fedskew.core.figures import style_of
     from fedskew.report import write_report
+    from fedskew.runs import find_runs, load_run
 
     paths = [Path(p) for p in args.runs]
     group_by = [key.strip() for item in args.group_by or [] for key in item.split(",") if key.strip()]
-    html = write_report(paths, Path(args.out) if args.out else None, group_by, args.label, args.format, args.dpi,
-                        progress=not args.no_progress)
+    # The look the runs' [report] table gives, changed by the options given.
+    style = style_of(load_run(p).config for p in find_runs(paths)).updated(
+        format=args.format, dpi=args.dpi, preset=args.preset, width=args.width, height=args.height,
+        font_size=args.font_size, titles=args.titles,
+    )
+    html = write_report(paths, Path(args.out) if args.out else None, group_by, args.label,
+                        progress=not args.no_progress, style=style)
     _print_table(paths, group_by, args.label)
     print(f"\nreport: {html}")
     return 0
@@ -190,8 +220,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
     print("\n" + AUDIT_LEGEND)
     from fedskew.report import write_report
 
-    # The report of these runs now shows the audit table beside the results (audit.json in each run).
-    print(f"report: {write_report([Path(p) for p in args.runs])}")
+    # The report of these runs' experiment (the one `fedskew run` wrote) now shows the audit table beside the
+    # results (audit.json in each run).
+    runs, folder = _experiment_report([Path(p) for p in args.runs])
+    print(f"report: {write_report(runs, folder)}")
     return 0
 
 

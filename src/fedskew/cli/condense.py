@@ -38,7 +38,12 @@ from typing import Any
 import torch
 
 from fedskew.condense.augment import DSAConfig
-from fedskew.condense.distribution_matching import DMConfig, distribution_matching, random_model_sampler
+from fedskew.condense.distribution_matching import (
+    BN_STATISTICS,
+    DMConfig,
+    distribution_matching,
+    random_model_sampler,
+)
 from fedskew.condense.evaluate import EvalConfig, evaluate_synthetic
 from fedskew.condense.gradient_matching import GMConfig, gradient_matching
 from fedskew.condense.kip import KIPConfig, kip
@@ -52,6 +57,8 @@ from fedskew.core.threads import num_threads
 METHODS = ("dc", "dm", "kip", "random")
 """Condensation methods of ``fedskew condense``; ``random`` is the random-real-subset baseline."""
 
+METHOD_TITLES = {"dc": "DC", "dm": "DM", "kip": "KIP", "random": "random real images"}
+"""How the grid's title names each method."""
 PUBLISHED_ITERATIONS = {"dc": 1000, "dm": 20000, "kip": 1000, "random": 0}
 """Default iteration counts: DC's 1000 outer iterations, DM's 20,000 steps, and 1000 KIP steps (the
 library default; KIP's own runs are longer)."""
@@ -88,6 +95,8 @@ class MethodSettings:
         Channels of the random ConvNets of the ``"rf_convnet"`` kernel (DC's width, 128).
     learn_labels
         KIP also learns the labels (saved as soft labels, which evaluation regresses).
+    bn_statistics
+        DM with a BatchNorm network: ``"separate"`` or ``"pooled"`` batch statistics (``DMConfig.bn_statistics``).
     """
 
     iterations: int | None = None
@@ -99,6 +108,7 @@ class MethodSettings:
     kernel: str = "ntk"
     rf_width: int = 128
     learn_labels: bool = False
+    bn_statistics: str = "pooled"
 
 
 def dc_loops(ipc: int) -> tuple[int, int]:
@@ -166,6 +176,7 @@ def condense_set(
             real_batch=settings.real_batch or 256,
             init="real",
             dsa=None if settings.dsa is False else dsa,
+            bn_statistics=settings.bn_statistics,
         )
         return distribution_matching(x, y, random_model_sampler(model_factory), dm, generator, progress=progress)
     cfg = KIPConfig(
@@ -219,6 +230,7 @@ DEFAULTS: dict[str, Any] = {
     "dataset": "digits", "method": "dm", "ipc": 1, "iterations": None, "seed": 0, "out": None, "eval_epochs": 300,
     "eval_dsa": False, "model": "convnet", "net_width": None, "image_lr": None, "real_batch": None, "dsa": None,
     "outer_loop": None, "inner_loop": None, "kernel": "ntk", "learn_labels": False, "threads": 1,
+    "bn_statistics": "pooled",
 }
 """The settings of ``fedskew condense`` and their defaults (``None``: the method's published value)."""
 
@@ -226,6 +238,7 @@ TYPES: dict[str, type] = {
     "dataset": str, "method": str, "ipc": int, "iterations": int, "seed": int, "out": str, "eval_epochs": int,
     "eval_dsa": bool, "model": str, "net_width": int, "image_lr": float, "real_batch": int, "dsa": bool,
     "outer_loop": int, "inner_loop": int, "kernel": str, "learn_labels": bool, "threads": int,
+    "bn_statistics": str,
 }
 
 ALIASES = {"dataset.name": "dataset", "model.name": "model", "model.net_width": "net_width",
@@ -278,6 +291,8 @@ def _settings(args: argparse.Namespace) -> MethodSettings:
             raise ConfigError(f"--{name.replace('_', '-')} is out of range: {value}")
     if args.image_lr is not None and args.image_lr <= 0:
         raise ConfigError(f"--image-lr must be > 0, got {args.image_lr}")
+    if args.bn_statistics not in BN_STATISTICS:
+        raise ConfigError(f"--bn-statistics must be one of {', '.join(BN_STATISTICS)}, got {args.bn_statistics!r}")
     limits = {"ipc": MAX_IPC, "iterations": MAX_STEPS, "real_batch": MAX_BATCH, "outer_loop": MAX_STEPS,
               "inner_loop": MAX_STEPS, "eval_epochs": MAX_EPOCHS, "net_width": MAX_WIDTH, "threads": 1024}
     for name, limit in limits.items():  # bounded before memory is (see fedskew.core.params.SIZE_LIMITS)
@@ -294,12 +309,14 @@ def _settings(args: argparse.Namespace) -> MethodSettings:
         kernel=args.kernel,
         rf_width=args.net_width or 128,
         learn_labels=args.learn_labels,
+        bn_statistics=args.bn_statistics,
     )
 
 
 def cmd_condense(args: argparse.Namespace, data_dir: str | None) -> int:
     """Run ``fedskew condense`` (see the module docstring); returns the exit code."""
     from fedskew.condense.grids import labelled_grid_figure, save_figure
+    from fedskew.core.figures import DEFAULT_STYLE, dataset_title
     from fedskew.data import load_dataset
     from fedskew.models import create_model
 
@@ -339,9 +356,12 @@ def cmd_condense(args: argparse.Namespace, data_dir: str | None) -> int:
     info = {"dataset": args.dataset, "method": args.method, "ipc": args.ipc}
     save_set(out / "synthetic.safetensors", u, ds.mean, ds.std, info)
     names = [str(c) for c in ds.classes] or None
-    grid = labelled_grid_figure(u.images, u.labels, names, title=f"{args.dataset}, {args.method}, ipc {args.ipc}",
-                                scale=max(2, round(32 / int(u.images.shape[2]))))
-    save_figure(grid, out / "grid.png")
+    with DEFAULT_STYLE.context():  # the report's style and dataset names
+        method = METHOD_TITLES.get(args.method, args.method)
+        title = f"{dataset_title(args.dataset)}, {method}, {args.ipc} image{'s' if args.ipc != 1 else ''} per class"
+        grid = labelled_grid_figure(u.images, u.labels, names, title=title,
+                                    scale=max(2, round(32 / int(u.images.shape[2]))))
+        save_figure(grid, out / "grid.png", DEFAULT_STYLE.dpi)
     result = {
         **info,
         "seed": args.seed,

@@ -4,9 +4,9 @@
 trains each as :func:`~fedskew.components.trainer.train_local` would, up to float rounding:
 
 - each client's batches in its own order (drawn from its own generator when it was handed off);
-- its own SGD state, with ``torch.optim.SGD``'s rule (weight decay added to the gradient, momentum
-  buffer ``b = m*b + g`` from zero, ``w -= lr*b``); a parameter the loss does not reach is left alone,
-  as the optimiser leaves a parameter without a gradient;
+- its own SGD state: ``train_local``'s ``torch.optim.SGD`` (with the run's ``sgd_impl``) over the stacked
+  parameters, which acts on each value alone; a parameter the loss does not reach is left alone, as the
+  optimiser leaves a parameter without a gradient;
 - its own number of steps: clients are ordered by steps, most first, so the clients still training
   are always the first K' of the stack, and a client that is done drops out of the step;
 - a step where some clients have a smaller (last) batch weights each sample, so every client's loss is
@@ -32,6 +32,7 @@ from torch import nn
 from fedskew.components.batching import BatchRequest
 from fedskew.components.stacked_forward import NATURAL, StackedForward, stacked_forward
 from fedskew.components.trainer import LocalResult
+from fedskew.core.device import current_compute
 from fedskew.models.layout import as_model_format, is_channels_last
 
 # The gradients of the stacked parameters are written into views of one (K, N) buffer, laid out like the
@@ -190,9 +191,11 @@ class _StackedTraining:
             ]
         self.schedule = _Schedule(requests, offsets, self.y, self.flat.dtype)
         self.grad = torch.zeros_like(self.flat)
+        self.flat.grad = self.grad
         cfg = requests[0].cfg
-        self.lr, self.momentum, self.weight_decay = cfg.lr, cfg.momentum, cfg.weight_decay
-        self.buf = torch.zeros_like(self.flat) if self.momentum else None
+        # train_local's optimiser over all clients' parameters at once (SGD acts on each value alone)
+        self.optimizer = torch.optim.SGD([self.flat], lr=cfg.lr, momentum=cfg.momentum,
+                                         weight_decay=cfg.weight_decay, **current_compute().sgd_options())
         self.loss_sum = torch.zeros(k, dtype=torch.float64, device=device)
         channels_last = is_channels_last(first) and self.x.device.type in CHANNELS_LAST_DEVICES
         self.forward: StackedForward = stacked_forward(
@@ -268,13 +271,8 @@ class _StackedTraining:
             self.loss_sum[:k].addcmul_(summed, scale)
             for term in terms:
                 self.loss_sum[:k] += term
-            if self.weight_decay:
-                self.grad.add_(self.flat, alpha=self.weight_decay)
-            step = self.grad
-            if self.buf is not None:
-                step = self.buf.mul_(self.momentum).add_(self.grad)
-            self.flat.add_(step, alpha=-self.lr)
-            self.grad.zero_()
+        self.optimizer.step()
+        self.grad.zero_()  # in place: the leaves' gradients are views of it
 
     def _write_back(self, first: int, stop: int) -> None:
         """The trained parameters of clients ``first .. stop`` into their models."""

@@ -1,83 +1,58 @@
-"""The hand-off between :func:`~fedskew.components.trainer.train_local` and a batched runner.
+"""The hand-off between a client's work (:func:`~fedskew.components.trainer.train_local`, distribution
+matching, KIP) and a batched runner.
 
-A batched runner (``clients_in_parallel``, :mod:`fedskew.engine.batched_runner`) runs each client job of
-a round in its own thread with a :class:`Rendezvous` installed (:func:`batching`). When such a job calls
-``train_local`` and its training can be batched, :func:`hand_off` draws the client's batch order from
-its generator exactly as ``train_local`` would, then gives the runner a :class:`BatchRequest` and waits:
-the runner trains every waiting client together (:mod:`fedskew.components.batched`) and hands each its
-:class:`~fedskew.components.trainer.LocalResult`, with the trained weights in the client's model. A
-training that cannot be batched (see :func:`why_sequential`) runs in place, as without a runner, so any
-method batches whatever of its local training can be, with no change to its code.
+A batched runner (``clients_in_parallel``, :mod:`fedskew.engine.batched_runner`) installs this module's
+hand-off into :mod:`fedskew.core.handoff` when it is made (:func:`install_hand_off`; no import installs
+anything) and runs each client job of a round in its own thread with a :class:`Rendezvous` set
+(:func:`batching`). When such a job calls ``train_local`` and its training can be batched, the hand-off draws
+the client's batch order from its generator exactly as ``train_local`` would, then gives the runner a
+:class:`BatchRequest` and waits: the runner trains every waiting client together
+(:mod:`fedskew.components.batched`) and hands each its :class:`~fedskew.components.trainer.LocalResult`, with
+the trained weights in the client's model. A training that cannot be batched (see :func:`why_sequential`)
+runs in place, as without a runner, so any method batches whatever of its local training can be, with no
+change to its code.
 
-Loss terms batch when they carry a :class:`FunctionalTerm` (``term.functional``): the same term written
-on the stacked parameters of many clients at once.
+Loss terms batch when they carry a :class:`~fedskew.components.trainer.FunctionalTerm` (``term.functional``):
+the same term written on the stacked parameters of many clients at once.
 
-Distribution matching (FedDM's and FedAF's condensation) and KIP (HFLDD's) are handed over the same way:
-the rendezvous carries any kind of request, a :class:`BatchRequest`, a
-:class:`~fedskew.condense.distribution_matching.DMRequest` or a :class:`~fedskew.condense.kip.KIPRequest`
-(:class:`_CondensationHandOff`, installed into :mod:`fedskew.condense.handoff` when this module is imported);
-the runner condenses the waiting clients together (:mod:`fedskew.components.batched_condensation`,
+Distribution matching (FedDM's and FedAF's condensation) and KIP (HFLDD's) are handed over the same way: the
+rendezvous carries any kind of request, a :class:`BatchRequest`, a
+:class:`~fedskew.condense.distribution_matching.DMRequest` or a :class:`~fedskew.condense.kip.KIPRequest`; the
+runner condenses the waiting clients together (:mod:`fedskew.components.batched_condensation`,
 :mod:`fedskew.components.batched_kip`). Condensations without a batched form say so once.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from fedskew.components.batched_condensation import why_dm_sequential
 from fedskew.components.batched_kip import why_kip_sequential
-from fedskew.components.trainer import GradHook, LocalConfig, LocalResult, LossTerm, install_hand_off
+from fedskew.components.trainer import (
+    FunctionalTerm,
+    GradHook,
+    LocalConfig,
+    LocalResult,
+    LocalTraining,
+    LossTerm,
+    functional_of,
+)
 from fedskew.condense.distribution_matching import DMRequest
-from fedskew.condense.handoff import install_condensation_hand_off
 from fedskew.condense.kip import KIPRequest
 from fedskew.condense.synthetic import SyntheticSet
+from fedskew.core import handoff
 from fedskew.core.device import current_compute
 from fedskew.models.layout import shuffled_batches
 
 BATCHED_DTYPES = (torch.float32, torch.float64)
 """Parameter dtypes the batched trainer takes (mixed precision runs one client at a time)."""
-
-
-@dataclass(frozen=True)
-class FunctionalTerm:
-    """A loss term on the stacked parameters of K clients: ``fn(params, data, *consts)`` returns the K
-    clients' terms, a tensor of shape ``(K,)``.
-
-    ``params`` maps every parameter name to its K clients' values stacked on a first axis (what
-    ``model.named_parameters()`` gives one client, in its order, with a client axis in front); ``data`` holds this
-    client's own tensors (a FedProx anchor), which the batched trainer stacks the same way; ``consts``
-    are plain numbers shared by the clients that batch together. ``fn`` must compute, for each client,
-    what the term's ordinary form computes on that client's model (up to float rounding), and use only
-    the parameters (not the batch).
-    """
-
-    fn: Callable[..., torch.Tensor]
-    data: Mapping[str, torch.Tensor]
-    consts: tuple[float, ...] = ()
-
-    def key(self) -> tuple[Any, ...]:
-        """Terms of equal keys batch together (same function, constants and data shapes)."""
-        shapes = tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(self.data.items()))
-        return (self.fn, self.consts, shapes)
-
-
-def with_functional(term: LossTerm, functional: FunctionalTerm) -> LossTerm:
-    """``term`` marked with its batched form (``term.functional``)."""
-    term.functional = functional  # type: ignore[attr-defined]
-    return term
-
-
-def functional_of(term: LossTerm) -> FunctionalTerm | None:
-    """The batched form of a loss term, if it has one."""
-    found = getattr(term, "functional", None)
-    return found if isinstance(found, FunctionalTerm) else None
 
 
 @dataclass
@@ -178,41 +153,45 @@ def why_sequential(
     return None
 
 
-def hand_off(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: LocalConfig, generator: torch.Generator,
-    terms: Sequence[LossTerm], grad_hooks: Sequence[GradHook],
-) -> LocalResult | None:
-    """Train ``model`` batched with the round's other clients, if a runner batches this thread and the
-    training can be batched; None otherwise (``train_local`` then trains it as usual)."""
-    rendezvous = _SLOT.rendezvous
-    if rendezvous is None:
-        return None
-    reason = why_sequential(model, x, terms, grad_hooks)
+def _train(rendezvous: Rendezvous, t: LocalTraining) -> LocalResult | None:
+    """Train ``t.model`` batched with the round's other clients if the training can be batched; None otherwise
+    (``train_local`` then trains it as usual)."""
+    reason = why_sequential(t.model, t.x, t.terms, t.grad_hooks)
     if reason is not None:
         rendezvous.sequential(reason)
         return None
-    model.train()
-    batches = draw_batches(int(y.shape[0]), cfg, generator)
-    functional = [f for f in (functional_of(t) for t in terms) if f is not None]
-    result = rendezvous.submit(BatchRequest(model, x, y, cfg, batches, functional, list(terms)))
+    t.model.train()
+    batches = draw_batches(int(t.y.shape[0]), t.cfg, t.generator)
+    functional = [f for f in (functional_of(term) for term in t.terms) if f is not None]
+    result = rendezvous.submit(BatchRequest(t.model, t.x, t.y, t.cfg, batches, functional, list(t.terms)))
     assert isinstance(result, LocalResult)
     return result
 
 
-class _CondensationHandOff:
-    """Hands a thread's distribution matching to its batched runner (see :mod:`fedskew.condense.handoff`)."""
+def _condense(rendezvous: Rendezvous, request: DMRequest | KIPRequest) -> SyntheticSet | None:
+    """Condense ``request`` batched with the round's other clients if it can be batched; None otherwise."""
+    reason = why_dm_sequential(request) if isinstance(request, DMRequest) else why_kip_sequential(request)
+    if reason is not None:
+        rendezvous.sequential(reason, "condensation")
+        return None
+    result = rendezvous.submit(request)
+    assert isinstance(result, SyntheticSet)
+    return result
 
-    def condense(self, request: object) -> SyntheticSet | None:
+
+class _RunnerHandOff:
+    """Hands a batching thread's local trainings and condensations to its runner (:mod:`fedskew.core.handoff`);
+    declines everything outside a :func:`batching` block."""
+
+    def offer(self, request: object) -> LocalResult | SyntheticSet | None:
         rendezvous = _SLOT.rendezvous
-        if rendezvous is None or not isinstance(request, DMRequest | KIPRequest):
+        if rendezvous is None:
             return None
-        reason = why_dm_sequential(request) if isinstance(request, DMRequest) else why_kip_sequential(request)
-        if reason is not None:
-            rendezvous.sequential(reason, "condensation")
-            return None
-        result = rendezvous.submit(request)
-        assert isinstance(result, SyntheticSet)
-        return result
+        if isinstance(request, LocalTraining):
+            return _train(rendezvous, request)
+        if isinstance(request, DMRequest | KIPRequest):
+            return _condense(rendezvous, request)
+        return None
 
     def unbatched(self, reason: str) -> None:
         rendezvous = _SLOT.rendezvous
@@ -220,5 +199,11 @@ class _CondensationHandOff:
             rendezvous.sequential(reason, "condensation")
 
 
-install_hand_off(hand_off)
-install_condensation_hand_off(_CondensationHandOff())
+_HAND_OFF = _RunnerHandOff()
+
+
+def install_hand_off() -> None:
+    """Let ``train_local`` and the condensations offer their work to a batched runner (once per process,
+    idempotent). The batched runner calls it when it is made, so that no import installs anything; outside a
+    :func:`batching` block the hand-off declines."""
+    handoff.install_hand_off(_HAND_OFF)

@@ -24,8 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedskew.components.batching import FunctionalTerm, with_functional
-from fedskew.components.trainer import GradHook, LossTerm
+from fedskew.components.trainer import GradHook, LossTerm, stacked_term
 from fedskew.models.registry import FedModel
 
 
@@ -40,17 +39,12 @@ def proximal_term(anchor: dict[str, torch.Tensor], mu: float) -> LossTerm:
     FedProx (Li et al. 2020, Eq. 2) adds it with ``anchor`` = the received global model so that local
     models cannot drift far from it on skewed data; its gradient is ``mu * (w - anchor)``.
     """
-
-    def term(model: nn.Module, x: torch.Tensor, y: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        sq = sum(((p - anchor[name]) ** 2).sum() for name, p in model.named_parameters())
-        return 0.5 * mu * torch.as_tensor(sq)
-
-    return with_functional(term, FunctionalTerm(_stacked_proximal, anchor, (mu,)))
+    return stacked_term(_stacked_proximal, anchor, mu)
 
 
 def _stacked_proximal(params: dict[str, torch.Tensor], anchor: dict[str, torch.Tensor], mu: float) -> torch.Tensor:
     """:func:`proximal_term` of K clients at once (parameters and anchors stacked on a first axis)."""
-    sq = sum(((p - anchor[name]) ** 2).flatten(1).sum(1) for name, p in params.items())
+    sq = sum(((p - anchor[name]) ** 2).reshape(p.shape[0], -1).sum(1) for name, p in params.items())
     return 0.5 * mu * torch.as_tensor(sq)
 
 
@@ -60,16 +54,12 @@ def linear_term(coef: dict[str, torch.Tensor]) -> LossTerm:
     FedDyn (Acar et al. 2021, Alg. 1) subtracts <grad L_k(theta_k^{t-1}), theta> so that each client's
     stationary point agrees with the global one; its gradient is the constant ``-coef``.
     """
-
-    def term(model: nn.Module, x: torch.Tensor, y: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        return -torch.as_tensor(sum((p * coef[name]).sum() for name, p in model.named_parameters()))
-
-    return with_functional(term, FunctionalTerm(_stacked_linear, coef))
+    return stacked_term(_stacked_linear, coef)
 
 
 def _stacked_linear(params: dict[str, torch.Tensor], coef: dict[str, torch.Tensor]) -> torch.Tensor:
     """:func:`linear_term` of K clients at once (parameters and coefficients stacked on a first axis)."""
-    return -torch.as_tensor(sum((p * coef[name]).flatten(1).sum(1) for name, p in params.items()))
+    return -torch.as_tensor(sum((p * coef[name]).reshape(p.shape[0], -1).sum(1) for name, p in params.items()))
 
 
 class FeatureTap:

@@ -7,14 +7,16 @@ such pieces as arguments, so a method says only what it adds.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fedskew.core.device import current_compute, host_floats
+from fedskew.core.handoff import hand_off
 from fedskew.core.params import check, next_checks
 from fedskew.models.layout import as_model_format, is_channels_last, shuffled_batches
 
@@ -24,19 +26,53 @@ LossTerm = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch
 GradHook = Callable[[nn.Module], None]
 """Called after ``backward`` and before the optimiser step; may edit ``p.grad`` in place."""
 
-HandOff = Callable[..., "LocalResult | None"]
-"""``hand_off(model, x, y, cfg, generator, terms, grad_hooks)``: trains the model elsewhere and returns its
-result, or None to let :func:`train_local` train it (see :func:`install_hand_off`)."""
 
-_HAND_OFF: list[HandOff] = []
+@dataclass(frozen=True)
+class FunctionalTerm:
+    """The batched form of a :data:`LossTerm` (a batched runner's, :mod:`fedskew.components.batching`): the
+    term on the stacked parameters of K clients; ``fn(params, data, *consts)`` returns the K clients' terms,
+    a tensor of shape ``(K,)``.
+
+    ``params`` maps every parameter name to its K clients' values stacked on a first axis (what
+    ``model.named_parameters()`` gives one client, in its order, with a client axis in front); ``data`` holds this
+    client's own tensors (a FedProx anchor), which the batched trainer stacks the same way; ``consts``
+    are plain numbers shared by the clients that batch together. ``fn`` must compute, for each client,
+    what the term's ordinary form computes on that client's model (up to float rounding), and use only
+    the parameters (not the batch).
+    """
+
+    fn: Callable[..., torch.Tensor]
+    data: Mapping[str, torch.Tensor]
+    consts: tuple[float, ...] = ()
+
+    def key(self) -> tuple[Any, ...]:
+        """Terms of equal keys batch together (same function, constants and data shapes)."""
+        shapes = tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(self.data.items()))
+        return (self.fn, self.consts, shapes)
 
 
-def install_hand_off(hand_off: HandOff) -> None:
-    """Let ``hand_off`` take trainings first (once per process): the batched runner's
-    (:func:`fedskew.components.batching.hand_off`, installed when that module is imported) hands a
-    batchable training to the round's rendezvous and returns None outside one."""
-    if hand_off not in _HAND_OFF:
-        _HAND_OFF.append(hand_off)
+def with_functional(term: LossTerm, functional: FunctionalTerm) -> LossTerm:
+    """``term`` marked with its batched form (``term.functional``)."""
+    term.functional = functional  # type: ignore[attr-defined]
+    return term
+
+
+def stacked_term(fn: Callable[..., torch.Tensor], data: Mapping[str, torch.Tensor], *consts: float) -> LossTerm:
+    """A loss term written once, on stacked parameters (a :class:`FunctionalTerm`'s ``fn``): for one client it
+    is the case K = 1, ``fn`` of the model's parameters and ``data`` each with a client axis of one; a batched
+    runner calls ``fn`` on K clients' stacked parameters."""
+    one = {name: t[None] for name, t in data.items()}
+
+    def term(model: nn.Module, x: torch.Tensor, y: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        return fn({name: p[None] for name, p in model.named_parameters()}, one, *consts)[0]
+
+    return with_functional(term, FunctionalTerm(fn, data, consts))
+
+
+def functional_of(term: LossTerm) -> FunctionalTerm | None:
+    """The batched form of a loss term, if it has one."""
+    found = getattr(term, "functional", None)
+    return found if isinstance(found, FunctionalTerm) else None
 
 
 @dataclass
@@ -92,6 +128,19 @@ class LocalResult:
     mean_loss: float
 
 
+@dataclass
+class LocalTraining:
+    """A call of :func:`train_local`, as it offers itself to a batched runner (:mod:`fedskew.core.handoff`)."""
+
+    model: nn.Module
+    x: torch.Tensor
+    y: torch.Tensor
+    cfg: LocalConfig
+    generator: torch.Generator
+    terms: Sequence[LossTerm]
+    grad_hooks: Sequence[GradHook]
+
+
 def train_local(
     model: nn.Module,
     x: torch.Tensor,
@@ -117,12 +166,13 @@ def train_local(
         Method-specific additions, see :data:`LossTerm` and :data:`GradHook`.
 
     Under a batched runner (``clients_in_parallel``) the training is handed to it when it can be batched
-    (:func:`~fedskew.components.batching.hand_off`): same batches and update rule, other clients alongside.
+    (:mod:`fedskew.core.handoff`, :mod:`fedskew.components.batching`): same batches and update rule, other
+    clients alongside.
     """
-    for hand_off in _HAND_OFF:
-        batched = hand_off(model, x, y, cfg, generator, terms, grad_hooks)
-        if batched is not None:
-            return batched
+    batched = hand_off(LocalTraining(model, x, y, cfg, generator, terms, grad_hooks))
+    if batched is not None:
+        assert isinstance(batched, LocalResult)
+        return batched
     model.train()
     compute = current_compute()
     opt = torch.optim.SGD(

@@ -11,11 +11,24 @@ How w' is drawn is the caller's choice (a ``model_sampler``): a fresh random net
 a random point in a ball around a given model (FedDM), or an interpolation between a given model and
 a random one (FedAF Eq. 17).
 
-All classes go through ONE forward pass: the real and synthetic batches of every class are
-concatenated and the class means are segment sums (``index_add``) divided by counts. Networks run in
-training mode, as in DM, so normalisation layers use batch statistics; with BatchNorm these are pooled
-over the whole concatenated batch (real and synthetic, all classes), so synthetic features are
-normalised with the same, real-dominated statistics as real ones.
+The real embeddings are constants of the loss: the real images of all classes are embedded without an
+autograd graph (``torch.no_grad``), and only the synthetic images go forward and backward with one. The
+class means are segment sums (``index_add``) divided by counts. Networks run in training mode, as in DM, so
+normalisation layers use batch statistics. Where a layer couples the images of a batch (BatchNorm in
+training mode, :func:`couples_batch`) there are two readings, ``DMConfig.bn_statistics``:
+
+- ``"pooled"`` (the default; what fedskew did before issue 45): real and synthetic images of all classes
+  concatenated in ONE forward pass, so the synthetic features are normalised with the same, real-dominated
+  statistics as the real ones; the statistics then depend on the synthetic images, so the real embeddings
+  are not constants and the backward pass runs through every real image;
+- ``"separate"`` (DM's reference code, ``main_DM.py``): the real images of all classes in one pass without
+  a graph, the synthetic images of all classes in another, each normalised with its own batch statistics.
+
+Neither FedDM nor FedAF says which; docs/algorithms.md gives the measurement behind the default (on the
+FedDM/FedAF quick configs "separate" lost accuracy, FedAF badly). Without a
+coupling layer (instance, group or layer norm, no norm) the two readings are the same computation and the
+no-graph real pass is taken; its real images then go through in chunks of :data:`REAL_CHUNK` on a CPU
+(per-sample layers give the same result in any chunk, and the chunks bound the pass's memory).
 
 Devices and precision: the real images decide the device; networks built by a factory (on the CPU)
 are moved there, random draws come from the CPU generator and are moved (:mod:`fedskew.core.device`),
@@ -38,7 +51,6 @@ import torch
 from torch import nn
 
 from fedskew.condense.augment import DSAConfig, apply_dsa, sample_dsa_params
-from fedskew.condense.handoff import hand_off
 from fedskew.condense.synthetic import (
     INITS,
     ModelFactory,
@@ -56,6 +68,7 @@ from fedskew.condense.synthetic import (
 )
 from fedskew.core.device import Precision
 from fedskew.core.errors import ConfigError, DataError
+from fedskew.core.handoff import hand_off
 from fedskew.models.layout import as_model_format, is_channels_last, use_channels_last
 from fedskew.progress import progress_bar
 
@@ -65,6 +78,10 @@ ModelSampler = Callable[[int, torch.Generator], nn.Module]
 ExtraLoss = Callable[[nn.Module, SyntheticSet], torch.Tensor]
 """``extra_loss(model, syn)``: a term added to L_DM; ``syn.images`` is the (un-augmented) leaf tensor
 being optimised, so gradients reach it."""
+
+
+BN_STATISTICS = ("separate", "pooled")
+"""The readings of batch statistics in distribution matching (``DMConfig.bn_statistics``)."""
 
 
 @dataclass
@@ -91,11 +108,15 @@ class DMConfig(SynthesisOptions):
     clip_norm
         Clip the norm of the whole image gradient (all classes together) to this value before each step
         (FedDM: 2.0; ``None``: off, as in DM).
+    bn_statistics
+        Where the network normalises with batch statistics (BatchNorm): ``"separate"`` (real and synthetic
+        images in passes of their own, DM's reference code) or ``"pooled"`` (one pass of both); see the
+        module's docstring. No effect on networks without BatchNorm.
     amp
         See :class:`SynthesisOptions`.
     """
 
-    choices: ClassVar[Mapping[str, Sequence[str]]] = {"init": INITS}
+    choices: ClassVar[Mapping[str, Sequence[str]]] = {"init": INITS, "bn_statistics": BN_STATISTICS}
     at_least: ClassVar[Mapping[str, float]] = {"iterations": 0, "ipc": 1, "real_batch": 1}
     positive_or_none = ("clip_norm",)
 
@@ -107,12 +128,20 @@ class DMConfig(SynthesisOptions):
     init: str = "real"
     dsa: DSAConfig | None = None
     clip_norm: float | None = None
+    bn_statistics: str = "pooled"
 
 
 def dm_loss(
-    model_features: nn.Module, real_by_class: Sequence[torch.Tensor], syn_by_class: Sequence[torch.Tensor]
+    model_features: nn.Module,
+    real_by_class: Sequence[torch.Tensor],
+    syn_by_class: Sequence[torch.Tensor],
+    bn_statistics: str = "pooled",
 ) -> torch.Tensor:
-    """FedAF Eq. 4: ``sum_c || mean h(real_c) - mean h(syn_c) ||^2`` in one forward pass.
+    """FedAF Eq. 4: ``sum_c || mean h(real_c) - mean h(syn_c) ||^2``.
+
+    The real class means are embedded without a graph (:func:`real_class_means`) and only the synthetic
+    images carry one, unless ``bn_statistics`` is ``"pooled"`` and the network couples its batch
+    (:func:`couples_batch`): then real and synthetic go through one forward pass together.
 
     Parameters
     ----------
@@ -120,24 +149,74 @@ def dm_loss(
         The embedding network h, mapping (B, C, H, W) to (B, D).
     real_by_class, syn_by_class
         Per class (same order, same length), its real and synthetic images; each must be non-empty.
+    bn_statistics
+        ``"separate"`` or ``"pooled"`` (:data:`BN_STATISTICS`; see the module's docstring).
     """
     if len(real_by_class) != len(syn_by_class) or not real_by_class:
         raise DataError(f"{len(real_by_class)} real vs {len(syn_by_class)} synthetic class batches")
     if any(t.shape[0] == 0 for t in (*real_by_class, *syn_by_class)):
         raise DataError("every class needs at least one real and one synthetic image")
+    if bn_statistics not in BN_STATISTICS:
+        raise ConfigError(f"bn_statistics must be one of {', '.join(BN_STATISTICS)}, got {bn_statistics!r}")
     num = len(real_by_class)
-    groups = [*real_by_class, *syn_by_class]
-    # Under autocast the embedding may be bf16/fp16; the class means are float32 sums (a no-op in float32,
-    # and float64 stays float64).
-    emb = at_least_float32(model_features(torch.cat([t.detach() for t in real_by_class] + list(syn_by_class))))
+    if bn_statistics == "pooled" and couples_batch(model_features):
+        groups = [*real_by_class, *syn_by_class]
+        # Under autocast the embedding may be bf16/fp16; the class means are float32 sums (a no-op in
+        # float32, and float64 stays float64).
+        emb = at_least_float32(model_features(torch.cat([t.detach() for t in real_by_class] + list(syn_by_class))))
+        means = segment_means(emb, [t.shape[0] for t in groups])
+        return ((means[:num] - means[num:]) ** 2).sum()
+    real = real_class_means(model_features, real_by_class)
+    syn = segment_means(at_least_float32(model_features(torch.cat(list(syn_by_class)))),
+                        [t.shape[0] for t in syn_by_class])
+    return ((real - syn) ** 2).sum()
+
+
+REAL_CHUNK = 128
+"""Real images a forward pass of :func:`real_class_means` on a CPU, for networks that do not couple their batch
+(a width-128 ConvNet's first activation of 128 Fashion-MNIST images is 67 MB). Measured on the issue-45 DM step
+(2,560 real images, one thread, freed memory kept): 3.69 CPU-s a step in chunks of 128, 3.59-3.80 in chunks
+of 256, 3.71 in chunks of 64; peak resident memory 609-693 MB, 792-902 MB and 563 MB. Other devices take a
+class batch set in one pass (fewer launches; their memory holds it)."""
+
+
+def couples_batch(net: nn.Module) -> bool:
+    """Whether ``net``'s output for one image depends on the other images of its batch: it has a BatchNorm
+    layer that normalises with batch statistics (in training mode, or without running statistics). Instance,
+    group and layer norms act per image. A custom layer that mixes images is not recognised."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) and (m.training or m.running_mean is None)
+               for m in net.modules())
+
+
+def segment_means(emb: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
+    """The means of consecutive row segments of ``emb`` of sizes ``counts``: ``(len(counts), D)``."""
     # The segments are made on the CPU and moved without waiting (a repeat_interleave on the GPU would
     # read its counts back to size its output: a host sync every step).
-    counts = torch.tensor([t.shape[0] for t in groups])
-    segment = torch.repeat_interleave(torch.arange(2 * num), counts).to(emb.device, non_blocking=True)
-    counts = counts.to(emb.device, non_blocking=True)
-    sums = torch.zeros((2 * num, emb.shape[1]), dtype=emb.dtype, device=emb.device).index_add(0, segment, emb)
-    means = sums / counts.to(emb.dtype)[:, None]
-    return ((means[:num] - means[num:]) ** 2).sum()
+    sizes = torch.tensor(list(counts))
+    segment = torch.repeat_interleave(torch.arange(len(sizes)), sizes).to(emb.device, non_blocking=True)
+    return segment_means_at(emb, segment, sizes.to(emb.device, emb.dtype, non_blocking=True))
+
+
+def segment_means_at(emb: torch.Tensor, segment: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """The means of the rows of ``emb`` by segment: row i is in segment ``segment[i]``, segment s has
+    ``counts[s]`` rows; ``(len(counts), D)`` (a batched runner's segments are not consecutive)."""
+    sums = torch.zeros((counts.shape[0], emb.shape[1]), dtype=emb.dtype, device=emb.device)
+    return sums.index_add(0, segment, emb) / counts.to(emb.dtype)[:, None]
+
+
+def real_class_means(model_features: nn.Module, real_by_class: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The class means ``mean h(real_c)`` as constants (no autograd graph), float32 or float64.
+
+    A network that couples its batch (:func:`couples_batch`) embeds all classes in one pass (DM's reference
+    code); otherwise, on a CPU, the images go through in chunks of :data:`REAL_CHUNK`."""
+    counts = [t.shape[0] for t in real_by_class]
+    with torch.no_grad():
+        x = torch.cat(list(real_by_class))
+        if couples_batch(model_features) or x.device.type != "cpu" or x.shape[0] <= REAL_CHUNK:
+            return segment_means(at_least_float32(model_features(x)), counts)
+        emb = torch.cat([at_least_float32(model_features(x[i : i + REAL_CHUNK]))
+                         for i in range(0, x.shape[0], REAL_CHUNK)])
+        return segment_means(emb, counts)
 
 
 def at_least_float32(t: torch.Tensor) -> torch.Tensor:
@@ -337,7 +416,7 @@ def distribution_matching(
         and order. Otherwise the classes of ``y_real`` in increasing order, ``cfg.ipc`` images each.
 
     Under a batched runner (``clients_in_parallel``) the prepared request may be run together with other
-    clients' (:mod:`fedskew.condense.handoff`, :mod:`fedskew.components.batched_condensation`): the same
+    clients' (:mod:`fedskew.core.handoff`, :mod:`fedskew.components.batched_condensation`): the same
     draws, the same result up to float rounding.
     """
     device = x_real.device
@@ -363,7 +442,7 @@ def distribution_matching(
             real.append(as_model_format(x_r, cl))
             syn.append(as_model_format(x_s, cl))
         with precision.autocast():
-            loss = dm_loss(model_features(model), real, syn)
+            loss = dm_loss(model_features(model), real, syn, cfg.bn_statistics)
             if extra_loss is not None:
                 loss = loss + extra_loss(model, SyntheticSet(images, labels, request.soft_labels))
         optimizer.zero_grad()
@@ -420,7 +499,7 @@ def prepared(model: nn.Module, device: torch.device) -> nn.Module:
 @dataclass
 class DMRequest:
     """One client's distribution matching, prepared (its start drawn) and offered to a hand-off
-    (:mod:`fedskew.condense.handoff`) before its steps.
+    (:mod:`fedskew.core.handoff`) before its steps.
 
     Whoever runs it must draw from ``generator``, at every step, what :func:`distribution_matching`
     draws: the step's network (``sampler(step, generator)``), then for each class in turn its real

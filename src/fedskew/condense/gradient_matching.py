@@ -46,7 +46,6 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from fedskew.condense.augment import DSAConfig, apply_dsa, dsa, sample_dsa_params
-from fedskew.condense.handoff import say_unbatched
 from fedskew.condense.synthetic import (
     INITS,
     ModelFactory,
@@ -60,6 +59,7 @@ from fedskew.condense.synthetic import (
 )
 from fedskew.core.device import Precision
 from fedskew.core.errors import ConfigError
+from fedskew.core.handoff import say_unbatched
 from fedskew.models.layout import as_model_format, is_channels_last, use_channels_last
 from fedskew.progress import progress_bar
 
@@ -230,7 +230,7 @@ def _clip_per_class(grad: torch.Tensor, num_classes: int, max_norm: float) -> No
 
 GM_UNBATCHED = ("gradient matching has no batched form yet: each client's matching and network training "
                 "run in its job (docs/performance.md, \"Batched condensation\")")
-"""What a batched runner is told when gradient matching runs (:func:`fedskew.condense.handoff.say_unbatched`)."""
+"""What a batched runner is told when gradient matching runs (:func:`fedskew.core.handoff.say_unbatched`)."""
 
 
 def gradient_matching(

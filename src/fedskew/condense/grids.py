@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from matplotlib.figure import Figure
-from PIL import Image
 
 from fedskew.core.errors import DataError
+
+if TYPE_CHECKING:  # matplotlib and PIL are imported where a figure or a file is made: a run that logs to
+    from matplotlib.figure import Figure  # TensorBoard tiles images with image_grid and needs neither
 
 
 def image_grid(images: torch.Tensor, labels: torch.Tensor, pad: int = 2, scale: int = 1) -> np.ndarray:
@@ -58,6 +60,8 @@ def image_grid(images: torch.Tensor, labels: torch.Tensor, pad: int = 2, scale: 
 
 def save_image_grid(images: torch.Tensor, labels: torch.Tensor, path: str | Path, scale: int = 2) -> Path:
     """Write :func:`image_grid` of ``images`` as a PNG at ``path`` (parent folders are created)."""
+    from PIL import Image
+
     grid = image_grid(images, labels, scale=scale)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -73,6 +77,8 @@ def labelled_grid_figure(images: torch.Tensor, labels: torch.Tensor, class_names
     The figure is sized so that each image pixel takes about ``scale`` output pixels at 100 dpi (plus the
     margin for the names and the title); save it with :func:`save_figure` or ``Figure.savefig``.
     """
+    from matplotlib.figure import Figure
+
     grid = image_grid(images, labels, pad=2, scale=1)
     classes = sorted(set(labels.tolist()))
     h = int(images.shape[2])

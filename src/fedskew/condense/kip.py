@@ -39,10 +39,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedskew.condense.distribution_matching import image_dtype
-from fedskew.condense.handoff import hand_off
 from fedskew.condense.synthetic import INITS, SynthesisOptions, SyntheticSet, check_data, start_set
 from fedskew.core.device import Precision
 from fedskew.core.errors import ConfigError, DataError
+from fedskew.core.handoff import hand_off
 from fedskew.progress import progress_bar
 
 Kernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -162,10 +162,16 @@ def random_feature_kernel(x1: torch.Tensor, x2: torch.Tensor, networks: Sequence
     """
     if not networks:
         raise ConfigError("random_feature_kernel needs at least one network")
-    total = torch.zeros((x1.shape[0], x2.shape[0]), dtype=torch.float64, device=x1.device)
-    for net in networks:
-        total = total + net(x1).double() @ net(x2).double().T
-    return total / len(networks)
+    f1 = [net(x1).double() for net in networks]
+    return _feature_gram(f1, f1 if x2 is x1 else [net(x2).double() for net in networks])
+
+
+def _feature_gram(f1: Sequence[torch.Tensor], f2: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``mean_n f1[n] @ f2[n].T``: the random-feature kernel of two batches' features, one per network."""
+    total = torch.zeros((f1[0].shape[0], f2[0].shape[0]), dtype=torch.float64, device=f1[0].device)
+    for a, b in zip(f1, f2, strict=True):
+        total = total + a @ b.T
+    return total / len(f1)
 
 
 def kip_loss(
@@ -271,8 +277,19 @@ def _step_kernel(
     if device is not None:
         nets = [net.to(device, non_blocking=True) for net in nets]
 
+    # A step asks for K(x_s, x_s) and K(x_t, x_s): each batch's features are computed once a step (the support
+    # images' forward and backward were made twice before issue 45). Kept with their batch, so ids stay unique.
+    seen: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
+
+    def features(x: torch.Tensor) -> list[torch.Tensor]:
+        if id(x) not in seen:
+            seen[id(x)] = (x, [net(x).double() for net in nets])
+        return seen[id(x)][1]
+
     def rf(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return random_feature_kernel(a, b, nets)
+        if not nets:
+            raise ConfigError("random_feature_kernel needs at least one network")
+        return _feature_gram(features(a), features(b))
 
     return rf
 
@@ -292,7 +309,7 @@ def _checked_start(start: SyntheticSet, x_real: torch.Tensor, num_classes: int) 
 @dataclass
 class KIPRequest:
     """One client's KIP, prepared (its start checked, its targets made) and offered to a hand-off
-    (:mod:`fedskew.condense.handoff`) before its steps.
+    (:mod:`fedskew.core.handoff`) before its steps.
 
     Whoever runs it must draw from ``generator``, at every step, what :func:`kip` draws: the target batch
     (``torch.randperm`` of the real data, the first ``cfg.target_batch``), then the step's kernel's draws

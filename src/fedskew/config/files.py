@@ -47,6 +47,8 @@ TOP_LEVEL: dict[str, str] = {
             "personalized_lr, personalized_batch_size",
     "ray": "table: the Ray engine: address (empty: a local instance), num_cpus, num_gpus per client job",
     "logging": "table: extra logs of a run: tensorboard = true writes TensorBoard event files (fedskew[tensorboard])",
+    "report": "table: how the experiment's report looks: format (png, pdf, svg), dpi, width and height (inches), "
+              "font_size (points), titles (true/false), preset (single or double column of a paper)",
     "variants": "list of tables of dotted overrides, one run each (with a label)",
     "sweep": "table of dotted keys and lists of values: a grid of runs, every variant at every combination",
     "plugins": "modules and .py files (relative to the config file) to import first: they register algorithms, "
@@ -119,11 +121,17 @@ def read_toml(path: Path, what: str) -> dict[str, Any]:
 
 
 def parse_value(text: str) -> Any:
-    """A command-line value as TOML (``0.1``, ``true``, ``[1, 2]``, ``"x"``); bare words stay strings."""
+    """A command-line value as TOML (``0.1``, ``true``, ``[1, 2]``, ``"x"``); bare words stay strings, also in a
+    list (``[fedavg,fedprox]`` is ``["fedavg", "fedprox"]``, no shell-proof TOML quoting needed)."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
-        return text
+        pass
+    inner = text.strip()[1:-1] if text.strip().startswith("[") and text.strip().endswith("]") else None
+    if inner is not None and not any(c in inner for c in "[]{}\"\'") and inner.strip():
+        items = inner.split(",")
+        return [parse_value(item.strip()) for item in (items[:-1] if not items[-1].strip() else items)]
+    return text
 
 
 def same_value(a: Any, b: Any) -> bool:

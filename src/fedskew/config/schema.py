@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from fedskew.core.engines import check_engine
 from fedskew.core.errors import ConfigError
+from fedskew.core.figures import FigureStyle
 from fedskew.core.params import build_params, check
 from fedskew.core.seeding import numpy_rng
 from fedskew.plugins import check_specs, load_plugins
@@ -41,7 +42,7 @@ MAX_CLIENTS_IN_PARALLEL = 1_000_000
 
 NAMED = ("dataset", "partition", "model", "algorithm")
 """Tables that name a registered object (``name = ...``) and hold that object's options."""
-SECTIONS = (*NAMED, "faults", "ray", "eval", "logging")
+SECTIONS = (*NAMED, "faults", "ray", "eval", "logging", "report")
 GENERIC_KEYS = {
     "dataset": {"data_dir", "train_fraction"},
     "partition": {"num_clients", "seed", "client_test_fraction"},
@@ -306,6 +307,8 @@ class RunConfig:
     ray: RayParams
     eval: EvalParams
     logging: LoggingParams
+    report: FigureStyle = field(default_factory=FigureStyle)
+    """How the experiment's report looks (the ``[report]`` table; it changes no result)."""
     source: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def table(self, section: str) -> dict[str, Any]:
@@ -398,7 +401,9 @@ def typed_config(cfg: dict[str, Any]) -> RunConfig:
     check_evaluable(parts["algorithm"].name, parts["partition"].params.client_test_fraction)
     check_clients_per_round(cfg, parts["partition"].params.num_clients)
     logs = build_params(LoggingParams, cfg.get("logging", {}), prefix="logging.")
-    return RunConfig(run=run, faults=faults, ray=ray, eval=evaluation, logging=logs, source=cfg, **parts)
+    look = build_params(FigureStyle, cfg.get("report", {}), prefix="report.") if cfg.get("report") else FigureStyle()
+    return RunConfig(run=run, faults=faults, ray=ray, eval=evaluation, logging=logs, report=look, source=cfg,
+                     **parts)
 
 
 def full_config(cfg: dict[str, Any] | RunConfig) -> dict[str, Any]:
@@ -416,10 +421,15 @@ def full_config(cfg: dict[str, Any] | RunConfig) -> dict[str, Any]:
         is_instance = dataclasses.is_dataclass(typed_params) and not isinstance(typed_params, type)
         params = dataclasses.asdict(typed_params) if is_instance else {}
         out[section] = {"name": part.name, **params}
-    for section in SECTIONS[len(NAMED):]:
+    for section in SECTIONS[len(NAMED):-1]:  # all but report, below
         out[section] = dataclasses.asdict(getattr(typed, section))
     for key, value in typed.source.items():  # anything the typed tree does not hold stays as written
         out.setdefault(key, value)
+    # The report's look: the settings that differ from the default (None, a size left to each figure, has no
+    # TOML); none, no table, so that the records of runs that set none are as they were.
+    out["report"] = typed.report.as_table()
+    if not out["report"]:
+        out.pop("report")
     if not out.get("plugins"):
         out.pop("plugins", None)  # no code to import: no key (a record names plug-ins only where there are some)
     return _plain(out)

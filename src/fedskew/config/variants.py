@@ -5,17 +5,18 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import itertools
 import re
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from fedskew.config.files import TOP_LEVEL, set_dotted
+from fedskew.config.grid import Grid, annotation, grid_of
 from fedskew.config.schema import DEFAULTS, GENERIC_KEYS, NAMED, SECTIONS, RunConfig, option_default, typed_config
 from fedskew.core.errors import ConfigError
 from fedskew.plugins import check_specs, load_plugins
-from fedskew.runs import check_label, folder_label, run_folder_name
+from fedskew.runs import MAX_LABEL, check_label, folder_label, run_folder_name
 
 
 def _check_top(raw: dict[str, Any], where: str) -> None:
@@ -34,6 +35,9 @@ class RunSpec:
 
     label: str
     config: dict[str, Any]
+    selectors: tuple[str, ...] = ()
+    """What ``--only`` selects the run by besides ``label``: its own label before ``--label`` and, for a point of
+    a grid, its variant's label (which selects every point of the variant)."""
 
     @functools.cached_property
     def typed(self) -> RunConfig:
@@ -47,13 +51,18 @@ class RunSpec:
 
 
 def resolve(
-    raw: dict[str, Any], overrides: dict[str, Any] | None = None, where: str = "config", imports: Sequence[str] = ()
+    raw: dict[str, Any], overrides: dict[str, Any] | None = None, where: str = "config", imports: Sequence[str] = (),
+    *, relabelled: bool = False,
 ) -> list[RunSpec]:
-    """Expand a parsed config into its runs (variants x seeds), each validated.
+    """Expand a parsed config into its runs (variants x grid points x seeds), each validated.
 
     The plug-ins come first: the config's ``plugins`` (or a ``plugins`` override, whose relative paths are
     relative to the current folder), then ``imports`` (``--import``); they are imported before anything is
     checked, and every run's config records them (normalised, see :func:`fedskew.plugins.normalise`).
+
+    The grid (a ``[sweep]`` table, list values on the command line) is decided in one place,
+    :mod:`fedskew.config.grid`. ``relabelled``: the caller relabels the runs it keeps (``--label``, after
+    ``--only``), so a grid point's own label is not refused for its length (it is what ``--only`` selects by).
     """
     _check_top(raw, where)
     overrides = dict(overrides or {})
@@ -69,36 +78,38 @@ def resolve(
     variants = raw.get("variants") or [{}]
     if not isinstance(variants, list) or not all(isinstance(v, dict) for v in variants):
         raise ConfigError(f"{where}: variants must be a list of tables")
-    if "algorithm.name" in overrides or "algorithm" in overrides:
+    grid = grid_of(raw, overrides, base, where)  # takes the swept keys (and seed=[...]) out of the overrides
+    if "algorithm.name" in overrides or "algorithm" in overrides:  # one method named on the command line
         variants = [{}]
-    variants = _swept(variants, sweep_of(raw, overrides, base, where), base, overrides)
-    seeds = _seeds(raw, overrides, base["seed"])
+    for index, variant in enumerate(variants):
+        for key, top in (("seed", "seeds"), ("seeds", "seeds"), ("plugins", "plugins")):
+            if key in variant:
+                raise ConfigError(
+                    f"{where}: variant {variant.get('label', index)!r} sets {key}; the {top} apply to every "
+                    f"variant: set {top} = [...] at the top level"
+                )
+    seeds = _seeds(raw, overrides, base["seed"], grid)
+    points = grid.expand(variants, base, overrides, len(seeds), where)
     runs: list[RunSpec] = []
     folders: set[str] = set()
     # A command-line algorithm.<param> goes to the variants whose algorithm has that parameter
     # (`algorithm.condense_iterations=20` on a FedAvg-vs-FedDC file); it is an error only if none has it.
     algo_overrides = {k for k in overrides if k.startswith("algorithm.") and k != "algorithm.name"}
     taken: set[str] = set()
-    for variant in variants:
-        for key, top in (("seed", "seeds"), ("seeds", "seeds"), ("plugins", "plugins")):
-            if key in variant:
-                raise ConfigError(
-                    f"{where}: variant {variant.get('label', len(runs))!r} sets {key}; the {top} apply to every "
-                    f"variant: set {top} = [...] at the top level"
-                )
+    for point in points:
+        variant = point.variant
         cfg = copy.deepcopy(base)
         explicit: dict[str, set[str]] = {sec: set() for sec in NAMED}
-        for key, value in variant.items():
-            if key != "label" and key.startswith("algorithm.name"):
-                set_dotted(cfg, key, value)
-        if "algorithm.name" in overrides:
-            set_dotted(cfg, "algorithm.name", overrides["algorithm.name"])
-        params = _param_names(cfg["algorithm"]["name"])
-        for source in (variant, overrides):
+        for source in (variant, overrides, point.values):
             for key, value in source.items():
-                if key in ("label", "seeds", SWEEP_LABEL):
+                if key != "label" and key.startswith("algorithm.name"):
+                    set_dotted(cfg, key, value)
+        params = _param_names(cfg["algorithm"]["name"])
+        for source in (variant, overrides, point.values):  # a grid point's values come last: its label names them
+            for key, value in source.items():
+                if key in ("label", "seeds"):
                     continue
-                if source is overrides and key in algo_overrides and len(variants) > 1:
+                if source is overrides and key in algo_overrides and len(points) > 1:
                     if params is not None and key.split(".")[1] not in params:
                         continue
                     taken.add(key)
@@ -114,9 +125,12 @@ def resolve(
         if cfg["algorithm"].get("name") != base["algorithm"].get("name"):
             _keep_shared_params(cfg, explicit["algorithm"])
         label = check_label(str(variant.get("label") or cfg.get("label") or cfg["algorithm"]["name"]))
-        if variant.get(SWEEP_LABEL):  # a point of a grid: its values after the variant's own label
-            label = check_label(f"{label}, {variant[SWEEP_LABEL]}")
-        if "label" in overrides:
+        own = f"{label}, {point.text}" if point.text else label
+        templated = "label" in overrides
+        if point.text and len(own) > MAX_LABEL and not (templated or relabelled):
+            raise ConfigError(_long_label(grid, own, where))
+        label = check_label(own, longest=None if templated or relabelled else MAX_LABEL)
+        if templated:
             label = expand_label(str(overrides["label"]), label, cfg)
         folder = folder_label(label)
         if folder in folders:  # equal labels have equal folder names
@@ -124,18 +138,32 @@ def resolve(
                 f"{where}: two variants share the label {label!r} or its folder name; give each a distinct label"
             )
         folders.add(folder)
+        selectors = tuple(dict.fromkeys(s for s in (own, point.variant_label) if s))
         for seed in seeds:
             run = copy.deepcopy(cfg)
             run["seed"] = seed
             run["label"] = label
             run.pop("seeds", None)
-            spec = RunSpec(label, run)
-            spec.typed  # noqa: B018 (validates the run now, and keeps the typed form for the run)
+            spec = RunSpec(label, run, selectors)
+            if len(label) > MAX_LABEL:  # a long point label, to be relabelled: validate the rest of the run now
+                typed_config({**run, "label": ""})
+            else:
+                spec.typed  # noqa: B018 (validates the run now, and keeps the typed form for the run)
             runs.append(spec)
-    if len(variants) > 1 and algo_overrides - taken:
+    if len(points) > 1 and algo_overrides - taken:
         key = sorted(algo_overrides - taken)[0]
         raise ConfigError(f"unknown key {key!r}: no variant's algorithm has this parameter")
     return runs
+
+
+def _long_label(grid: Grid, label: str, where: str) -> str:
+    """The line refusing a grid point whose label is too long: the sweep, and how to name the points."""
+    example = ", ".join(f"{name}={{{key}}}" for key, name in grid.short_names().items())
+    return (
+        f"{where}: {grid.describe()}: the label of point {label!r} has {len(label)} characters, more than "
+        f"{MAX_LABEL}; name the points with --label TEMPLATE (or the override label=TEMPLATE; Python: label=...), "
+        f"e.g. --label '{example}', or give the variants shorter labels"
+    )
 
 
 _FIELD = re.compile(r"\{([^{}]*)\}")
@@ -191,104 +219,48 @@ def scalar_value(cfg: dict[str, Any], key: str, what: str) -> Any:
     return value
 
 
-SWEEP_LABEL = "_sweep"
-"""The key of a grid point's variant that holds its ``key=value`` text (added to the label)."""
-
-
-def sweep_of(raw: dict[str, Any], overrides: dict[str, Any], base: dict[str, Any], where: str) -> dict[str, list[Any]]:
-    """The grid of an experiment: the ``[sweep]`` table's keys and value lists, then every command-line override
-    whose value is a list although its key takes a single value (``partition.alpha=[0.1,0.5]``); those are
-    taken out of ``overrides``. A key that takes a list (``seeds``, ``at_rounds``, ``model.hidden``) is an
-    ordinary override."""
-    table = raw.get("sweep", {})
-    if not isinstance(table, dict):
-        raise ConfigError(f"{where}: sweep must be a table of dotted keys and lists of values")
-    grid: dict[str, list[Any]] = {}
-    for key, values in table.items():
-        if not isinstance(values, list) or not values:
-            raise ConfigError(f"{where}: sweep.{key} must be a non-empty list of values, got {values!r}")
-        grid[str(key)] = list(values)
-    for key, value in list(overrides.items()):
-        if isinstance(value, list) and not _takes_list(key, {**base, **overrides}):
-            if not value:
-                raise ConfigError(f"{key}=[] sweeps over no value; give one value or a list of values")
-            grid[key] = list(value)
-            del overrides[key]
-    for key, values in grid.items():
-        if len({repr(v) for v in values}) != len(values):
-            raise ConfigError(f"sweep over {key} repeats a value: {values!r}")
-    return grid
-
-
 def _takes_list(key: str, cfg: dict[str, Any]) -> bool:
-    """Whether config key ``key`` takes a list (its option is declared as one)."""
-    import typing
-
-    from fedskew.config.schema import EvalParams, Faults, LoggingParams, RayParams, RunSettings, _registry
-
-    parts = key.split(".")
-    if parts[0] in ("seeds", "plugins"):
+    """Whether config key ``key`` takes a list (its option is declared as one), for a run whose named tables are
+    as in ``cfg`` (a resolved config, or one with dotted ``*.name`` keys on top)."""
+    if key.split(".")[0] in ("seeds", "plugins"):
         return True
-    if len(parts) == 1:
-        kind: Any = RunSettings
-    elif parts[0] in NAMED:
-        name = cfg.get(f"{parts[0]}.name", (cfg.get(parts[0]) or {}).get("name"))
-        registry = _registry(parts[0])
-        if not isinstance(name, str) or name not in registry or registry.params_of(name) is None:
-            return False
-        kind = registry.params_of(name)
-    else:
-        kind = {"faults": Faults, "ray": RayParams, "eval": EvalParams, "logging": LoggingParams}.get(parts[0])
-    for part in parts[1:] if len(parts) > 1 else parts:
-        hints = typing.get_type_hints(kind) if dataclasses.is_dataclass(kind) else {}
-        if part not in hints:
-            return False
-        kind = hints[part]
-    args = [kind, *typing.get_args(kind)]
-    return any(typing.get_origin(a) in (list, tuple) or a in (list, tuple) for a in args)
+    names: dict[str, Any] = {}
+    for sec in NAMED:
+        table = cfg.get(sec)
+        names[sec] = cfg.get(f"{sec}.name", table.get("name") if isinstance(table, dict) else None)
+    top = key.split(".")[0]
+    swept = names.get(top)
+    for name in swept if isinstance(swept, list) else [swept]:  # a grid over the table's name: any of them
+        kind = annotation(key, {**names, top: name})
+        args = [kind, *typing.get_args(kind)]
+        if any(typing.get_origin(a) in (list, tuple) or a in (list, tuple) for a in args):
+            return True
+    return False
 
 
-def _swept(variants: list[dict[str, Any]], grid: dict[str, list[Any]], base: dict[str, Any],
-           overrides: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every variant at every point of ``grid`` (a variant whose algorithm lacks a swept ``algorithm.*``
-    option is not swept over it)."""
-    if not grid:
-        return variants
-    out = []
-    for variant in variants:
-        name = overrides.get("algorithm.name", variant.get("algorithm.name", base["algorithm"].get("name")))
-        params = _param_names(name)
-        keys = [k for k in grid if not (k.startswith("algorithm.") and params is not None
-                                        and k.split(".")[1] not in params)]
-        for point in itertools.product(*(grid[k] for k in keys)):
-            values = dict(zip(keys, point, strict=True))
-            text = ", ".join(f"{k}={_shown(v)}" for k, v in values.items())
-            out.append({**variant, **values, **({SWEEP_LABEL: text} if text else {})})
-    return out
-
-
-def _shown(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def _seeds(raw: dict[str, Any], overrides: dict[str, Any], default: Any) -> list[int]:
-    """The seeds of an experiment: ``seeds`` (command line, else file), else ``seed``; distinct integers.
+def _seeds(raw: dict[str, Any], overrides: dict[str, Any], default: Any, grid: Grid) -> list[int]:
+    """The seeds of an experiment: ``seeds`` (command line, else a grid's ``seed`` or ``seeds``, else file), else
+    ``seed``; distinct integers.
 
     ``seed=K`` on the command line runs seed K alone, even when the file has ``seeds`` (the built-in
-    default has ``seeds = [0]``): it sets the seeds to ``[K]``.
+    default has ``seeds = [0]``): it sets the seeds to ``[K]``. ``seed=[0,1]`` (a grid over the seed) sets them
+    to ``[0, 1]``.
     """
     if "seed" in overrides and "seeds" in overrides:
         raise ConfigError("give seed=K or seeds=[...] on the command line, not both")
+    what = "seeds"
     if "seeds" in overrides:
         seeds = overrides["seeds"]
     elif "seed" in overrides:
         seeds = [overrides["seed"]]
+    elif grid.seeds is not None:
+        seeds, what = grid.seeds, f"{grid.seeds_source} (the seeds)"
     else:
         seeds = raw.get("seeds", [default])
     ok = isinstance(seeds, list) and len(seeds) > 0
     ok = ok and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds) and len(set(seeds)) == len(seeds)
     if not ok:
-        raise ConfigError(f"seeds must be a non-empty list of distinct integers, got {seeds!r}")
+        raise ConfigError(f"{what} must be a non-empty list of distinct integers, got {seeds!r}")
     return list(seeds)
 
 

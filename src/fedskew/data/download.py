@@ -87,7 +87,7 @@ def missing_file_error(dataset: str, path: Path, url: str | None, reason: str | 
     if url is not None:
         message += f"; official download: {url}"
         if reason is None:
-            message += "; or load with download=True"
+            message += "; or let fedskew download it: dataset.download=true (Python: download=True)"
     return DataError(message)
 
 

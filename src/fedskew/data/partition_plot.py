@@ -3,7 +3,8 @@
 The usual picture of label skew in FL papers: one column per client, one row per class, and a
 circle whose area is the number of samples of that class the client holds. It shows at a glance
 how many classes each client has and how unequal the client sizes are, which a table of 200
-rows does not.
+rows does not. Both plots are drawn in the report's style (:class:`fedskew.core.figures.FigureStyle`: fonts,
+dpi, TrueType fonts in a PDF), class 0 on top as in the report's per-class heat maps.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-__all__ = ["bubble_plot"]
+from fedskew.core.figures import DEFAULT_STYLE, FigureStyle
+
+__all__ = ["bubble_plot", "heatmap_plot", "partition_plot"]
 
 _MAX_X_TICKS = 40
 _MAX_Y_TICKS = 50
@@ -28,22 +31,32 @@ HEATMAP_CLIENTS = 100
 
 
 def partition_plot(
-    counts: np.ndarray, path: Path, title: str = "", class_names: list[str] | None = None, style: str = "auto"
+    counts: np.ndarray, path: Path, title: str = "", class_names: list[str] | None = None, style: str = "auto",
+    look: FigureStyle | None = None,
 ) -> Path:
     """The partition as a bubble chart (``style="bubble"``) or a client x class heat map (``"heatmap"``);
-    ``"auto"``: a heat map from :data:`HEATMAP_CLIENTS` clients on, bubbles below."""
+    ``"auto"``: a heat map from :data:`HEATMAP_CLIENTS` clients on, bubbles below. ``look``: the figure style
+    (default: the report's default)."""
     if style not in ("auto", "bubble", "heatmap"):
         raise ValueError(f"style {style!r}; allowed: auto, bubble, heatmap")
     if style == "heatmap" or (style == "auto" and np.asarray(counts).shape[0] >= HEATMAP_CLIENTS):
-        return heatmap_plot(counts, path, title, class_names)
-    return bubble_plot(counts, path, title, class_names)
+        return heatmap_plot(counts, path, title, class_names, look)
+    return bubble_plot(counts, path, title, class_names, look)
 
 
-def heatmap_plot(counts: np.ndarray, path: Path, title: str = "", class_names: list[str] | None = None) -> Path:
-    """Draw ``counts`` as a class x client heat map (colour: samples, on a log scale; white: none).
+def heatmap_plot(counts: np.ndarray, path: Path, title: str = "", class_names: list[str] | None = None,
+                 look: FigureStyle | None = None) -> Path:
+    """Draw ``counts`` as a class x client heat map (colour: samples, on a log scale; white: none), class 0 on
+    top.
 
     Readable at hundreds of clients, where bubbles overlap. Same arguments as :func:`bubble_plot`.
     """
+    look = look or DEFAULT_STYLE
+    with look.context():
+        return _heatmap(counts, Path(path), look.title(title), class_names, look)
+
+
+def _heatmap(counts: np.ndarray, path: Path, title: str, class_names: list[str] | None, look: FigureStyle) -> Path:
     from matplotlib import colormaps
     from matplotlib.colors import LogNorm
 
@@ -51,11 +64,11 @@ def heatmap_plot(counts: np.ndarray, path: Path, title: str = "", class_names: l
     num_clients, num_classes = counts.shape
     width = min(max(6.0, 2.0 + 0.05 * num_clients), 20.0)
     height = min(max(3.0, 1.5 + 0.35 * num_classes), 14.0)
-    fig = Figure(figsize=(width, height), layout="constrained")
+    fig = Figure(figsize=look.size(width, height), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     shown = np.ma.masked_equal(counts.T.astype(float), 0)
-    image = ax.imshow(shown, aspect="auto", origin="lower", interpolation="nearest",
+    image = ax.imshow(shown, aspect="auto", origin="upper", interpolation="nearest",
                       cmap=colormaps["viridis"].with_extremes(bad="white"), norm=LogNorm(vmin=1, vmax=counts.max()))
     fig.colorbar(image, ax=ax, label="samples (log scale; white: none)")
     y_ticks = np.arange(0, num_classes, math.ceil(num_classes / _MAX_Y_TICKS))
@@ -67,9 +80,8 @@ def heatmap_plot(counts: np.ndarray, path: Path, title: str = "", class_names: l
     ax.set(xlabel="client", ylabel="class")
     if title:
         ax.set_title(title)
-    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", dpi=100)
+    fig.savefig(path, dpi=look.dpi, bbox_inches="tight", pad_inches=0.05)
     return path
 
 
@@ -82,8 +94,10 @@ def _checked(counts: np.ndarray, class_names: list[str] | None) -> np.ndarray:
     return counts
 
 
-def bubble_plot(counts: np.ndarray, path: Path, title: str = "", class_names: list[str] | None = None) -> Path:
-    """Draw ``counts`` as a client x class bubble chart and save it as a PNG.
+def bubble_plot(counts: np.ndarray, path: Path, title: str = "", class_names: list[str] | None = None,
+                look: FigureStyle | None = None) -> Path:
+    """Draw ``counts`` as a client x class bubble chart (class 0 on top) and save it (PNG, or the format the
+    suffix of ``path`` names).
 
     Parameters
     ----------
@@ -96,6 +110,9 @@ def bubble_plot(counts: np.ndarray, path: Path, title: str = "", class_names: li
         Figure title.
     class_names
         Labels for the class axis (default: the class indices).
+    look
+        The figure style (:class:`~fedskew.core.figures.FigureStyle`; default: the report's default): fonts,
+        dpi, titles.
 
     Returns
     -------
@@ -110,11 +127,18 @@ def bubble_plot(counts: np.ndarray, path: Path, title: str = "", class_names: li
     legend maps bubble sizes back to sample counts. Only the Agg canvas is used (no pyplot),
     so plotting works headless and leaves no open figure behind.
     """
+    look = look or DEFAULT_STYLE
+    with look.context():
+        return _bubbles(counts, Path(path), look.title(title), class_names, look)
+
+
+def _bubbles(counts: np.ndarray, path: Path, title: str, class_names: list[str] | None, look: FigureStyle) -> Path:
     counts = _checked(counts, class_names)
     num_clients, num_classes = counts.shape
 
     width = min(max(6.0, 2.0 + 0.12 * num_clients), 20.0)
     height = min(max(3.0, 1.5 + 0.4 * num_classes), 14.0)
+    width, height = look.size(width, height)
     fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
     left, right, bottom, top = 0.08, 0.85, 0.12, 0.9
@@ -146,7 +170,7 @@ def bubble_plot(counts: np.ndarray, path: Path, title: str = "", class_names: li
         ax.set_yticklabels([class_names[i] for i in y_ticks])
     ax.tick_params(axis="x", labelrotation=90 if num_clients > _MAX_X_TICKS // 2 else 0)
     ax.set_xlim(-0.5, num_clients - 0.5)
-    ax.set_ylim(-0.5, num_classes - 0.5)
+    ax.set_ylim(num_classes - 0.5, -0.5)  # class 0 on top
     ax.set_xlabel("client")
     ax.set_ylabel("class")
     ax.grid(True, linewidth=0.3, alpha=0.5)
@@ -154,7 +178,6 @@ def bubble_plot(counts: np.ndarray, path: Path, title: str = "", class_names: li
     if title:
         ax.set_title(title)
 
-    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", dpi=100, bbox_inches="tight")
+    fig.savefig(path, dpi=look.dpi, bbox_inches="tight", pad_inches=0.05)
     return path

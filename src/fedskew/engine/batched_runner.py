@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from fedskew.algorithms.base import EVALUATE, ModelSpec
 from fedskew.components import batched, batched_condensation, batched_kip
-from fedskew.components.batching import BatchRequest, Request, batching
+from fedskew.components.batching import BatchRequest, Request, batching, install_hand_off
 from fedskew.components.trainer import LocalResult
 from fedskew.condense.distribution_matching import DMRequest
 from fedskew.condense.kip import KIPRequest
@@ -186,6 +186,7 @@ class BatchedClients:
     evaluation chunks run inline. The runtime's device is the run's (the first of several GPUs)."""
 
     def __init__(self, runtime: _Runtime, width: int) -> None:
+        install_hand_off()  # train_local and the condensations offer a batching thread's work to its runner
         self.runtime, self.width = runtime, width
         self.caches: list[dict[ModelSpec, torch.nn.Module]] = []
         self._said: set[tuple[str, str]] = set()

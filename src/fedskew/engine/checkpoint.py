@@ -26,14 +26,14 @@ from fedskew.runs import CHECKPOINT_FILE, CONFIG_FILE
 
 RESUMABLE = (
     "rounds", "workers", "workers_per_device", "checkpoint_every", "device", "amp", "sgd_impl", "compile", "tf32",
-    "clients_in_parallel", "logging",
+    "clients_in_parallel", "logging", "report",
 )
 """What a resumed run may change: its length, where it computes (checkpoints are device-free) and in
 which precision (an fp16 GPU run can go on on a CPU with ``amp=off`` or ``bf16``; rounds after the
 resume are computed in the new one) with which kernels (``sgd_impl``, ``compile``, ``tf32``: a GPU run's
 switches may be turned off to go on on a CPU; ``clients_in_parallel``: batched or one at a time), how often
 it saves, and what it logs besides its own files
-(``logging.tensorboard``). Any other difference between the config and
+(``logging.tensorboard``) and how its report looks (``report``). Any other difference between the config and
 the checkpoint's is an edit, and refused."""
 
 REQUIRED: dict[str, type] = {

@@ -20,13 +20,21 @@ from typing import Any
 from urllib.parse import quote
 
 from fedskew.config.variants import expand_label
+from fedskew.core.figures import FigureStyle, style_of
 from fedskew.core.files import staged_folder
 from fedskew.metrics.catalog import column
 from fedskew.progress import progress_bar
 from fedskew.report.order import in_config_order
-from fedskew.report.plots import DEFAULT_DPI, check_format, experiment_title, plot_clients, plot_curves, synthetic_grids
-from fedskew.report.tables import comparison_table, separate_experiments, table_cells, table_keys, write_table
-from fedskew.runs import AUDIT_FILE, RunData, find_runs, load_run
+from fedskew.report.plots import experiment_title, plot_clients, plot_curves, synthetic_grids
+from fedskew.report.tables import (
+    comparison_table,
+    differing_line,
+    separate_experiments,
+    table_cells,
+    table_keys,
+    write_table,
+)
+from fedskew.runs import AUDIT_FILE, RunData, find_runs, load_run, report_folder
 
 
 def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -200,7 +208,8 @@ def _figure_html(img: Path) -> str:
 
 
 def write_report(paths: Sequence[Path], out_dir: Path | None = None, group_by: Sequence[str] = (),
-                 label: str = "", fmt: str = "png", dpi: int = DEFAULT_DPI, progress: bool = False) -> Path:
+                 label: str = "", fmt: str | None = None, dpi: int | None = None, progress: bool = False,
+                 style: FigureStyle | None = None) -> Path:
     """Build the full report for the runs found under ``paths``.
 
     Writes ``results.md``, ``results.csv``, the plots and a self-contained ``report.html`` (plots
@@ -212,8 +221,9 @@ def write_report(paths: Sequence[Path], out_dir: Path | None = None, group_by: S
     paths
         Run folders or folders holding them (see :func:`find_runs`).
     out_dir
-        Where to write; by default ``report/`` in the runs' common parent folder (inside the run
-        folder itself when there is only one run).
+        Where to write; by default ``report/`` in the runs' experiment folder when they are all of its runs
+        (``EXP/report/``, the report ``fedskew run`` wrote, also for a one-run experiment), else in their
+        common folder (:func:`fedskew.runs.report_folder`).
     group_by
         Dotted config keys whose values are added to the labels (see :func:`separate_experiments`);
         runs of different experiments under one label are refused.
@@ -222,61 +232,68 @@ def write_report(paths: Sequence[Path], out_dir: Path | None = None, group_by: S
         :func:`separate_experiments`); empty keeps the runs' own labels.
     fmt, dpi
         The figures' format (``png``, ``pdf`` or ``svg``; a PDF figure also gets a PNG copy, which the
-        page shows) and the resolution of raster figures.
+        page shows) and the resolution of raster figures; None: ``style``'s.
     progress
         A progress bar of the figures on standard error (:func:`fedskew.progress.progress_bar`: plain lines
         where it is not a terminal); ``fedskew report`` shows it.
+    style
+        How the figures look (:class:`~fedskew.core.figures.FigureStyle`: size, font size, titles, a paper
+        preset); None: the ``[report]`` table the runs' configs share (:func:`~fedskew.core.figures.style_of`).
 
     Returns
     -------
     Path
         The HTML file.
     """
-    check_format(fmt, dpi)
     run_paths = find_runs(paths)
     loaded = in_config_order([load_run(p) for p in run_paths])
+    style = (style or style_of(r.config for r in loaded)).updated(format=fmt, dpi=dpi)
     runs = separate_experiments(loaded, group_by, label)
     kinds = None
     if group_by:  # colour = method, line style = the grouped setting
         kinds = _kinds([dataclasses.replace(r, label=expand_label(label, r.label, r.config)) if label else r
                         for r in loaded], runs)
     root = Path(os.path.commonpath([str(p.resolve()) for p in run_paths]))
-    out = Path(out_dir) if out_dir is not None else root / "report"
+    out = Path(out_dir) if out_dir is not None else report_folder(run_paths)
+    if out_dir is None:
+        root = out.parent  # the experiment folder of a one-run experiment, not its run folder
     with staged_folder(out) as stage:  # a write that fails leaves no partial report
-        _write_report(runs, kinds, root, out, stage, fmt, dpi, progress)
+        _write_report(runs, kinds, root, out, stage, style, progress)
     return out / "report.html"
 
 
 def _write_report(runs: list[RunData], kinds: dict[str, tuple[str, str]] | None, root: Path, out: Path, stage: Path,
-                  fmt: str, dpi: int, progress: bool) -> None:
+                  style: FigureStyle, progress: bool) -> None:
     """:func:`write_report`'s files, written into ``stage``; ``out`` is where they will be (the page's links)."""
     rows = comparison_table(runs)
     write_table(rows, stage)
     with progress_bar(total=3, desc=f"report of {len(runs)} run(s)", unit="step", enabled=progress) as bar:
         bar.set_postfix_str("curves")
-        images = plot_curves(runs, stage, fmt, dpi, kinds)
+        images = plot_curves(runs, stage, kinds=kinds, style=style)
         bar.update(1)
         bar.set_postfix_str("per-client plots")
-        images += plot_clients(runs, stage, fmt, dpi, kinds)
+        images += plot_clients(runs, stage, kinds=kinds, style=style)
         bar.update(1)
         bar.set_postfix_str("image grids")
-        images += synthetic_grids(runs, stage, fmt=fmt, dpi=dpi)
+        images += synthetic_grids(runs, stage, style=style)
         bar.update(1)
     headers, cells = table_cells(rows)
     keys = table_keys(rows)
     figures = "".join(_figure_html(img) for img in images)
     title = experiment_title(runs)
+    mixed = differing_line(runs)  # runs of different experiments: said in one line, and no best value marked
     page = (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>fedskew report</title>'
         f"<style>{_STYLE}</style></head><body><h1>fedskew report</h1>"
         + (f"<p>{html.escape(title)}</p>" if title else "")
+        + (f'<p class="note"><b>{html.escape(mixed)}</b></p>' if mixed else "")
         + _runs_section(runs, root, out)
         + "<h2>Results</h2><p>Accuracy in %; drops and rises are changes between consecutive rounds in "
         "percentage points (FedDC's round variance); class var is the per-round variance of the "
         "per-class accuracies (fractions) averaged over rounds, class std its square root in points. "
-        "Runs sharing a label are seeds: mean ± sample std over n runs. The best value of each column "
-        "that has one is in bold.</p>"
-        + _html_table(headers, cells, best_cells(rows, keys))
+        "Runs sharing a label are seeds: mean ± sample std over n runs."
+        + ("" if mixed else " The best value of each column that has one is in bold.") + "</p>"
+        + _html_table(headers, cells, frozenset() if mixed else best_cells(rows, keys))
         + "<h2>Curves</h2>"
         + figures
         + _audit_section(runs, stage)

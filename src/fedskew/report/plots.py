@@ -16,7 +16,22 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from fedskew.core.errors import FedskewError
+from fedskew.core.figures import (
+    DATASET_TITLES,
+    DEFAULT_DPI,
+    DEFAULT_STYLE,
+    FORMATS,
+    LINE_WIDTH,
+    MARKER_SIZE,
+    FigureStyle,
+    check_format,
+    dataset_title,
+    partition_title,
+)
 from fedskew.report.tables import DIRECTIONS, MB, group_runs
+
+__all__ = ["DATASET_TITLES", "DEFAULT_DPI", "FORMATS", "FigureStyle", "check_format", "plot_clients", "plot_curves",
+           "synthetic_grids"]
 from fedskew.runs import RunData, is_number, synthetic_files
 
 
@@ -105,10 +120,10 @@ def _line_with_band(ax: Axes, x: np.ndarray, stack: np.ndarray, style: Mapping[s
     step = max(1, math.ceil(len(x) / 10))
     order = int(style.get("order", 0))
     offset = (order * max(1, step // max(n_labels, 1))) % step
-    # Later curves thinner, with smaller markers: where curves coincide, the earlier ones show round them.
-    width, size = max(2.6 - 0.35 * order, 0.9), max(8.0 - 0.8 * order, 3.5)
+    # Every curve equally wide, with equal markers (a method plotted last is as visible as the first); where
+    # curves coincide, their dashes and their markers, at different rounds, still tell them apart.
     ax.plot(x, mean, color=style["color"], linestyle=style["linestyle"], marker=style["marker"],
-            markevery=(offset, step), markersize=size, linewidth=width,
+            markevery=(offset, step), markersize=MARKER_SIZE, linewidth=LINE_WIDTH,
             markerfacecolor="none" if style.get("hollow") else style["color"],
             label=label if len(stack) == 1 else f"{label} (n={len(stack)})")
     if std is not None:
@@ -128,24 +143,16 @@ def _unique_slug(label: str, used: set[str]) -> str:
     return slug
 
 
-FORMATS = ("png", "pdf", "svg")
-"""Figure formats of the report (``fedskew report --format``)."""
-DEFAULT_DPI = 150
-"""Resolution of raster figures (PNG, and the PNG copy the page shows of a PDF figure)."""
-
-
-def check_format(fmt: str, dpi: int) -> None:
-    """Refuse a figure format other than :data:`FORMATS` and a resolution outside [50, 1200] dpi."""
-    if fmt not in FORMATS:
-        raise FedskewError(f"figure format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    if isinstance(dpi, bool) or not isinstance(dpi, int) or not 50 <= dpi <= 1200:
-        raise FedskewError(f"dpi must be an integer in [50, 1200], got {dpi!r}")
+def _style(style: FigureStyle | None, fmt: str | None, dpi: int | None) -> FigureStyle:
+    """``style`` (default: :data:`DEFAULT_STYLE`) with the format and dpi given, checked."""
+    return (style or DEFAULT_STYLE).updated(format=fmt, dpi=dpi)
 
 
 def _save(fig: Figure, path: Path, fmt: str = "png", dpi: int = DEFAULT_DPI) -> Path:
     """Write ``fig`` as ``path`` (a name without suffix) plus the suffix of ``fmt``, with a tight bounding box
     (nothing clipped); a PDF figure also gets a PNG copy, which report.html shows (a page cannot show a PDF
-    inline). Returns the file written in ``fmt``."""
+    inline). Returns the file written in ``fmt``. Called inside the figure's :meth:`FigureStyle.context`
+    (TrueType fonts in a PDF)."""
     from fedskew.condense.grids import save_figure
 
     out = save_figure(fig, path.parent / f"{path.name}.{fmt}", dpi)  # not with_suffix: "alpha_0.1" has a dot
@@ -162,16 +169,10 @@ def _wrap(text: str, width: int = 75) -> str:
 BAND = "shaded: mean ± 1 sample std over seeds"
 
 
-DATASET_TITLES = {
-    "cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "cifar10_jpeg": "CIFAR-10 (JPEG)", "digits": "digits",
-    "domainnet": "DomainNet", "fashion_mnist": "Fashion-MNIST", "mnist": "MNIST", "tiny_imagenet": "Tiny ImageNet",
-}
-"""How plot titles name the built-in datasets (others, plug-ins' among them, by their registered name)."""
-
-
 def experiment_title(runs: list[RunData]) -> str:
-    """What the runs were run on, for plot titles: the dataset and the partition with its parameters
-    (those all runs share; "several datasets" etc. where they differ)."""
+    """What the runs were run on, for plot titles: the dataset and the partition with the parameters that say
+    what it is (:func:`~fedskew.core.figures.partition_title`: ``Dirichlet α=0.1, 10 clients``, not how it is
+    drawn, ``min_size`` or ``max_retries``), those all runs share; "several datasets" etc. where they differ."""
     def common(table: str) -> dict[str, Any] | None:
         tables = [{k: v for k, v in (run.config.get(table) or {}).items() if k != "data_dir"} for run in runs]
         return tables[0] if tables and all(t == tables[0] for t in tables) else None
@@ -179,35 +180,52 @@ def experiment_title(runs: list[RunData]) -> str:
     dataset, part = common("dataset"), common("partition")
     if not runs or not runs[0].config:
         return ""
-    data = DATASET_TITLES.get(str(dataset.get("name")), str(dataset.get("name"))) if dataset else "several datasets"
+    data = dataset_title(dataset.get("name")) if dataset else "several datasets"
     if dataset and dataset.get("train_fraction", 1.0) != 1.0:
         data += f" ({100 * float(dataset['train_fraction']):g}% of the training set)"
     if part is None:
         return f"{data}, several partitions"
-    params = ", ".join(f"{k}={v}" for k, v in part.items() if k not in ("name", "seed", "num_clients"))
-    clients = f", {part['num_clients']} clients" if part.get("num_clients") is not None else ""
-    return f"{data}, {part.get('name')}" + (f" ({params})" if params else "") + clients
+    return f"{data}, {partition_title(part)}"
 
 
-def _finish(ax: Axes, title: str, n_max: int) -> None:
-    """Grid, legend (beside the axes from five labels on, so it hides no curve; saying what the band is when
-    some label has several seeds) and the title, wrapped to the figure's width."""
+LONG_LABEL = 28
+"""Characters: a legend with a label this long (``--group-by`` adds ``(partition.alpha=0.1)``) or with more
+than four labels goes below the axes, full width, rather than beside them (where it squeezed the axes)."""
+
+
+def _finish(ax: Axes, title: str, n_max: int, style: FigureStyle = DEFAULT_STYLE) -> None:
+    """Grid, legend (below the axes from five labels on or with long labels, so it hides no curve and leaves the
+    axes the figure's width; saying what the band is when some label has several seeds) and the title (without
+    ``style.titles``: none), wrapped to the figure's width."""
     ax.grid(alpha=0.3)
-    handles = ax.get_legend_handles_labels()[0]
+    handles, labels = ax.get_legend_handles_labels()
     if handles:
         band = BAND if n_max > 1 else None
-        if len(handles) > 4:
-            ax.legend(fontsize="small", title=band, title_fontsize="x-small", loc="upper left",
-                      bbox_to_anchor=(1.01, 1.0))
+        longest = max(len(label) for label in labels)
+        if len(handles) > 4 or longest > LONG_LABEL:
+            fig = ax.get_figure()
+            assert isinstance(fig, Figure)
+            width_chars = fig.get_figwidth() * 72 / (0.85 * style.font * 0.6)  # small font, about 0.6 em a char
+            ncols = max(1, min(len(handles), int(width_chars // (longest + 6))))
+            fig.legend(handles, labels, fontsize="small", title=band, title_fontsize="x-small",
+                       loc="outside lower center", ncols=ncols, frameon=False)
         else:
             ax.legend(fontsize="small", title=band, title_fontsize="x-small")
-    if title:
-        ax.set_title(_wrap(title), fontsize="medium")
+    if title and style.titles:
+        ax.set_title(_wrap(title, _title_width(ax, style)), fontsize="medium")
 
 
-def plot_curves(runs: list[RunData], out_dir: Path, fmt: str = "png", dpi: int = DEFAULT_DPI,
-                kinds: Mapping[str, tuple[str, str]] | None = None) -> list[Path]:
-    """Write the comparison plots into ``out_dir``, as ``fmt`` files (png, pdf or svg) at ``dpi``.
+def _title_width(ax: Axes, style: FigureStyle, share: float = 1.0) -> int:
+    """How many characters of a title fit the figure's width (at the title's font size), at most 100."""
+    fig = ax.get_figure()
+    inches = fig.get_figwidth() if isinstance(fig, Figure) else 7.0
+    return max(20, min(100, int(share * inches * 72 / (style.font * 0.65))))
+
+
+def plot_curves(runs: list[RunData], out_dir: Path, fmt: str | None = None, dpi: int | None = None,
+                kinds: Mapping[str, tuple[str, str]] | None = None, style: FigureStyle | None = None) -> list[Path]:
+    """Write the comparison plots into ``out_dir``, as ``fmt`` files (png, pdf or svg) at ``dpi`` (None: those of
+    ``style``), in ``style`` (:class:`~fedskew.core.figures.FigureStyle`: size, fonts, titles).
 
     Writes ``accuracy.png`` (test accuracy per round), ``class_variance.png`` (per-round class
     variance), ``bytes.png`` (accuracy against cumulative traffic in all directions, the fair axis
@@ -222,12 +240,19 @@ def plot_curves(runs: list[RunData], out_dir: Path, fmt: str = "png", dpi: int =
     Figures are built with the object-oriented Agg API (no pyplot), so no global backend or figure
     registry is touched and nothing is left open.
     """
+    style = _style(style, fmt, dpi)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    check_format(fmt, dpi)
+    with style.context():
+        return _plot_curves(runs, out_dir, style, kinds)
+
+
+def _plot_curves(runs: list[RunData], out_dir: Path, style: FigureStyle,
+                 kinds: Mapping[str, tuple[str, str]] | None) -> list[Path]:
+    fmt, dpi = style.format, style.dpi
     groups = group_runs(runs)
     styles = line_styles(list(groups), kinds)
-    title = experiment_title(runs)
+    title = style.title(experiment_title(runs))
     n_max = max((len(g) for g in groups.values()), default=1)
     curves = [
         ("accuracy", "round", "test accuracy (%)", _accuracy),
@@ -235,7 +260,7 @@ def plot_curves(runs: list[RunData], out_dir: Path, fmt: str = "png", dpi: int =
     ]
     written = []
     for name, xlabel, ylabel, values in curves:
-        fig = Figure(figsize=(7, 4.5), layout="constrained")
+        fig = Figure(figsize=style.size(7, 4.5), layout="constrained")
         ax = fig.add_subplot()
         for label, group in groups.items():
             x, stack = _aligned(group, values)
@@ -243,10 +268,10 @@ def plot_curves(runs: list[RunData], out_dir: Path, fmt: str = "png", dpi: int =
                 _line_with_band(ax, x, stack, styles[label], label, len(groups))
         ax.set(xlabel=xlabel, ylabel=ylabel)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        _finish(ax, title, n_max)
+        _finish(ax, title, n_max, style)
         written.append(_save(fig, out_dir / name, fmt, dpi))
 
-    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    fig = Figure(figsize=style.size(7, 4.5), layout="constrained")
     ax = fig.add_subplot()
     for label, group in groups.items():
         x_acc, acc = _aligned(group, _accuracy)
@@ -254,14 +279,14 @@ def plot_curves(runs: list[RunData], out_dir: Path, fmt: str = "png", dpi: int =
             continue
         if all(run.summary.get("algorithm") == "centralized" for run in group):
             best = acc.max(axis=1).mean()  # data sent once, not per round: a reference, not a curve
-            ax.axhline(best, color=styles[label]["color"], linestyle="--", linewidth=1,
+            ax.axhline(best, color=styles[label]["color"], linestyle="--", linewidth=LINE_WIDTH,
                        label=f"{label}: best {best:.1f}% (data sent once)")
             continue
         x_mb, mb = _aligned(group, _cumulative_mb)
         # traffic up to and including each evaluated round
         _line_with_band(ax, mb[:, np.isin(x_mb, x_acc)].mean(axis=0), acc, styles[label], label, len(groups))
     ax.set(xlabel="cumulative traffic, all directions (MB)", ylabel="test accuracy (%)")
-    _finish(ax, title, n_max)
+    _finish(ax, title, n_max, style)
     written.append(_save(fig, out_dir / "bytes", fmt, dpi))
 
     cmap = colormaps["viridis"].with_extremes(bad="lightgrey")
@@ -271,23 +296,24 @@ def plot_curves(runs: list[RunData], out_dir: Path, fmt: str = "png", dpi: int =
         if rounds.size == 0 or stack.shape[1] == 0:
             continue
         slug = _unique_slug(label, used)
-        fig = Figure(figsize=(7, 3.5), layout="constrained")
+        fig = Figure(figsize=style.size(7, 3.5), layout="constrained")
         ax = fig.add_subplot()
-        image = ax.imshow(
+        image = ax.imshow(  # class 0 on top, as a table lists classes
             stack.T,
             aspect="auto",
-            origin="lower",
+            origin="upper",
             interpolation="nearest",
             cmap=cmap,
             vmin=0,
             vmax=100,
-            extent=(rounds[0] - 0.5, rounds[-1] + 0.5, -0.5, stack.shape[1] - 0.5),
+            extent=(rounds[0] - 0.5, rounds[-1] + 0.5, stack.shape[1] - 0.5, -0.5),
         )
         fig.colorbar(image, ax=ax, label="accuracy (%)")
         ax.set(xlabel="round", ylabel="class")
-        # the label on a line of its own, the experiment below it, both wrapped: nothing runs past the edges
-        ax.set_title(_wrap(f"per-class accuracy: {label}", 70) + (f"\n{_wrap(title, 80)}" if title else ""),
-                     fontsize="medium")
+        if style.titles:  # the label on a line of its own, the experiment below it, both wrapped: nothing runs past
+            width = _title_width(ax, style, 0.85)  # the colour bar takes the rest
+            ax.set_title(_wrap(f"per-class accuracy: {label}", width) + (f"\n{_wrap(title, width)}" if title else ""),
+                         fontsize="medium")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         names = group[0].summary.get("class_names")
         if isinstance(names, list) and len(names) == stack.shape[1]:
@@ -327,16 +353,24 @@ def _own_label(group: list[RunData]) -> str:
     return text + (f"\n{never} client{'s' if never != 1 else ''} never trained" if never else "")
 
 
-def plot_clients(runs: list[RunData], out_dir: Path, fmt: str = "png", dpi: int = DEFAULT_DPI,
-                 kinds: Mapping[str, tuple[str, str]] | None = None) -> list[Path]:
-    """Plots of the per-client evaluation, for runs that have one (none otherwise), as ``fmt`` files at ``dpi``.
+def plot_clients(runs: list[RunData], out_dir: Path, fmt: str | None = None, dpi: int | None = None,
+                 kinds: Mapping[str, tuple[str, str]] | None = None, style: FigureStyle | None = None) -> list[Path]:
+    """Plots of the per-client evaluation, for runs that have one (none otherwise), as ``fmt`` files at ``dpi``
+    (None: ``style``'s), in ``style``.
 
     ``client_accuracy.png``: the distribution of the clients' accuracies on their own test splits in the
     last evaluated round, one box per label (the clients of all its seeds pooled; the box spans the middle
     half, whiskers 1.5 IQR, the diamond is the mean), for the global model and for each client's own model.
     ``client_curves.png``: mean and worst-10% client accuracy of the clients' own models per round.
     """
-    check_format(fmt, dpi)
+    style = _style(style, fmt, dpi)
+    with style.context():
+        return _plot_clients(runs, Path(out_dir), style, kinds)
+
+
+def _plot_clients(runs: list[RunData], out_dir: Path, style: FigureStyle,
+                  kinds: Mapping[str, tuple[str, str]] | None) -> list[Path]:
+    fmt, dpi = style.format, style.dpi
     groups = group_runs(runs)
     data = {key: {label: [a for run in group for a in _last_vector(run, key)] for label, group in groups.items()}
             for key, _ in CLIENT_VECTORS}
@@ -346,7 +380,7 @@ def plot_clients(runs: list[RunData], out_dir: Path, fmt: str = "png", dpi: int 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     # One row per method (readable with a dozen), the global model's box and the own model's box side by side.
-    fig = Figure(figsize=(10, 1.2 + 0.55 * len(labels) * len(CLIENT_VECTORS)), layout="constrained")
+    fig = Figure(figsize=style.size(10, 1.2 + 0.55 * len(labels) * len(CLIENT_VECTORS)), layout="constrained")
     ax = fig.add_subplot()
     colours = {"client_accuracy": "#9ecae1", "personal_accuracy": "#fdae6b"}
     offsets = {"client_accuracy": 0.2, "personal_accuracy": -0.2}
@@ -367,29 +401,36 @@ def plot_clients(runs: list[RunData], out_dir: Path, fmt: str = "png", dpi: int 
     ax.grid(alpha=0.3, axis="x")
     ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=2, fontsize="small", frameon=False)
     title = experiment_title(runs)
-    fig.suptitle("per-client accuracy, last evaluated round (clients of all seeds)"
-                 + (f"\n{_wrap(title)}" if title else ""), fontsize="medium")
+    if style.titles:
+        fig.suptitle("per-client accuracy, last evaluated round (clients of all seeds)"
+                     + (f"\n{_wrap(title, _title_width(ax, style))}" if title else ""), fontsize="medium")
     written = [_save(fig, out_dir / "client_accuracy", fmt, dpi)]
 
     styles = line_styles(list(groups), kinds)
-    fig = Figure(figsize=(10, 4.5), layout="constrained")
+    fig = Figure(figsize=style.size(10, 4.5), layout="constrained")
     ax = fig.add_subplot()
     for label, group in groups.items():
-        for stat, style in (("mean", "-"), ("worst10", "--")):
+        for stat, dashes in (("mean", "-"), ("worst10", "--")):
             x, stack = _aligned(group, lambda run, k=f"personal_accuracy_{stat}": {
                 r["round"]: float(r[k]) * 100 for r in run.records if is_number(r.get(k))
             })
             if x.size:
                 mean, _ = _mean_and_std(stack)
                 which = "mean" if stat == "mean" else "worst 10%"
-                ax.plot(x, mean, style, color=styles[label]["color"], marker=styles[label]["marker"],
-                        markevery=max(1, len(x) // 10), markersize=4, label=f"{label}, {which}")
-    ax.set(xlabel="round", ylabel="client accuracy, own model (%)",
-           title="clients' own models, mean over seeds" + (f"\n{_wrap(title, 100)}" if title else ""))
-    ax.title.set_fontsize("medium")
+                ax.plot(x, mean, dashes, color=styles[label]["color"], marker=styles[label]["marker"],
+                        markevery=max(1, len(x) // 10), markersize=MARKER_SIZE, linewidth=LINE_WIDTH,
+                        label=f"{label}, {which}")
+    ax.set(xlabel="round", ylabel="client accuracy, own model (%)")
+    if style.titles:
+        ax.set_title("clients' own models, mean over seeds"
+                     + (f"\n{_wrap(title, _title_width(ax, style))}" if title else ""), fontsize="medium")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:  # below the axes, full width: a dozen methods' labels beside them squeezed the axes
+        fig.legend(handles, labels, fontsize="small", loc="outside lower center", frameon=False,
+                   ncols=max(1, min(len(handles), int(fig.get_figwidth() * 72 / (0.5 * style.font)
+                                                      // (max(map(len, labels)) + 6)))))
     written.append(_save(fig, out_dir / "client_curves", fmt, dpi))
     return written
 
@@ -410,15 +451,17 @@ def _per_class_stack(group: list[RunData]) -> tuple[np.ndarray, np.ndarray]:
     return np.array(common), mean
 
 
-def synthetic_grids(runs: list[RunData], out_dir: Path, per_class: int = 10, fmt: str = "png",
-                    dpi: int = DEFAULT_DPI) -> list[Path]:
+def synthetic_grids(runs: list[RunData], out_dir: Path, per_class: int = 10, fmt: str | None = None,
+                    dpi: int | None = None, style: FigureStyle | None = None) -> list[Path]:
     """``synthetic_<label>.<fmt>``: the condensed images each run's clients sent in its last round.
 
     One row per class sent, named by the class (the dataset's class names where the run recorded them;
     a label-skewed federation may send fewer classes than it has), at most ``per_class`` images a row
     (the first ones sent), from the run's
     ``artifacts/synthetic/`` (FedDC, FedDC+, FedDM, FedAF and HFLDD save them); the papers' Fig. 7 view.
-    The first seed of a label stands for it. Runs without synthetic data get no grid.
+    The first seed of a label stands for it. Runs without synthetic data get no grid. ``fmt`` and ``dpi``
+    (None: ``style``'s) and ``style``'s font size and titles apply (an image grid keeps its own size: one image
+    pixel a few output pixels).
     """
     import torch
     from safetensors import SafetensorError
@@ -426,7 +469,8 @@ def synthetic_grids(runs: list[RunData], out_dir: Path, per_class: int = 10, fmt
 
     from fedskew.condense.grids import labelled_grid_figure
 
-    check_format(fmt, dpi)
+    style = _style(style, fmt, dpi)
+    fmt, dpi = style.format, style.dpi
     written: list[Path] = []
     used: set[str] = set()
     for label, group in group_runs(runs).items():
@@ -443,7 +487,9 @@ def synthetic_grids(runs: list[RunData], out_dir: Path, per_class: int = 10, fmt
         names = group[0].summary.get("class_names")
         sent = files[-1].stem.rpartition("_")[2].lstrip("0") or "0"  # round_0030.safetensors: round 30
         scale = max(2, round(32 / int(images.shape[2])))  # about 32 pixels an image: 8x8 digits drawn 4x
-        fig = labelled_grid_figure(images[keep], labels[keep], names if isinstance(names, list) else None,
-                                   title=_wrap(f"{label}: images sent in round {sent}", 60), scale=scale)
-        written.append(_save(fig, Path(out_dir) / f"synthetic_{slug}", fmt, dpi))
+        with style.context():
+            fig = labelled_grid_figure(images[keep], labels[keep], names if isinstance(names, list) else None,
+                                       title=style.title(_wrap(f"{label}: images sent in round {sent}", 60)),
+                                       scale=scale)
+            written.append(_save(fig, Path(out_dir) / f"synthetic_{slug}", fmt, dpi))
     return written

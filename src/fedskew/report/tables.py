@@ -116,6 +116,29 @@ def separate_experiments(runs: list[RunData], group_by: Sequence[str] = (), labe
     return runs
 
 
+def differing_settings(runs: list[RunData]) -> list[str]:
+    """The keys of the dataset, partition and model tables (:data:`EXPERIMENT_TABLES`, ``data_dir`` aside) and
+    ``rounds`` on which the runs differ: runs of different experiments, whatever their labels (runs without a
+    ``config.toml`` are not compared). An unset key is at its default, as for runs sharing a label."""
+    known = [(run, _identity(run)) for run in runs if run.config]
+    keys = sorted({k for _, identity in known for k in identity})
+    differ = [k for k in keys if len({repr(_setting(run, identity, k)) for run, identity in known}) > 1]
+    if len({run.summary.get("rounds") for run in runs}) > 1:
+        differ.append("rounds")
+    return differ
+
+
+def differing_line(runs: list[RunData]) -> str:
+    """One line saying that the runs come from different experiments and on which keys they differ
+    (:func:`differing_settings`), or "" where they do not."""
+    keys = differing_settings(runs)
+    if not keys:
+        return ""
+    shown = ", ".join(keys[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")
+    return (f"note: these runs come from different experiments: they differ in {shown}; compare them with care "
+            "(no best value is marked)")
+
+
 def group_runs(runs: Iterable[RunData]) -> dict[str, list[RunData]]:
     """Runs by label, labels in order of first appearance."""
     groups: dict[str, list[RunData]] = {}
@@ -197,6 +220,10 @@ def comparison_table(runs: list[RunData]) -> list[dict[str, Any]]:
         for d in DIRECTIONS:
             row[f"mb_{d}"] = _mean_std((s.get(f"bytes_{d}", 0) for s in summaries), 1 / MB, 3)[0]
         if with_target:
+            targets = {run.config.get("target_accuracy") for run in group}
+            target = targets.pop() if len(targets) == 1 else None
+            # the target, which the headers say (rounds to 80%)
+            row["target_acc"] = round(100 * float(target), 2) if is_number(target) else None
             reached = [s.get("rounds_to_target") is not None for s in summaries]
             row["rounds_to_target"] = (
                 _mean_std((s["rounds_to_target"] for s in summaries), 1, 1)[0] if all(reached) else None
@@ -245,9 +272,23 @@ def _worse_than_local(group: list[RunData], local: dict[Any, list[float | None]]
     return round(100 * worse / compared, 1) if compared else None
 
 
+def _shared_target(rows: list[dict[str, Any]]) -> float | None:
+    """The target accuracy (percent) of every row, when they share one (the headers then say it)."""
+    targets = {row.get("target_acc") for row in rows if "target_acc" in row}
+    target = targets.pop() if len(targets) == 1 else None
+    return float(target) if is_number(target) else None
+
+
+TARGET_HEADERS = {"rounds_to_target": "rounds to {t:g}%", "mb_to_target": "MB to {t:g}%"}
+"""Headers of the columns counted to ``target_accuracy`` when every row shares one (``rounds to 80%``)."""
+
+
 def table_keys(rows: list[dict[str, Any]]) -> list[str]:
-    """The columns the table shows: every key but the ``_std`` ones, all-empty columns dropped."""
+    """The columns the table shows: every key but the ``_std`` ones, all-empty columns dropped, and the target
+    accuracy where every row shares one (the headers of the columns counted to it say it instead)."""
     keys = [k for k in dict.fromkeys(k for row in rows for k in row) if not k.endswith("_std")]
+    if _shared_target(rows) is not None:
+        keys.remove("target_acc")
     return [k for k in keys if any(row.get(k) is not None for row in rows)]
 
 
@@ -267,7 +308,9 @@ def table_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]
         digits = c.decimals
         return f"{value:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
 
-    headers = [column(k).header for k in keys]
+    target = _shared_target(rows)
+    headers = [TARGET_HEADERS[k].format(t=target) if target is not None and k in TARGET_HEADERS else column(k).header
+               for k in keys]
     return headers, [[cell(row, k) for k in keys] for row in rows]
 
 
@@ -275,13 +318,22 @@ def format_table(rows: list[dict[str, Any]], max_width: int | None = None) -> st
     """The comparison table as aligned plain text, for printing in a terminal.
 
     With ``max_width`` (``fedskew run`` and ``report`` print at :data:`TERMINAL_WIDTH`), labels longer than 40
-    characters are shortened with ``...`` and the rightmost columns that do not fit are left out, with a last
-    line saying how many and where they are (results.md, results.csv).
+    characters are shortened with ``...`` in the middle (the end of a ``--group-by`` label says its setting),
+    unless that would make two labels alike: then they are shown whole (up to ``max_width`` less 30); and the
+    rightmost columns that do not fit are left out, with a last line saying how many and where they are
+    (results.md, results.csv).
     """
     headers, cells = table_cells(rows)
     dropped = 0
     if max_width is not None:
-        cells = [[_shorten(c, _LABEL_WIDTH) if h in _TEXT_COLUMNS else c for c, h in zip(row, headers, strict=True)]
+        width = _LABEL_WIDTH
+        for j, h in enumerate(headers):
+            if h not in _TEXT_COLUMNS:
+                continue
+            texts = [row[j] for row in cells]
+            while len({_shorten(t, width) for t in texts}) < len(set(texts)) and width < max(max_width - 30, 40):
+                width += 1  # shortened labels alike: widen until they differ
+        cells = [[_shorten(c, width) if h in _TEXT_COLUMNS else c for c, h in zip(row, headers, strict=True)]
                  for row in cells]
         while len(headers) > 3 and _width(headers, cells) > max_width:
             headers, cells = headers[:-1], [row[:-1] for row in cells]
@@ -305,7 +357,11 @@ def _width(headers: list[str], cells: list[list[str]]) -> int:
 
 
 def _shorten(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 3] + "..."
+    """``text`` in at most ``width`` characters: its start and its end, ``...`` between."""
+    if len(text) <= width:
+        return text
+    tail = (width - 3) // 3
+    return text[: width - 3 - tail] + "..." + text[len(text) - tail:]
 
 
 def write_table(rows: list[dict[str, Any]], out_dir: Path) -> tuple[Path, Path]:

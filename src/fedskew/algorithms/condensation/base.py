@@ -9,7 +9,7 @@ averaging, the server trains the global model on the union of the clients' lates
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -93,6 +93,10 @@ class AggregationFree(Algorithm):
         # global model. Not given; false: the server continues from w, the model clients matched
         # against, so knowledge from earlier rounds' sets carries over.
         restart_model: bool = False
+        # Batch statistics of a BatchNorm network while matching (neither FedDM nor FedAF says): "pooled",
+        # one pass of real and synthetic images, or "separate", a pass each (DM's reference code); pooled
+        # measured better on the quick configs (docs/algorithms.md, "Distribution matching: ...").
+        bn_statistics: Literal["separate", "pooled"] = "pooled"
 
         renamed: ClassVar[dict[str, str]] = {k: f"server.{k}" for k in SERVER_KEYS}
 
@@ -147,6 +151,7 @@ class AggregationFree(Algorithm):
         return DMConfig(
             iterations=p.condense_iterations, ipc=p.ipc, image_lr=p.image_lr, momentum=p.image_momentum,
             real_batch=p.real_batch, init=init, clip_norm=clip_norm, amp=current_compute().amp,
+            bn_statistics=p.bn_statistics,
         )
 
     def condense(
