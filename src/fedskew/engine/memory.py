@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedskew.algorithms.base import ModelSpec
 from fedskew.config.schema import RunConfig
 from fedskew.core.errors import ConfigError
 
@@ -94,12 +96,22 @@ def data_shape(config: RunConfig) -> DataShape | None:
 
 def model_parameters(config: RunConfig, shape: DataShape) -> int | None:
     """The model's parameter and buffer count, built on the ``meta`` device (no memory, no random draw); None when
-    it cannot be built there (a plug-in's model may not; the run reports its own errors)."""
-    import torch
-
+    it cannot be built there (a plug-in's model may not; the run reports its own errors). Counted once per model
+    spec: a grid's runs mostly share theirs."""
     from fedskew.engine.federation import model_spec
 
     spec = model_spec(config.table("model"), shape.channels, shape.classes, shape.size)
+    try:
+        hash(spec)
+    except TypeError:  # an option that is a table: not a cache key
+        return _count.__wrapped__(spec)
+    return _count(spec)
+
+
+@functools.lru_cache(maxsize=256)
+def _count(spec: ModelSpec) -> int | None:
+    import torch
+
     try:
         with torch.random.fork_rng(devices=[]), torch.device("meta"):
             model = spec.build()
