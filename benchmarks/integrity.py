@@ -1,4 +1,4 @@
-"""Issues 26's and 35's case lists, rerun: each case is checked by its test(s); prints one row per case and the counts.
+"""Issues 26's, 35's and 44's case lists, rerun: each case checked by its test(s); prints a row per case and the counts.
 
     FEDSKEW_DATA=../shared/datasets python benchmarks/integrity.py            # every case
     python benchmarks/integrity.py --section "Run folders and results"        # one section
@@ -35,6 +35,7 @@ ALL_ALGORITHMS = "tests/algorithms/test_all_algorithms.py"
 FEDDC = "tests/algorithms/test_feddc.py"
 RULES = "tests/engine/test_failure_rules.py"
 GRID_TESTS = "tests/test_grids.py"
+FAULTS = "tests/engine/test_faults_and_resources.py"
 
 
 @dataclass(frozen=True)
@@ -287,6 +288,55 @@ CASES: list[Case] = [
          (f"{GRID_TESTS}::test_each_run_is_the_grid_point_its_label_names",)),
 ]
 """The cases of issues 26 and 35, in their order; add a case by adding one entry."""
+
+TRACKER_SERVER = "Faults 1: a tracking server is tried before anything runs"
+WHOLE_REPORT = "Faults 2: a report is written whole or not at all"
+MEMORY = "Faults 3: memory is estimated jointly before a run starts"
+LAST_ROUND = "Faults 4: the last round is always checkpointed"
+RUN_FOLDER = "Faults 5: trackers write into the run folder"
+HALF_SENT = "Faults 6: a stop never waits on a half-sent reply"
+
+CASES += [
+    # ---- issue 44, faults and resources (docs/reliability.md, "The fourth pass")
+    Case(TRACKER_SERVER, "an MLflow server on a closed loopback port: one line naming the URI (no password) within "
+                         "seconds, not after 255 s of retries, nothing written; the tracker's own check; MLflow's "
+                         "retries lowered for the run",
+         (f"{FAULTS}::test_an_unreachable_mlflow_server_is_one_line_naming_it_before_anything_runs",
+          f"{FAULTS}::test_the_mlflow_tracker_checks_its_server_and_lowers_mlflows_retries")),
+    Case(WHOLE_REPORT, "an earlier report folder made read-only (a read-only bind mount), the experiment run again: "
+                       "exit 1, one line naming the report folder, the runs kept, the old report unchanged",
+         (f"{FAULTS}::test_a_read_only_report_folder_is_exit_1_naming_it_and_the_old_report_stays",)),
+    Case(WHOLE_REPORT, "a real tmpfs that fills while the report is written: exit 1, one line naming the report "
+                       "folder, no partial report and no temporary folder, `fedskew report` works afterwards",
+         (f"{FAULTS}::test_a_disk_that_fills_while_the_report_is_written_leaves_no_partial_report",
+          f"{FAULTS}::test_a_report_write_that_fails_part_way_leaves_the_folder_as_it_was")),
+    Case(MEMORY, "FedDM with ipc=10000, 100 classes, 3x256x256 images (each value within its bound): one line with "
+                 "the estimate and its parts before anything runs, nothing written",
+         (f"{FAULTS}::test_sizes_that_multiply_beyond_memory_are_one_line_before_anything_runs",)),
+    Case(MEMORY, "each part alone refuses a run: a 65,536-wide ConvNet, four batched 1.1e9-value MLPs, FedAF's "
+                 "condensed sets, HFLDD's KIP images; the tiny config's parts counted exactly",
+         (f"{FAULTS}::test_every_part_of_the_estimate_can_refuse_a_run",
+          f"{FAULTS}::test_the_estimate_counts_what_a_run_holds")),
+    Case(MEMORY, "no false refusal: every config in experiments/ and the built-in ones fits a 4 GB machine",
+         (f"{FAULTS}::test_every_shipped_config_passes_the_estimate_on_a_small_machine",)),
+    Case(LAST_ROUND, "`checkpoint_every = 0`: the finished run is extended with --resume (byte-identical to an "
+                     "uninterrupted run), and an experiment's --resume continues it instead of rerunning round 1",
+         (f"{FAULTS}::test_checkpoint_every_0_writes_the_last_round_so_a_finished_run_can_be_extended",
+          f"{FAULTS}::test_an_experiment_resume_continues_a_run_checkpointed_only_at_the_end")),
+    Case(RUN_FOLDER, "W&B offline without WANDB_DIR: its run in <run folder>/wandb, nothing in the current folder, "
+                     "no run in the temporary folder",
+         (f"{FAULTS}::test_wandb_writes_its_files_into_the_run_folder",)),
+    Case(HALF_SENT, "a pool worker stops half-way through sending its result, stopped or crashed: the pool ends in "
+                    "seconds (both waited forever before), no semaphore leaked",
+         (f"{FAULTS}::test_a_worker_that_dies_mid_reply_never_holds_up_the_pool",)),
+    Case(HALF_SENT, "SIGTERM of a two-worker run while a reply is half sent: exit 143 without the watchdog, no "
+                    "leaked semaphore, no .lock, the run resumes",
+         (f"{FAULTS}::test_sigterm_while_a_reply_is_half_sent_never_waits_for_the_watchdog",)),
+    Case(HALF_SENT, "SIGTERM at random moments of a two-worker run with larger replies, FEDSKEW_SIGTERM_TRIALS times "
+                    "(20 here): each as above, the last run resumes",
+         (f"{FAULTS}::test_sigterm_at_random_moments_of_a_two_worker_run",)),
+]
+"""Issue 44's faults and resources, in the order of docs/reliability.md's fourth pass."""
 
 
 class _Outcomes:

@@ -101,16 +101,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedskew.report import write_report  # matplotlib: imported once the runs are done, not before they start
 
     runs_of: list[Path] = parents
+    folder: Path | None = parents[0] / "report"
     try:
         runs_of, folder = _experiment_report(parents) if args.resume else (parents, parents[0] / "report")
         html = write_report(runs_of, folder)
-    except FedskewError as e:  # the runs are done and kept; only the report of their folder failed: not a success
-        print(f"fedskew: error: the runs finished and are kept in {parents[0]}, but no report was written: {e}; "
+    except (FedskewError, OSError) as e:  # the runs are done and kept; only their report failed: not a success
+        why = _report_error(e, folder, runs_of) if isinstance(e, OSError) else str(e)
+        print(f"fedskew: error: the runs finished and are kept in {parents[0]}, but no report was written: {why}; "
               f"fix that, then `fedskew report {parents[0]}`", file=sys.stderr)
         return 1
     _print_table(runs_of)
     print(f"\nrun folder: {parents[0]}\nreport:     {html}")
     return 0
+
+
+def _report_error(e: OSError, report: Path | None, runs: list[Path]) -> str:
+    """A failed report write in one line naming the report folder (``report``, None: the default one of ``runs``)
+    on a full disk or a read-only folder, not the temporary folder it was being written into
+    (:func:`fedskew.core.files.staged_folder`)."""
+    from fedskew.runs import describe_os_error, report_folder
+
+    staged = isinstance(e.filename, str | bytes) and ".partial-" in os.fsdecode(e.filename)
+    return describe_os_error(OSError(e.errno, e.strerror) if staged else e, report or report_folder(runs))
 
 
 def cmd_partition(args: argparse.Namespace) -> int:

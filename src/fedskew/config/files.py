@@ -25,7 +25,7 @@ TOP_LEVEL: dict[str, str] = {
                "at most the round's client jobs and what memory holds; not with engine = ray)",
     "workers_per_device": "with workers = 0: worker processes per GPU (on a CPU, per core); results do not change",
     "eval_every": "evaluate the global model (and the clients' own models, see eval) every N rounds and after the last",
-    "checkpoint_every": "write a checkpoint every N rounds (0 = only at the end)",
+    "checkpoint_every": "write a checkpoint every N rounds and after the last (0 = only after the last)",
     "target_accuracy": "accuracy (fraction) for rounds-to-target and bytes-to-target",
     "at_rounds": "rounds at which to report accuracy in the summary",
     "label": "name of the run in tables and plots",

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,3 +45,30 @@ def write_atomic(path: Path, data: bytes | str, *, sync: bool = True) -> Path:
         tmp.unlink(missing_ok=True)  # free the space; the old file is untouched
         raise
     return path
+
+
+@contextmanager
+def staged_folder(out: Path) -> Iterator[Path]:
+    """A folder to write the files of ``out`` into, put in place only once all of them are written.
+
+    For a new ``out``, the stage is a hidden folder beside it (``.<name>.partial-<pid>``), renamed to ``out``
+    at the end; for an ``out`` that exists (an earlier report), a hidden folder inside it, whose files then
+    replace theirs one by one (each rename whole; other files of ``out`` are kept). A write that fails (a full
+    disk, a read-only folder) or any other error removes the stage and leaves ``out`` as it was.
+    """
+    grown = out.is_dir()
+    stage = out / f".partial-{os.getpid()}" if grown else out.parent / f".{out.name}.partial-{os.getpid()}"
+    try:
+        stage.mkdir(parents=True)
+        yield stage
+        if grown:
+            for f in sorted(p for p in stage.rglob("*") if not p.is_dir()):
+                target = out / f.relative_to(stage)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(f, target)
+            shutil.rmtree(stage)
+        else:
+            stage.rename(out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise

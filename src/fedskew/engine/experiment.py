@@ -76,10 +76,18 @@ def choose_parent(
 
 
 def check_devices(configs: Sequence[RunConfig]) -> None:
-    """Refuse, before any run starts or any folder is written, a device or precision this machine lacks
-    (each config's :attr:`~fedskew.config.schema.RunConfig.compute`, resolved here once for its run)."""
+    """Refuse, before any run starts or any folder is written, what this machine lacks for the runs: a device or
+    precision (each config's :attr:`~fedskew.config.schema.RunConfig.compute`, resolved here once for its run),
+    the memory a run needs at least (:func:`~fedskew.engine.memory.check_memory`: data, model, condensed sets and
+    batched clients together) and an MLflow tracking server it cannot reach
+    (:func:`~fedskew.engine.trackers.check_tracking_servers`)."""
+    from fedskew.engine.memory import check_memory
+    from fedskew.engine.trackers import check_tracking_servers
+
     for config in configs:
         config.compute  # noqa: B018 (resolves and checks)
+    check_memory(configs)
+    check_tracking_servers(configs)
 
 
 def run_experiment(

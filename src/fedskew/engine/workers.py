@@ -12,10 +12,11 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import multiprocessing as mp
+import multiprocessing.connection
 import os
 import pickle
 import threading
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -247,6 +248,9 @@ BROKEN = (
     "or set workers=1"
 )
 
+LIVENESS_S = 1.0
+"""How often the pool, while it waits for results, looks for a worker that died (see :meth:`WorkerPool.gather`)."""
+
 
 class WorkerPool:
     """``size`` spawned worker processes holding one federation's tensors (shared memory, placed on each
@@ -256,6 +260,15 @@ class WorkerPool:
     keeps one pool for its runs on the same data (:class:`~fedskew.engine.runner.EngineCache`); a run
     started alone has a pool of its own. A dead worker breaks the pool (``broken``) and is reported as
     :data:`BROKEN`.
+
+    A worker that dies while it sends a result back (SIGTERM, Ctrl-C, the out-of-memory killer) leaves part of
+    a message in the result pipe. The executor's manager thread then waits in ``recv()`` for the rest, and
+    would wait forever: this process holds the pipe's write end too, so no end of file ever comes, and
+    ``shutdown(wait=True)`` (and the interpreter's exit, which joins that thread) hung with it. A stopped run
+    then ended only by its watchdog (``fedskew.cli.STOP_GRACE_S``), with its ``.lock`` left behind and the
+    pool's semaphores leaked. So this process closes its copy of that write end once the workers have started
+    (only they write results), and once a worker has died the pool ends the others: with every writer gone
+    the manager thread reads an end of file, marks the pool broken and ends.
     """
 
     def __init__(self, fed: Federation, size: int, compute: Compute, devices: list[str]) -> None:
@@ -280,6 +293,8 @@ class WorkerPool:
             size, mp_context=ctx, initializer=_init_worker,
             initargs=(loaded_plugins(), fed, compute, queue, barrier),
         )
+        spawned = getattr(self._executor, "_processes", None)  # pid -> process, filled as the workers spawn
+        self._processes: dict[int, Any] = spawned if isinstance(spawned, dict) else {}
         # The executor spawns a worker per submitted task while none is idle, and each start-up task waits
         # at the barrier until all ``size`` are held: so every worker starts now, not in a later round.
         try:
@@ -292,6 +307,7 @@ class WorkerPool:
             self.close()
             raise
         self.pids: list[int] = pids  # one per worker: the barrier held them all at once
+        _close_write_end(self._executor)
 
     def submit(self, fn: Any, *args: Any) -> Future[Any]:
         assert self._executor is not None
@@ -302,16 +318,46 @@ class WorkerPool:
             raise FedskewError(BROKEN.format(detail=f" ({e})" if str(e) else "")) from None
 
     def gather(self, futures: list[Future[T]]) -> list[T]:
+        """The futures' results, in order. While waiting, a worker that died (and may have left half a reply in
+        the result pipe) has the others ended, so the pool breaks rather than waits forever."""
         try:
+            while wait(futures, timeout=LIVENESS_S).not_done:
+                if self._a_worker_died():
+                    self._end_workers()
             return [f.result() for f in futures]
         except BrokenProcessPool as e:
             self.broken = True
             raise FedskewError(BROKEN.format(detail=f" ({e})" if str(e) else "")) from None
 
+    def _a_worker_died(self) -> bool:
+        """Whether a worker has ended (its sentinel is ready; nothing is reaped here)."""
+        return bool(multiprocessing.connection.wait([p.sentinel for p in list(self._processes.values())], timeout=0))
+
+    def _end_workers(self) -> None:
+        """SIGKILL every worker: the pool is broken once one has died, and a survivor may wait forever for the lock
+        of the result pipe, which the dead one held."""
+        for p in list(self._processes.values()):
+            p.kill()
+
     def close(self) -> None:
+        """End the pool: its workers finish their jobs and exit; should one have died (a stop, a crash), the
+        others are ended first, so that the executor's clean-up never waits on a half-sent reply."""
         if self._executor is not None:
+            if self._a_worker_died():
+                self._end_workers()
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
+
+
+def _close_write_end(executor: ProcessPoolExecutor) -> None:
+    """Close this process's copy of the write end of ``executor``'s result pipe (CPython's
+    ``ProcessPoolExecutor._result_queue``, a SimpleQueue only the workers write to; each holds its own copy), so
+    that the pipe reads an end of file once every worker has died (see :class:`WorkerPool`). Call it only once
+    every worker has started: a worker started later is handed this end. An executor laid out otherwise is left
+    as it is."""
+    writer = getattr(getattr(executor, "_result_queue", None), "_writer", None)
+    if writer is not None:
+        writer.close()
 
 
 class Workers:

@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 from fedskew.config.variants import expand_label
 from fedskew.core.figures import FigureStyle, style_of
+from fedskew.core.files import staged_folder
 from fedskew.metrics.catalog import column
 from fedskew.progress import progress_bar
 from fedskew.report.order import in_config_order
@@ -256,17 +257,25 @@ def write_report(paths: Sequence[Path], out_dir: Path | None = None, group_by: S
     out = Path(out_dir) if out_dir is not None else report_folder(run_paths)
     if out_dir is None:
         root = out.parent  # the experiment folder of a one-run experiment, not its run folder
+    with staged_folder(out) as stage:  # a write that fails leaves no partial report
+        _write_report(runs, kinds, root, out, stage, style, progress)
+    return out / "report.html"
+
+
+def _write_report(runs: list[RunData], kinds: dict[str, tuple[str, str]] | None, root: Path, out: Path, stage: Path,
+                  style: FigureStyle, progress: bool) -> None:
+    """:func:`write_report`'s files, written into ``stage``; ``out`` is where they will be (the page's links)."""
     rows = comparison_table(runs)
-    write_table(rows, out)
+    write_table(rows, stage)
     with progress_bar(total=3, desc=f"report of {len(runs)} run(s)", unit="step", enabled=progress) as bar:
         bar.set_postfix_str("curves")
-        images = plot_curves(runs, out, kinds=kinds, style=style)
+        images = plot_curves(runs, stage, kinds=kinds, style=style)
         bar.update(1)
         bar.set_postfix_str("per-client plots")
-        images += plot_clients(runs, out, kinds=kinds, style=style)
+        images += plot_clients(runs, stage, kinds=kinds, style=style)
         bar.update(1)
         bar.set_postfix_str("image grids")
-        images += synthetic_grids(runs, out, style=style)
+        images += synthetic_grids(runs, stage, style=style)
         bar.update(1)
     headers, cells = table_cells(rows)
     keys = table_keys(rows)
@@ -287,9 +296,7 @@ def write_report(paths: Sequence[Path], out_dir: Path | None = None, group_by: S
         + _html_table(headers, cells, frozenset() if mixed else best_cells(rows, keys))
         + "<h2>Curves</h2>"
         + figures
-        + _audit_section(runs, out)
+        + _audit_section(runs, stage)
         + "</body></html>\n"
     )
-    html_path = out / "report.html"
-    html_path.write_text(page, encoding="utf-8")
-    return html_path
+    (stage / "report.html").write_text(page, encoding="utf-8")

@@ -14,11 +14,13 @@ from fedskew.runs import CHECKPOINTS_DIR
 
 
 class Checkpoints(RoundCallback):
-    """Saves the loop's state (:func:`save_state`) when a round is due (``checkpoint_every``, 0: never)."""
+    """Saves the loop's state (:func:`save_state`) every ``checkpoint_every`` rounds and after the last round
+    (``checkpoint_every = 0``: only after the last, so that a finished run can always be extended and an
+    experiment's ``--resume`` continues it rather than starting it again)."""
 
     def round_end(self, loop: Loop, record: Record, records: list[Record], time: RoundTime) -> None:
         every, rounds = loop.config.run.checkpoint_every, loop.config.run.rounds
-        if every > 0 and (loop.round % every == 0 or loop.round == rounds):
+        if loop.round == rounds or (every > 0 and loop.round % every == 0):
             save_state(loop, records)
 
 
