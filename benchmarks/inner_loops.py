@@ -14,7 +14,8 @@ For one step of each inner loop, at the scale the issue measured:
 
 Each row gives the FLOPs a step must do (``torch.utils.flop_counter.FlopCounterMode``: matrix products and
 convolutions, forward and backward), the seconds a step takes (the median of ``--steps`` steps after one
-warm-up), the FLOP/s that makes, and its fraction of the device's measured peak (the FLOP/s of a 2048 x 2048
+warm-up; on a CPU the process's CPU seconds, one thread), the FLOP/s that makes, and its fraction of the
+device's measured peak (the FLOP/s of a 2048 x 2048
 float32 matrix product on the same device and threads; float64 for KIP, whose kernels are float64).
 
 ``--memory`` also runs ``fedskew condense --dataset fashion_mnist --method dm --ipc 1 --iterations 20
@@ -78,10 +79,10 @@ def peak_flops(device: torch.device, dtype: torch.dtype = torch.float32, n: int 
     _sync(device)
     best = float("inf")
     for _ in range(reps):
-        t = time.perf_counter()
+        t = _clock(device)
         a @ b
         _sync(device)
-        best = min(best, time.perf_counter() - t)
+        best = min(best, _clock(device) - t)
     return 2 * n**3 / best
 
 
@@ -154,6 +155,12 @@ def sgd_step(args: argparse.Namespace, device: torch.device) -> Callable[[int], 
     return run
 
 
+def _clock(device: torch.device) -> float:
+    """CPU seconds of this process on a CPU (one thread: the step's compute, less disturbed by other jobs on a
+    shared machine than wall time), else wall seconds."""
+    return time.process_time() if device.type == "cpu" else time.perf_counter()
+
+
 def measure(run: Callable[[int], Any], steps: int, device: torch.device) -> tuple[float, float]:
     """(FLOPs of one step, median seconds a step). A loop's fixed cost (its start set, its optimiser) is taken
     out by timing ``run(1)`` and ``run(2)`` and keeping the difference."""
@@ -167,14 +174,14 @@ def measure(run: Callable[[int], Any], steps: int, device: torch.device) -> tupl
     times = []
     for _ in range(steps):
         _sync(device)
-        t = time.perf_counter()
+        t = _clock(device)
         run(1)
         _sync(device)
-        one = time.perf_counter() - t
-        t = time.perf_counter()
+        one = _clock(device) - t
+        t = _clock(device)
         run(2)
         _sync(device)
-        times.append(max(time.perf_counter() - t - one, 1e-9))
+        times.append(max(_clock(device) - t - one, 1e-9))
     return float(flops), statistics.median(times)
 
 
