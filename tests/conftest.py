@@ -196,3 +196,21 @@ def float64() -> Iterator[None]:
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(before)
+
+
+@pytest.fixture
+def inline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Any:
+    """``fedskew ARGS`` run in this process (for input refused before anything runs, and short runs: no
+    interpreter start-up), in ``tmp_path``; returns the exit code and the output as :func:`fedskew` does."""
+    from fedskew.cli import main
+    from tests.cli_process import Result
+
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args: str) -> Result:
+        capsys.readouterr()
+        code = main(list(args))
+        out = capsys.readouterr()
+        return Result(code, out.out, out.err)
+
+    return run

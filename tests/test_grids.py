@@ -26,7 +26,7 @@ from fedskew.config.schema import full_config
 from fedskew.config.variants import config_value
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.runs import check_label
-from tests.cli_process import Result, fedskew, one_error
+from tests.cli_process import fedskew, one_error
 from tests.conftest import tiny_config
 
 
@@ -45,22 +45,6 @@ def write_syn(path: Path, **over: Any) -> Path:
 
 TWO_VARIANTS = [{"label": "FedAvg"}, {"label": "Centralised", "algorithm.name": "centralized"}]
 """The default experiment's variants: one runs the config's method, one names its own."""
-
-
-@pytest.fixture
-def inline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Any:
-    """``fedskew ARGS`` run in this process (input refused before anything runs), in ``tmp_path``."""
-    from fedskew.cli import main
-
-    monkeypatch.chdir(tmp_path)
-
-    def run(*args: str) -> Result:
-        capsys.readouterr()
-        code = main(list(args))
-        out = capsys.readouterr()
-        return Result(code, out.out, out.err)
-
-    return run
 
 
 def runs_of(raw: dict[str, Any], overrides: dict[str, Any] | None = None) -> list[tuple[str, str, int]]:

@@ -33,29 +33,12 @@ from fedskew.core.message import Message
 from fedskew.engine.checkpoint import load_checkpoint, save_checkpoint
 from fedskew.engine.replies import Undecodable, check_reply, decode_reply, encode_reply
 from fedskew.runs import LOCK_FILE
-from tests.cli_process import Result, fedskew, one_error, small_disk, snapshot, write_config
+from tests.cli_process import fedskew, one_error, small_disk, snapshot, write_config
 from tests.conftest import tiny_config
 from tests.engine.test_run_folders import LONG, alive, children, rounds_of, start, started, wait_for  # noqa: F401
 
 TRIALS = int(os.environ.get("FEDSKEW_SIGTERM_TRIALS", "3"))
 """SIGTERM trials of rule 9 (``benchmarks/integrity.py`` runs 20)."""
-
-
-@pytest.fixture
-def inline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Any:
-    """``fedskew ARGS`` run in this process (for input refused before anything runs: no interpreter start-up),
-    in ``tmp_path``; returns the exit code and the output as :func:`fedskew` does."""
-    from fedskew.cli import main
-
-    monkeypatch.chdir(tmp_path)
-
-    def run(*args: str) -> Result:
-        capsys.readouterr()
-        code = main(list(args))
-        out = capsys.readouterr()
-        return Result(code, out.out, out.err)
-
-    return run
 
 
 @pytest.fixture

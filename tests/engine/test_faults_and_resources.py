@@ -31,7 +31,7 @@ import pytest
 
 from fedskew.engine.checkpoint import load_checkpoint
 from fedskew.runs import LOCK_FILE
-from tests.cli_process import SRC, Result, environment, fedskew, one_error, small_disk, snapshot, write_config
+from tests.cli_process import SRC, environment, fedskew, one_error, small_disk, snapshot, write_config
 from tests.engine.test_run_folders import LONG, rounds_of, start, started, wait_for  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,20 +152,6 @@ def test_sigterm_at_random_moments_of_a_two_worker_run(tmp_path: Path, started: 
 
 
 # ---- 10. checkpoint_every = 0 writes the final checkpoint ------------------------------------------------------
-@pytest.fixture
-def inline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Any:
-    """``fedskew ARGS`` run in this process, in ``tmp_path``; returns the exit code and the output."""
-    from fedskew.cli import main
-
-    monkeypatch.chdir(tmp_path)
-
-    def run(*args: str) -> Result:
-        capsys.readouterr()
-        code = main(list(args))
-        out = capsys.readouterr()
-        return Result(code, out.out, out.err)
-
-    return run
 
 
 def test_checkpoint_every_0_writes_the_last_round_so_a_finished_run_can_be_extended(

@@ -23,26 +23,11 @@ from fedskew.cli import main
 from fedskew.config import dump
 from fedskew.core.errors import FedskewError
 from fedskew.report import FigureStyle, find_runs, load_run, report, write_report
-from fedskew.report import plots as plots_module
 from fedskew.report.plots import experiment_title, plot_curves
 from fedskew.report.tables import differing_settings
 from fedskew.runs import report_folder
 from tests.conftest import tiny_config
 from tests.report.test_report import _experiment_run, _write_run
-
-
-@pytest.fixture
-def figures(monkeypatch: pytest.MonkeyPatch) -> dict[str, Figure]:
-    """The figures the report saves, by file stem (the files are written as usual)."""
-    saved: dict[str, Figure] = {}
-    original = plots_module._save
-
-    def spy(fig: Figure, path: Path, fmt: str = "png", dpi: int = 150) -> Path:
-        saved[path.name] = fig
-        return original(fig, path, fmt, dpi)
-
-    monkeypatch.setattr(plots_module, "_save", spy)
-    return saved
 
 
 def test_pdf_figures_embed_truetype_fonts_not_type3(tmp_path: Path) -> None:

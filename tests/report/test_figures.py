@@ -19,23 +19,8 @@ from safetensors.torch import save_file
 from fedskew.cli import main
 from fedskew.core.errors import FedskewError
 from fedskew.report import find_runs, load_run, report, write_report
-from fedskew.report import plots as plots_module
 from fedskew.report.plots import line_styles, plot_curves, synthetic_grids
 from tests.report.test_report import _experiment_run, _write_run
-
-
-@pytest.fixture
-def figures(monkeypatch: pytest.MonkeyPatch) -> dict[str, Figure]:
-    """The figures the report saves, by file stem (the files are written as usual)."""
-    saved: dict[str, Figure] = {}
-    original = plots_module._save
-
-    def spy(fig: Figure, path: Path, fmt: str = "png", dpi: int = 150) -> Path:
-        saved[path.name] = fig
-        return original(fig, path, fmt, dpi)
-
-    monkeypatch.setattr(plots_module, "_save", spy)
-    return saved
 
 
 def _relabel(folder: Path, label: str, **config: Any) -> None:
