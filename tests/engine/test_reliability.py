@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from fedskew.config import dump, resolve, validate
-from fedskew.config.variants import _takes_list
+from fedskew.config.grid import takes_list
 from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message
 from fedskew.engine.faults import corrupt_reply
@@ -213,7 +213,7 @@ def test_fuzzed_configs_end_in_a_clear_error_or_a_valid_run(tmp_path_factory: py
     given_values = {k: v for k, v in overrides.items() if v is not None}
     # A list for a key that takes one value is a grid of runs (tests/test_run_records.py), not one run.
     merged = {**raw, **given_values}
-    assume(not any(isinstance(v, list) and not _takes_list(k, merged) for k, v in given_values.items()))
+    assume(not any(isinstance(v, list) and not takes_list(k, merged) for k, v in given_values.items()))
     try:
         runs = resolve(raw, given_values)
         RoundLoop(runs[0].config, tmp_path_factory.mktemp("fuzz"), progress=False)

@@ -231,7 +231,6 @@ def grid_of(raw: dict[str, Any], overrides: dict[str, Any], base: dict[str, Any]
     that is a list where its key takes one value, then every plain command-line value of a key the table sweeps
     (a grid of that one value). Those are taken out of ``overrides``; so are ``seed=[...]`` (the seeds, put back
     as ``seeds``). A key that takes a list (``seeds``, ``at_rounds``, ``model.hidden``) stays an override."""
-    from fedskew.config.variants import _takes_list
 
     table = raw.get("sweep", {})
     if not isinstance(table, dict):
@@ -244,7 +243,7 @@ def grid_of(raw: dict[str, Any], overrides: dict[str, Any], base: dict[str, Any]
         axes[str(key)] = Axis(str(key), tuple(values), "[sweep] table")
     merged = {**base, **overrides}
     for key, value in list(overrides.items()):
-        if isinstance(value, list) and not _takes_list(key, merged):
+        if isinstance(value, list) and not takes_list(key, merged):
             if not value:
                 raise ConfigError(f"{key}=[] sweeps over no value; give one value or a list of values")
             axes[key] = Axis(key, tuple(value), "command line")
@@ -391,3 +390,22 @@ def _applies_to_none(axis: Axis, variants: list[dict[str, Any]], base: dict[str,
         allowed = f"; {components[0]}'s options: {', '.join(f.name for f in dataclasses.fields(cls))}"
     return (f"{where}: the {axis.source} sweeps {axis.key}, but no run's {what} ({', '.join(components)}) has the "
             f"option {option!r}{allowed}")
+
+
+def takes_list(key: str, cfg: dict[str, Any]) -> bool:
+    """Whether config key ``key`` takes a list (its option is declared as one), for a run whose named tables are
+    as in ``cfg`` (a resolved config, or one with dotted ``*.name`` keys on top)."""
+    if key.split(".")[0] in ("seeds", "plugins"):
+        return True
+    names: dict[str, Any] = {}
+    for sec in NAMED:
+        table = cfg.get(sec)
+        names[sec] = cfg.get(f"{sec}.name", table.get("name") if isinstance(table, dict) else None)
+    top = key.split(".")[0]
+    swept = names.get(top)
+    for name in swept if isinstance(swept, list) else [swept]:  # a grid over the table's name: any of them
+        kind = annotation(key, {**names, top: name})
+        args = [kind, *typing.get_args(kind)]
+        if any(typing.get_origin(a) in (list, tuple) or a in (list, tuple) for a in args):
+            return True
+    return False

@@ -6,13 +6,12 @@ import copy
 import dataclasses
 import functools
 import re
-import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from fedskew.config.files import TOP_LEVEL, set_dotted
-from fedskew.config.grid import Grid, annotation, grid_of
+from fedskew.config.grid import Grid, grid_of
 from fedskew.config.schema import DEFAULTS, GENERIC_KEYS, NAMED, SECTIONS, RunConfig, option_default, typed_config
 from fedskew.core.errors import ConfigError
 from fedskew.plugins import check_specs, load_plugins
@@ -217,25 +216,6 @@ def scalar_value(cfg: dict[str, Any], key: str, what: str) -> Any:
         kind = "table" if isinstance(value, dict) else "list"
         raise ConfigError(f"{what} is a {kind}, not a single value; name one of its keys, such as {key}.name")
     return value
-
-
-def _takes_list(key: str, cfg: dict[str, Any]) -> bool:
-    """Whether config key ``key`` takes a list (its option is declared as one), for a run whose named tables are
-    as in ``cfg`` (a resolved config, or one with dotted ``*.name`` keys on top)."""
-    if key.split(".")[0] in ("seeds", "plugins"):
-        return True
-    names: dict[str, Any] = {}
-    for sec in NAMED:
-        table = cfg.get(sec)
-        names[sec] = cfg.get(f"{sec}.name", table.get("name") if isinstance(table, dict) else None)
-    top = key.split(".")[0]
-    swept = names.get(top)
-    for name in swept if isinstance(swept, list) else [swept]:  # a grid over the table's name: any of them
-        kind = annotation(key, {**names, top: name})
-        args = [kind, *typing.get_args(kind)]
-        if any(typing.get_origin(a) in (list, tuple) or a in (list, tuple) for a in args):
-            return True
-    return False
 
 
 def _seeds(raw: dict[str, Any], overrides: dict[str, Any], default: Any, grid: Grid) -> list[int]:
