@@ -34,19 +34,13 @@ from fedskew.report.tables import (
     table_keys,
     write_table,
 )
-from fedskew.runs import AUDIT_FILE, RunData, find_runs, load_run, report_folder
+from fedskew.runs import AUDIT_FILE, RunData, find_runs, flat_config, load_run, report_folder
 
 
-def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
-    """Nested TOML tables as ``{"section.key": "value"}``, values rendered compactly."""
-    flat: dict[str, str] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{name}."))
-        else:
-            flat[name] = json.dumps(value, default=str) if not isinstance(value, str) else value
-    return flat
+def _flatten(config: dict[str, Any]) -> dict[str, str]:
+    """Nested TOML tables as ``{"section.key": "value"}`` (:func:`~fedskew.runs.flat_config`), values rendered
+    compactly."""
+    return {k: v if isinstance(v, str) else json.dumps(v, default=str) for k, v in flat_config(config).items()}
 
 
 def _html_table(headers: Sequence[str], cells: Iterable[Sequence[object]],
