@@ -159,14 +159,15 @@ def dm_loss(
     if bn_statistics not in BN_STATISTICS:
         raise ConfigError(f"bn_statistics must be one of {', '.join(BN_STATISTICS)}, got {bn_statistics!r}")
     num = len(real_by_class)
-    if bn_statistics == "pooled" and couples_batch(model_features):
+    coupled = couples_batch(model_features)
+    if bn_statistics == "pooled" and coupled:
         groups = [*real_by_class, *syn_by_class]
         # Under autocast the embedding may be bf16/fp16; the class means are float32 sums (a no-op in
         # float32, and float64 stays float64).
         emb = at_least_float32(model_features(torch.cat([t.detach() for t in real_by_class] + list(syn_by_class))))
         means = segment_means(emb, [t.shape[0] for t in groups])
         return ((means[:num] - means[num:]) ** 2).sum()
-    real = real_class_means(model_features, real_by_class)
+    real = real_class_means(model_features, real_by_class, coupled)
     syn = segment_means(at_least_float32(model_features(torch.cat(list(syn_by_class)))),
                         [t.shape[0] for t in syn_by_class])
     return ((real - syn) ** 2).sum()
@@ -204,15 +205,17 @@ def segment_means_at(emb: torch.Tensor, segment: torch.Tensor, counts: torch.Ten
     return sums.index_add(0, segment, emb) / counts.to(emb.dtype)[:, None]
 
 
-def real_class_means(model_features: nn.Module, real_by_class: Sequence[torch.Tensor]) -> torch.Tensor:
+def real_class_means(
+    model_features: nn.Module, real_by_class: Sequence[torch.Tensor], coupled: bool
+) -> torch.Tensor:
     """The class means ``mean h(real_c)`` as constants (no autograd graph), float32 or float64.
 
-    A network that couples its batch (:func:`couples_batch`) embeds all classes in one pass (DM's reference
-    code); otherwise, on a CPU, the images go through in chunks of :data:`REAL_CHUNK`."""
+    A network that couples its batch (``coupled``: :func:`couples_batch`) embeds all classes in one pass (DM's
+    reference code); otherwise, on a CPU, the images go through in chunks of :data:`REAL_CHUNK`."""
     counts = [t.shape[0] for t in real_by_class]
     with torch.no_grad():
         x = torch.cat(list(real_by_class))
-        if couples_batch(model_features) or x.device.type != "cpu" or x.shape[0] <= REAL_CHUNK:
+        if coupled or x.device.type != "cpu" or x.shape[0] <= REAL_CHUNK:
             return segment_means(at_least_float32(model_features(x)), counts)
         emb = torch.cat([at_least_float32(model_features(x[i : i + REAL_CHUNK]))
                          for i in range(0, x.shape[0], REAL_CHUNK)])
