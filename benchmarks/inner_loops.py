@@ -208,12 +208,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=3, help="timed steps a loop (median; default 3)")
     ap.add_argument("--loops", default=",".join(LOOPS), help=f"comma-separated subset of {', '.join(LOOPS)}")
     ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--real-chunk", type=int, default=None,
+                    help="real images a no-graph forward pass on a CPU (distribution_matching.REAL_CHUNK)")
     ap.add_argument("--memory", action="store_true", help="also the peak memory of `fedskew condense --method dm`")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     keep_freed_memory()  # as fedskew's run and condense processes do (a DM step on a CPU: 6.4 CPU-s without, 3.6 with)
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
+    if args.real_chunk is not None:
+        dm_module.REAL_CHUNK = args.real_chunk
     loops = [name.strip() for name in args.loops.split(",") if name.strip()]
     unknown = sorted(set(loops) - set(LOOPS))
     if unknown:
@@ -247,8 +251,11 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"loop": label, "gflop": round(flops / 1e9, 3), "seconds": round(seconds, 4),
                      "gflops": round(rate / 1e9, 2), "of_peak": round(rate / peak, 3)})
         print(f"{label:34s} {flops / 1e9:12.2f} {seconds:9.3f} {rate / 1e9:8.1f} {rate / peak:8.1%}", flush=True)
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    print(f"peak resident memory of this process: {peak_rss:.0f} MB (real chunk {dm_module.REAL_CHUNK})")
     result: dict[str, Any] = {"device": str(device), "threads": torch.get_num_threads(), "torch": torch.__version__,
-                              "peak_gflops_f32": round(peak32 / 1e9, 1), "rows": rows}
+                              "peak_gflops_f32": round(peak32 / 1e9, 1), "rows": rows,
+                              "real_chunk": dm_module.REAL_CHUNK, "peak_rss_mb": round(peak_rss)}
     if args.memory:
         result["condense_dm"] = condense_memory(args)
         print(f"fedskew condense --method dm --ipc 1 --iterations 20: {result['condense_dm']['seconds']} s, "

@@ -175,10 +175,10 @@ def dm_loss(
 
 REAL_CHUNK = 128
 """Real images a forward pass of :func:`real_class_means` on a CPU, for networks that do not couple their batch
-(a width-128 ConvNet's first activation of 128 Fashion-MNIST images is 67 MB). Measured on the issue-45 DM step
-(2,560 real images, one thread, freed memory kept): 3.69 CPU-s a step in chunks of 128, 3.59-3.80 in chunks
-of 256, 3.71 in chunks of 64; peak resident memory 609-693 MB, 792-902 MB and 563 MB. Other devices take a
-class batch set in one pass (fewer launches; their memory holds it)."""
+(a width-128 ConvNet's first activation of 128 Fashion-MNIST images is 67 MB). The issue-45 DM step, one thread,
+freed memory kept (``python benchmarks/inner_loops.py --loops dm --steps 3 --real-chunk N``, 2026-11-27):
+3.70 CPU-s a step and 756 MB peak resident memory with chunks of 128, 3.71 CPU-s and 886 MB with 256. Other
+devices take a class batch set in one pass (fewer launches; their memory holds it)."""
 
 
 def couples_batch(net: nn.Module) -> bool:
