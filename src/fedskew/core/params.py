@@ -221,7 +221,7 @@ class Options:
     The bounds (class attributes, merged over the subclasses; each fails with one line naming the option,
     its value and what is allowed; an option that is ``None`` is unset and passes):
 
-    - :attr:`at_least`: option -> its smallest value (``{"local_epochs": 1}``);
+    - :attr:`at_least`: option -> its smallest value (``{"local_epochs": 1}``); :attr:`at_most`: its largest;
     - :attr:`positive`: options that are ``> 0``;
     - :attr:`fractions`: options in ``[0, 1)``; :attr:`unit`: options in ``[0, 1]``.
 
@@ -230,6 +230,7 @@ class Options:
     """
 
     at_least: typing.ClassVar[Mapping[str, float]] = {}
+    at_most: typing.ClassVar[Mapping[str, float]] = {}
     positive: typing.ClassVar[tuple[str, ...]] = ()
     fractions: typing.ClassVar[tuple[str, ...]] = ()
     unit: typing.ClassVar[tuple[str, ...]] = ()
@@ -246,7 +247,9 @@ class Options:
         declared = [vars(c) for c in reversed(type(self).__mro__)]
         for table in declared:
             for name, low in table.get("at_least", {}).items():
-                _bound(self, name, functools.partial(operator.le, low), f">= {low:g}")
+                _bound(self, name, functools.partial(operator.le, low), f">= {_number(low)}")
+            for name, high in table.get("at_most", {}).items():
+                _bound(self, name, functools.partial(operator.ge, high), f"<= {_number(high)}")
         for name in dict.fromkeys(n for table in declared for n in table.get("positive", ())):
             _bound(self, name, lambda v: v > 0, "> 0")
         for name in dict.fromkeys(n for table in declared for n in table.get("fractions", ())):
@@ -259,6 +262,38 @@ class Options:
 def minimums(**lows: float) -> Mapping[str, float]:
     """An :attr:`Options.at_least` declaration: option name -> its smallest allowed value (read-only)."""
     return types.MappingProxyType(lows)
+
+
+def maximums(**highs: float) -> Mapping[str, float]:
+    """An :attr:`Options.at_most` declaration: option name -> its largest allowed value (read-only)."""
+    return types.MappingProxyType(highs)
+
+
+def _number(value: float) -> str:
+    """A bound as an error prints it: integers whole and grouped (``1_000_000``), other numbers short."""
+    return f"{value:_}" if isinstance(value, int) else f"{value:g}"
+
+
+def option(default: Any = dataclasses.MISSING, *, help: str = "", resumable: bool = False,
+           default_factory: Any = dataclasses.MISSING) -> Any:
+    """A field of an :class:`Options` class with what it means (``help``, the text ``fedskew`` prints for it)
+    and whether a resumed run may give it another value (``resumable``: ``rounds`` may grow, ``seed`` may
+    not). Both live in the field's metadata and are read back by :func:`option_help` and
+    :func:`resumable_options`, so the help text and the resumable set are generated from the class."""
+    metadata = {"help": help, "resumable": resumable}
+    if default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def option_help(cls: type) -> dict[str, str]:
+    """Field name -> its help text (``option(help=...)``; empty where none is given), in field order."""
+    return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
+
+
+def resumable_options(cls: type) -> tuple[str, ...]:
+    """The fields of ``cls`` a resumed run may change (``option(resumable=True)``), in field order."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("resumable"))
 
 
 def _bound(params: Any, name: str, ok: typing.Callable[[Any], bool], allowed: str) -> None:
