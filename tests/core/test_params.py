@@ -71,7 +71,7 @@ def test_options_subclasses_are_dataclasses_with_merged_bounds() -> None:
     child = _Child(epochs=3, tags=["a"])
     assert (child.epochs, child.lr, child.tags) == (3, 0.1, ["a"])
     assert _Child().tags == [] and _Child().tags is not _Child().tags
-    with pytest.raises(ConfigError, match=r"^epochs must be >= 1, got 0$"):
+    with pytest.raises(ConfigError, match=r"^epochs must be an integer >= 1, got 0$"):
         _Child(epochs=0)  # the parent's bound still holds
     with pytest.raises(ConfigError, match=r"^lr must be > 0, got 0.0$"):
         _Child(lr=0.0)
@@ -85,7 +85,7 @@ def test_options_subclasses_are_dataclasses_with_merged_bounds() -> None:
 def test_an_explicit_dataclass_decorator_keeps_every_field_and_bound() -> None:
     d = _Decorated()
     assert (d.epochs, d.tags, d.extra) == (1, [], 2)
-    with pytest.raises(ConfigError, match="epochs must be >= 1"):
+    with pytest.raises(ConfigError, match="epochs must be an integer >= 1"):
         _Decorated(epochs=0)
     built = build_params(_Decorated, {"extra": 5, "tags": ["x"]})
     assert (built.extra, built.tags) == (5, ["x"])
@@ -96,5 +96,5 @@ def test_algorithm_params_declare_their_bounds() -> None:
 
     with pytest.raises(ConfigError, match=r"^algorithm\.mu must be >= 0, got -1\.0$"):
         build_params(ALGORITHMS.get("fedprox").Params, {"mu": -1.0}, prefix="algorithm.")
-    with pytest.raises(ConfigError, match=r"^algorithm\.clients_per_round must be >= 1, got 0$"):
+    with pytest.raises(ConfigError, match=r"^algorithm\.clients_per_round must be an integer >= 1, got 0$"):
         build_params(ALGORITHMS.get("fedrep").Params, {"clients_per_round": 0}, prefix="algorithm.")

@@ -221,7 +221,8 @@ class Options:
     The bounds (class attributes, merged over the subclasses; each fails with one line naming the option,
     its value and what is allowed; an option that is ``None`` is unset and passes):
 
-    - :attr:`at_least`: option -> its smallest value (``{"local_epochs": 1}``); :attr:`at_most`: its largest;
+    - :attr:`at_least`: option -> its smallest value (``{"local_epochs": 1}``); :attr:`at_most`: its largest
+      (an integer option's message says so: ``rounds must be an integer in [1, 1_000_000], got 0``);
     - :attr:`positive`: options that are ``> 0``;
     - :attr:`fractions`: options in ``[0, 1)``; :attr:`unit`: options in ``[0, 1]``.
 
@@ -245,11 +246,15 @@ class Options:
 
     def __post_init__(self) -> None:
         declared = [vars(c) for c in reversed(type(self).__mro__)]
-        for table in declared:
-            for name, low in table.get("at_least", {}).items():
-                _bound(self, name, functools.partial(operator.le, low), f">= {_number(low)}")
-            for name, high in table.get("at_most", {}).items():
-                _bound(self, name, functools.partial(operator.ge, high), f"<= {_number(high)}")
+        lows = {n: low for table in declared for n, low in table.get("at_least", {}).items()}
+        highs = {n: high for table in declared for n, high in table.get("at_most", {}).items()}
+        integers = _integer_fields(type(self))
+        for name in dict.fromkeys([*lows, *highs]):
+            low, high = lows.get(name), highs.get(name)
+            allowed = (f"in [{_number(low)}, {_number(high)}]" if low is not None and high is not None
+                       else f">= {_number(low)}" if low is not None else f"<= {_number(high)}")
+            _bound(self, name, functools.partial(_within, low, high),
+                   f"an integer {allowed}" if name in integers else allowed)
         for name in dict.fromkeys(n for table in declared for n in table.get("positive", ())):
             _bound(self, name, lambda v: v > 0, "> 0")
         for name in dict.fromkeys(n for table in declared for n in table.get("fractions", ())):
@@ -267,6 +272,23 @@ def minimums(**lows: float) -> Mapping[str, float]:
 def maximums(**highs: float) -> Mapping[str, float]:
     """An :attr:`Options.at_most` declaration: option name -> its largest allowed value (read-only)."""
     return types.MappingProxyType(highs)
+
+
+def _within(low: float | None, high: float | None, value: Any) -> bool:
+    return (low is None or value >= low) and (high is None or value <= high)
+
+
+@functools.cache
+def _integer_fields(cls: type) -> frozenset[str]:
+    """The fields of ``cls`` whose values are integers (``int``, ``int | None``): their bounds read "an integer
+    >= 1", so that the message says what kind of value is allowed as well as its range."""
+    out = set()
+    for name, hint in typing.get_type_hints(cls).items():
+        args = set(typing.get_args(hint)) - {type(None)} if typing.get_origin(hint) in (typing.Union, types.UnionType) \
+            else {hint}
+        if args == {int}:
+            out.add(name)
+    return frozenset(out)
 
 
 def _number(value: float) -> str:
