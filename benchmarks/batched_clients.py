@@ -92,13 +92,14 @@ def labelled_clients() -> Iterator[None]:
 def count_ops(runner: dict[str, Any], rounds: int, args: argparse.Namespace, fed: Any) -> dict[str, float]:
     from torch.profiler import ProfilerActivity, profile
 
+    from fedskew.config.schema import typed_config
     from fedskew.engine.round_loop import RoundLoop
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
     cfg = w_config(rounds, runner["width"], args.device, args.workers)
     with (tempfile.TemporaryDirectory() as tmp, layout(runner["gpu_layout"]), labelled_clients(),
           profile(activities=activities) as prof):
-        RoundLoop(cfg, Path(tmp), data_dir=args.data_dir, progress=False, federation=fed).run()
+        RoundLoop(typed_config(cfg), Path(tmp), data_dir=args.data_dir, progress=False, federation=fed).run()
     return round_counts(prof.events(), rounds)
 
 
@@ -124,12 +125,13 @@ def round_counts(events: Any, rounds: int) -> dict[str, float]:
 
 def time_rounds(runner: dict[str, Any], args: argparse.Namespace, fed: Any) -> tuple[list[float], list[float], float]:
     """Wall seconds a round (timing.jsonl), this process's CPU seconds a round (workers=1 only), accuracy."""
+    from fedskew.config.schema import typed_config
     from fedskew.engine.round_loop import RoundLoop
 
     cfg = w_config(args.rounds, runner["width"], args.device, args.workers)
     marks: list[float] = []
     with tempfile.TemporaryDirectory() as tmp, layout(runner["gpu_layout"]):
-        loop = RoundLoop(cfg, Path(tmp), data_dir=args.data_dir, progress=False, federation=fed,
+        loop = RoundLoop(typed_config(cfg), Path(tmp), data_dir=args.data_dir, progress=False, federation=fed,
                          on_round=lambda record: marks.append(time.process_time()))
         marks.append(time.process_time())
         result = loop.run()
@@ -200,10 +202,11 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--data-dir", default=None)
     args = ap.parse_args()
-    from fedskew.engine.federation import build_federation
+    from fedskew.config.schema import typed_config
+    from fedskew.engine.federation import federation_for
 
     cfg = w_config(1, 1, args.device, 1)
-    fed = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], 0, args.data_dir)
+    fed = federation_for(typed_config(cfg), args.data_dir)
     runners = [{"name": f"sequential (workers={args.workers})", "width": 1, "gpu_layout": False},
                {"name": f"batched ({PER_ROUND})", "width": PER_ROUND, "gpu_layout": False}]
     if args.device == "cpu":

@@ -101,7 +101,7 @@ def timed_run(spec: Any, args: argparse.Namespace) -> dict[str, Any]:
                 clients_cpu[self.round] = clients_cpu.get(self.round, 0.0) + _cpu_seconds() - c0
 
     with tempfile.TemporaryDirectory() as tmp:
-        loop = Timed(spec.config, Path(tmp), data_dir=args.data_dir, progress=False,
+        loop = Timed(spec.typed, Path(tmp), data_dir=args.data_dir, progress=False,
                      on_round=lambda rec: cpu.append(_cpu_seconds()))
         cpu.append(_cpu_seconds())
         result = loop.run()
@@ -126,7 +126,7 @@ def profiled_run(spec: Any, args: argparse.Namespace) -> dict[str, float | None]
     cuda = args.device.startswith("cuda")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with tempfile.TemporaryDirectory() as tmp, labelled_clients(), profile(activities=activities) as prof:
-        RoundLoop(spec.config, Path(tmp), data_dir=args.data_dir, progress=False).run()
+        RoundLoop(spec.typed, Path(tmp), data_dir=args.data_dir, progress=False).run()
     counts: dict[str, float | None] = dict(round_counts(prof.events(), args.rounds))
     if not cuda:
         counts["cuda_kernels_per_round"] = None
@@ -154,7 +154,7 @@ def step_ops(spec: Any, args: argparse.Namespace) -> dict[str, float]:
     from fedskew.engine.federation import build_federation
 
     config = typed_config(spec.config)
-    fed = build_federation(config.table("dataset"), config.table("partition"), config.table("model"), 0, args.data_dir)
+    fed = build_federation(config.dataset, config.partition, config.model, 0, args.data_dir)
     algo = spec.config["algorithm"]
     factory = fed.info.model.build
     start = seeded_init(factory, 0, "init").to(args.device)
@@ -216,7 +216,7 @@ def kip_step_ops(spec: Any, args: argparse.Namespace, ipc: int = 10) -> dict[str
     from fedskew.engine.federation import build_federation
 
     config = typed_config(spec.config)
-    fed = build_federation(config.table("dataset"), config.table("partition"), config.table("model"), 0, args.data_dir)
+    fed = build_federation(config.dataset, config.partition, config.model, 0, args.data_dir)
     clients = list(range(int(spec.config["algorithm"]["clients_per_round"])))
     data = []
     for cid in clients:

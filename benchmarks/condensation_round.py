@@ -94,7 +94,7 @@ def time_rounds(spec: Any, data_dir: str | None, keep: Path | None) -> dict[str,
         run_dir = (keep or Path(tmp)) / spec.folder_name
         load_before = os.getloadavg()
         t_start, cpu_start = time.perf_counter(), _cpu_seconds()
-        loop = TimedLoop(spec.config, run_dir, data_dir=data_dir, progress=False, on_round=on_round)
+        loop = TimedLoop(spec.typed, run_dir, data_dir=data_dir, progress=False, on_round=on_round)
         t_built = time.perf_counter()
         result = loop.run()
         total = time.perf_counter() - t_start
@@ -137,12 +137,12 @@ class ClientBench:
         from fedskew.algorithms.fedaf import GLOBAL_LABELS, GLOBAL_LOGITS
         from fedskew.core.device import Compute, resolve_device
         from fedskew.core.message import Message, state_to_arrays
-        from fedskew.engine.federation import build_federation
+        from fedskew.engine.federation import federation_for
 
         self.cfg = cfg = spec.config
         self.device = resolve_device(str(cfg.get("device", "cpu")))
         self.compute = Compute(str(self.device), str(cfg.get("amp", "off")))
-        self.fed = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), data_dir)
+        self.fed = federation_for(spec.typed, data_dir)
         self.params = make_algorithm(cfg["algorithm"], self.fed.info).params
         self.model = make_algorithm(cfg["algorithm"], self.fed.info).init_model().to(self.device)
         arrays = state_to_arrays(self.model.state_dict(), MODEL)

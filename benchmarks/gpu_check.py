@@ -196,12 +196,14 @@ def child_w_plain(spec: dict[str, Any]) -> dict[str, Any]:
     from simulation import plain_epoch, plain_model
 
     from fedskew.components.selection import uniform_sample
+    from fedskew.config.schema import typed_config
     from fedskew.core.seeding import numpy_rng
     from fedskew.engine.federation import build_federation
 
     device, rounds = spec["device"], spec["rounds"]
     cfg = w_config(spec["quick"], device, rounds)
-    fed = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], 0, spec.get("data_dir"))
+    typed = typed_config(cfg)
+    fed = build_federation(typed.dataset, typed.partition, typed.model, 0, spec.get("data_dir"))
     x, y, xt, yt = fed.x.to(device), fed.y.to(device), fed.x_test.to(device), fed.y_test.to(device)
     n, per_round = cfg["partition"]["num_clients"], cfg["algorithm"]["clients_per_round"]
     torch.manual_seed(0)
@@ -242,6 +244,7 @@ def child_w_plain(spec: dict[str, Any]) -> dict[str, Any]:
 
 def child_w_fedskew(spec: dict[str, Any]) -> dict[str, Any]:
     """fedskew's RoundLoop under one runner's settings: R rounds timed (timing.jsonl), one more profiled."""
+    from fedskew.config.schema import typed_config
     from fedskew.engine.round_loop import RoundLoop
 
     rounds, device = spec["rounds"], spec["device"]
@@ -261,7 +264,8 @@ def child_w_fedskew(spec: dict[str, Any]) -> dict[str, Any]:
             holder[0].__exit__(None, None, None)
 
     with tempfile.TemporaryDirectory() as tmp:
-        res = RoundLoop(cfg, Path(tmp), data_dir=spec.get("data_dir"), progress=False, on_round=on_round).run()
+        res = RoundLoop(typed_config(cfg), Path(tmp), data_dir=spec.get("data_dir"), progress=False,
+                        on_round=on_round).run()
         timing = [json.loads(line) for line in (Path(tmp) / "timing.jsonl").read_text().splitlines()][:rounds]
     records = res.records[:rounds]
     counts = holder[0].counts() if holder else {}

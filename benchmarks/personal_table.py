@@ -20,6 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from fedskew.config.schema import component
 from fedskew.engine.federation import build_federation
 
 
@@ -44,7 +45,9 @@ def main(folders: list[str]) -> None:
         tables = [cfg[s] for s in ("dataset", "partition", "model")]  # the config.toml's own tables
         key = json.dumps([*tables, cfg["seed"]], sort_keys=True)
         if key not in sizes_of:
-            sizes_of[key] = build_federation(*tables, int(cfg["seed"])).client_test_sizes()
+            names = ("dataset", "partition", "model")
+            dataset, partition, model = (component(s, t) for s, t in zip(names, tables, strict=True))
+            sizes_of[key] = build_federation(dataset, partition, model, int(cfg["seed"])).client_test_sizes()
         sizes = sizes_of[key]
         records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line]
         rec = _last_with(records, "personal_accuracy_mean")

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from fedskew.config.schema import typed_config
 from fedskew.engine.round_loop import RoundLoop
 
 BASE: dict[str, Any] = {
@@ -44,7 +45,7 @@ def main() -> None:
     for name, faults in SETTINGS:
         cfg = {**BASE, "faults": faults}
         with tempfile.TemporaryDirectory() as tmp:
-            res = RoundLoop(cfg, Path(tmp), progress=False).run()
+            res = RoundLoop(typed_config(cfg), Path(tmp), progress=False).run()
             model = torch.load(Path(tmp) / "model.pt", weights_only=True)
         recs = res.records
         accepted = sum(len(r["clients"]) for r in recs)

@@ -149,11 +149,12 @@ def w_config(rounds: int, device: str, workers: int, **run: Any) -> dict[str, An
 def run_fedskew(
     data_dir: str | None, rounds: int, workers: int, device: str = "cpu", per_device: int = 1
 ) -> dict[str, Any]:
+    from fedskew.config.schema import typed_config
     from fedskew.engine.round_loop import RoundLoop
 
     cfg = w_config(rounds, device, workers, workers_per_device=per_device)
     with tempfile.TemporaryDirectory() as tmp:
-        res = RoundLoop(cfg, Path(tmp), data_dir=data_dir, progress=False).run()
+        res = RoundLoop(typed_config(cfg), Path(tmp), data_dir=data_dir, progress=False).run()
         timing = [json.loads(line)["seconds"] for line in (Path(tmp) / "timing.jsonl").read_text().splitlines()]
     return {
         "round_seconds": timing,

@@ -36,9 +36,9 @@ def main() -> None:
         return robust_average(items, weights, reference, cfg)
 
     fedavg_module.robust_average = observed  # type: ignore[assignment]
-    cfg = resolve(read_config(config), {"rounds": rounds, "workers": 1})[0].config
+    typed = resolve(read_config(config), {"rounds": rounds, "workers": 1})[0].typed
     with tempfile.TemporaryDirectory() as tmp:
-        RoundLoop(cfg, Path(tmp), progress=False).run()
+        RoundLoop(typed, Path(tmp), progress=False).run()
     print(json.dumps({"config": config, "rounds": rounds, "max_ratio": round(max(ratios), 3)}))
 
 

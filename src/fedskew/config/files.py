@@ -11,49 +11,10 @@ from typing import Any
 
 import tomli_w
 
-from fedskew.config.schema import SECTIONS
+from fedskew.config.schema import SECTIONS, TOP_LEVEL
 from fedskew.core.errors import ConfigError
 from fedskew.plugins import check_specs, normalise
 
-TOP_LEVEL: dict[str, str] = {
-    "name": "experiment name; the parent folder of its runs",
-    "description": "free text shown in the report",
-    "rounds": "number of communication rounds",
-    "seed": "root seed of a single run",
-    "seeds": "one run per seed (overrides seed)",
-    "workers": "worker processes for client jobs and evaluation (0 = auto: workers_per_device per GPU or CPU core, "
-               "at most the round's client jobs and what memory holds; not with engine = ray)",
-    "workers_per_device": "with workers = 0: worker processes per GPU (on a CPU, per core); results do not change",
-    "eval_every": "evaluate the global model (and the clients' own models, see eval) every N rounds and after the last",
-    "checkpoint_every": "write a checkpoint every N rounds and after the last (0 = only after the last)",
-    "target_accuracy": "accuracy (fraction) for rounds-to-target and bytes-to-target",
-    "at_rounds": "rounds at which to report accuracy in the summary",
-    "label": "name of the run in tables and plots",
-    "device": "where tensors live: auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N, mps",
-    "amp": "mixed precision of training, evaluation and condensation: off, bf16, fp16 (CUDA)",
-    "deterministic": "GPU: deterministic kernels (same metrics for any number of GPUs; slower)",
-    "sgd_impl": "local training's SGD: default (torch's choice), foreach, fused (fewer kernel launches a step)",
-    "compile": "torch.compile the model's forward pass in local training: off, default, reduce-overhead (CUDA graphs)",
-    "tf32": "CUDA: TF32 float32 matrix products (faster, about 3 fewer significant digits)",
-    "engine": "where client jobs run: local (this machine's workers), ray (a Ray cluster) or a plug-in's engine",
-    "clients_in_parallel": "clients trained together on one device, batched: 1 (one at a time), N, or auto "
-                           "(all of a round's on one GPU, else 1)",
-    "dataset": "table: name = dataset, data_dir, train_fraction, and the dataset's options",
-    "partition": "table: name = partitioner, num_clients, seed (optional), client_test_fraction, and its parameters",
-    "model": "table: name = model, and its options",
-    "algorithm": "table: name = algorithm, and its hyper-parameters",
-    "faults": "table: simulated failures: dropout, straggler (probabilities), max_reply_mb",
-    "eval": "table: per-client evaluation (with partition.client_test_fraction): personalized_epochs, "
-            "personalized_lr, personalized_batch_size",
-    "ray": "table: the Ray engine: address (empty: a local instance), num_cpus, num_gpus per client job",
-    "logging": "table: extra logs of a run: tensorboard = true writes TensorBoard event files (fedskew[tensorboard])",
-    "report": "table: how the experiment's report looks: format (png, pdf, svg), dpi, width and height (inches), "
-              "font_size (points), titles (true/false), preset (single or double column of a paper)",
-    "variants": "list of tables of dotted overrides, one run each (with a label)",
-    "sweep": "table of dotted keys and lists of values: a grid of runs, every variant at every combination",
-    "plugins": "modules and .py files (relative to the config file) to import first: they register algorithms, "
-               "models, datasets, partitioners",
-}
 
 def builtin_configs() -> list[str]:
     """Names of the configs shipped inside the package (``fedskew run default``)."""

@@ -16,13 +16,14 @@ import dataclasses
 import functools
 import importlib.util
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from fedskew.core.engines import check_engine
 from fedskew.core.errors import ConfigError
 from fedskew.core.figures import FigureStyle
-from fedskew.core.params import build_params, check
+from fedskew.core.params import Options, build_params, check, maximums, minimums, option, option_help, resumable_options
 from fedskew.core.seeding import numpy_rng
 from fedskew.plugins import check_specs, load_plugins
 from fedskew.runs import check_folder_name, check_label
@@ -51,30 +52,48 @@ GENERIC_KEYS = {
 """Keys of a table that belong to the table, not to the object it names (kept when the name changes)."""
 
 
-@dataclass
-class RunSettings:
-    """The top-level keys of one run (see ``files.TOP_LEVEL`` for what each means)."""
+class RunSettings(Options):
+    """The top-level keys of one run. Each field's ``help`` is what ``fedskew run --help`` and
+    :data:`TOP_LEVEL` say of it; ``resumable`` fields may change when a run is resumed (:data:`RESUMABLE`)."""
 
-    name: str = "experiment"
-    description: str = ""
-    rounds: int = 20
-    seed: int = 0
-    workers: int = 0
-    workers_per_device: int = 1
-    eval_every: int = 1
-    checkpoint_every: int = 10
-    target_accuracy: float | None = None
-    at_rounds: list[int] = field(default_factory=list)
-    label: str = ""
-    device: str = "auto"
-    amp: Literal["off", "bf16", "fp16"] = "off"
-    deterministic: bool = False
-    sgd_impl: Literal["default", "foreach", "fused"] = "default"  # core.device.SGD_IMPLS
-    compile: Literal["off", "default", "reduce-overhead"] = "off"  # core.device.COMPILE_MODES
-    tf32: bool = False
-    engine: str = "local"  # "local", "ray", or one a plug-in registers (fedskew.core.engines)
-    plugins: list[str] = field(default_factory=list)
-    clients_in_parallel: int | str = 1  # 1: one client at a time; N: N batched; "auto" (engine/batched_runner.py)
+    name: str = option("experiment", help="experiment name; the parent folder of its runs")
+    description: str = option("", help="free text shown in the report")
+    rounds: int = option(20, help="number of communication rounds", resumable=True)
+    seed: int = option(0, help="root seed of a single run")
+    workers: int = option(0, resumable=True, help=(
+        "worker processes for client jobs and evaluation (0 = auto: workers_per_device per GPU or CPU core, "
+        "at most the round's client jobs and what memory holds; not with engine = ray)"))
+    workers_per_device: int = option(1, resumable=True, help=(
+        "with workers = 0: worker processes per GPU (on a CPU, per core); results do not change"))
+    eval_every: int = option(1, help=(
+        "evaluate the global model (and the clients' own models, see eval) every N rounds and after the last"))
+    checkpoint_every: int = option(10, resumable=True, help=(
+        "write a checkpoint every N rounds and after the last (0 = only after the last)"))
+    target_accuracy: float | None = option(None, help="accuracy (fraction) for rounds-to-target and bytes-to-target")
+    at_rounds: list[int] = option(default_factory=list, help="rounds at which to report accuracy in the summary")
+    label: str = option("", help="name of the run in tables and plots")
+    device: str = option("auto", resumable=True, help=(
+        "where tensors live: auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N, mps"))
+    amp: Literal["off", "bf16", "fp16"] = option("off", resumable=True, help=(
+        "mixed precision of training, evaluation and condensation: off, bf16, fp16 (CUDA)"))
+    deterministic: bool = option(False, help="GPU: deterministic kernels (same metrics for any number of GPUs; slower)")
+    sgd_impl: Literal["default", "foreach", "fused"] = option("default", resumable=True, help=(  # core.device.SGD_IMPLS
+        "local training's SGD: default (torch's choice), foreach, fused (fewer kernel launches a step)"))
+    compile: Literal["off", "default", "reduce-overhead"] = option("off", resumable=True, help=(  # COMPILE_MODES
+        "torch.compile the model's forward pass in local training: off, default, reduce-overhead (CUDA graphs)"))
+    tf32: bool = option(False, resumable=True, help=(
+        "CUDA: TF32 float32 matrix products (faster, about 3 fewer significant digits)"))
+    engine: str = option("local", help=(  # "local", "ray", or one a plug-in registers (fedskew.core.engines)
+        "where client jobs run: local (this machine's workers), ray (a Ray cluster) or a plug-in's engine"))
+    plugins: list[str] = option(default_factory=list, help=(
+        "modules and .py files (relative to the config file) to import first: they register algorithms, "
+        "models, datasets, partitioners"))
+    clients_in_parallel: int | str = option(1, resumable=True, help=(  # engine/batched_runner.py
+        "clients trained together on one device, batched: 1 (one at a time), N, or auto "
+        "(all of a round's on one GPU, else 1)"))
+
+    at_least = minimums(rounds=1, seed=0, workers=0, workers_per_device=1, eval_every=1, checkpoint_every=0)
+    at_most = maximums(rounds=MAX_ROUNDS, workers=MAX_WORKERS, workers_per_device=MAX_WORKERS)
 
     def __post_init__(self) -> None:
         check(DEVICE_PATTERN.fullmatch(self.device) is not None, "device", self.device,
@@ -82,15 +101,7 @@ class RunSettings:
         check_folder_name("name", self.name)
         if self.label:  # "" leaves the label to the variant or the algorithm's name
             check_label(self.label)
-        check(self.rounds >= 1, "rounds", self.rounds, "an integer >= 1")
-        check(self.rounds <= MAX_ROUNDS, "rounds", self.rounds, f"an integer <= {MAX_ROUNDS:_}")
-        check(self.seed >= 0, "seed", self.seed, "an integer >= 0")
-        check(self.workers >= 0, "workers", self.workers, "an integer >= 0 (0 = auto)")
-        check(self.workers <= MAX_WORKERS, "workers", self.workers, f"an integer <= {MAX_WORKERS} (0 = auto)")
-        check(1 <= self.workers_per_device <= MAX_WORKERS, "workers_per_device", self.workers_per_device,
-              f"an integer in [1, {MAX_WORKERS}]")
-        check(self.eval_every >= 1, "eval_every", self.eval_every, "an integer >= 1")
-        check(self.checkpoint_every >= 0, "checkpoint_every", self.checkpoint_every, "an integer >= 0")
+        super().__post_init__()
         t = self.target_accuracy
         check(t is None or 0 < t <= 1, "target_accuracy", t, "a fraction in (0, 1]")
         check(all(1 <= r <= MAX_ROUNDS for r in self.at_rounds), "at_rounds", self.at_rounds,
@@ -105,8 +116,7 @@ class RunSettings:
               f"1 or \"auto\" with engine = {self.engine!r} (it batches the local engine's clients)")
 
 
-@dataclass
-class Faults:
+class Faults(Options):
     """Simulated client failures (the ``[faults]`` config table).
 
     Attributes
@@ -141,17 +151,15 @@ class Faults:
     malicious: float = 0.0
     malicious_scale: float = 10.0
 
+    fractions = ("dropout", "straggler", "corrupt", "malicious")
+    positive = ("max_reply_mb", "malicious_scale")
+
     def __post_init__(self) -> None:
-        check(0 <= self.dropout < 1, "dropout", self.dropout, "a probability in [0, 1)")
-        check(0 <= self.straggler < 1, "straggler", self.straggler, "a probability in [0, 1)")
-        check(0 <= self.corrupt < 1, "corrupt", self.corrupt, "a probability in [0, 1)")
+        super().__post_init__()
         check(
             self.dropout + self.straggler + self.corrupt < 1, "dropout + straggler + corrupt",
             self.dropout + self.straggler + self.corrupt, "< 1",
         )
-        check(self.max_reply_mb > 0, "max_reply_mb", self.max_reply_mb, "> 0")
-        check(0 <= self.malicious < 1, "malicious", self.malicious, "a fraction of the clients in [0, 1)")
-        check(self.malicious_scale > 0, "malicious_scale", self.malicious_scale, "> 0")
 
     def attackers(self, seed: int, num_clients: int) -> frozenset[int]:
         """The malicious clients of a run: ``round(malicious * num_clients)`` of them, drawn from the seed."""
@@ -173,8 +181,7 @@ class Faults:
 
 
 
-@dataclass
-class RayParams:
+class RayParams(Options):
     """The ``[ray]`` table: where the Ray engine (``engine = "ray"``) runs client jobs.
 
     Attributes
@@ -195,13 +202,11 @@ class RayParams:
     num_gpus: float = 0.0
     scheduling: Literal["spread", "default"] = "spread"
 
-    def __post_init__(self) -> None:
-        check(self.num_cpus > 0, "num_cpus", self.num_cpus, "> 0")
-        check(self.num_gpus >= 0, "num_gpus", self.num_gpus, ">= 0")
+    positive = ("num_cpus",)
+    at_least = minimums(num_gpus=0)
 
 
-@dataclass
-class EvalParams:
+class EvalParams(Options):
     """The ``[eval]`` table: the per-client evaluation (needs ``partition.client_test_fraction > 0``).
 
     Every ``eval_every`` rounds each client evaluates the global model and its own model on its own test
@@ -223,12 +228,8 @@ class EvalParams:
     personalized_lr: float | None = None
     personalized_batch_size: int | None = None
 
-    def __post_init__(self) -> None:
-        check(self.personalized_epochs >= 0, "personalized_epochs", self.personalized_epochs, "an integer >= 0")
-        check(self.personalized_lr is None or self.personalized_lr > 0, "personalized_lr", self.personalized_lr,
-              "> 0 (or absent: the method's lr)")
-        check(self.personalized_batch_size is None or self.personalized_batch_size >= 1, "personalized_batch_size",
-              self.personalized_batch_size, "an integer >= 1 (or absent: the method's batch_size)")
+    at_least = minimums(personalized_epochs=0, personalized_batch_size=1)
+    positive = ("personalized_lr",)  # None: the method's own
 
 
 MISSING_TENSORBOARD = (
@@ -238,8 +239,7 @@ MISSING_TENSORBOARD = (
 """Why a run with ``logging.tensorboard = true`` is refused where TensorBoard is missing (after ``logging.``)."""
 
 
-@dataclass
-class LoggingParams:
+class LoggingParams(Options):
     """The ``[logging]`` table: logs a run writes besides its own files (which never change with it).
 
     Attributes
@@ -263,26 +263,12 @@ class LoggingParams:
     mlflow_uri: str = ""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
             raise ConfigError(MISSING_TENSORBOARD)
         for on, module, package in ((self.wandb, "wandb", "wandb"), (self.mlflow, "mlflow", "mlflow-skinny")):
             if on and importlib.util.find_spec(module) is None:
                 raise ConfigError(f"{module} = true needs {package}, which is not installed: pip install {package}")
-
-
-DEFAULTS: dict[str, Any] = {
-    **{f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-       for f in dataclasses.fields(RunSettings) if f.name not in ("label", "plugins")},
-    "dataset": {"name": "digits"},
-    "partition": {"name": "iid", "num_clients": 10},
-    "model": {"name": "cnn"},
-    "algorithm": {"name": "fedavg"},
-    "faults": {},
-    "ray": {},
-    "eval": {},
-    "logging": {},
-}
-"""A config's values where its file says nothing."""
 
 
 @dataclass(frozen=True)
@@ -293,21 +279,36 @@ class Component:
     params: Any
 
 
+def _table(help: str, *, resumable: bool = False) -> dict[str, Any]:
+    """A :class:`RunConfig` table's metadata: what it holds (``help``) and whether a resumed run may change it."""
+    return {"help": help, "resumable": resumable}
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """One run's configuration, every leaf typed and checked; ``source`` is the dict it was built from
     (the form ``config.toml`` holds and that travels to workers and nodes)."""
 
     run: RunSettings
-    dataset: Component
-    partition: Component
-    model: Component
-    algorithm: Component
-    faults: Faults
-    ray: RayParams
-    eval: EvalParams
-    logging: LoggingParams
-    report: FigureStyle = field(default_factory=FigureStyle)
+    dataset: Component = field(metadata=_table(
+        "table: name = dataset, data_dir, train_fraction, and the dataset's options"))
+    partition: Component = field(metadata=_table(
+        "table: name = partitioner, num_clients, seed (optional), client_test_fraction, and its parameters"))
+    model: Component = field(metadata=_table("table: name = model, and its options"))
+    algorithm: Component = field(metadata=_table("table: name = algorithm, and its hyper-parameters"))
+    faults: Faults = field(metadata=_table(
+        "table: simulated failures: dropout, straggler (probabilities), max_reply_mb"))
+    ray: RayParams = field(metadata=_table(
+        "table: the Ray engine: address (empty: a local instance), num_cpus, num_gpus per client job"))
+    eval: EvalParams = field(metadata=_table(
+        "table: per-client evaluation (with partition.client_test_fraction): personalized_epochs, "
+        "personalized_lr, personalized_batch_size"))
+    logging: LoggingParams = field(metadata=_table(
+        "table: extra logs of a run: tensorboard = true writes TensorBoard event files (fedskew[tensorboard])",
+        resumable=True))
+    report: FigureStyle = field(default_factory=FigureStyle, metadata=_table(
+        "table: how the experiment's report looks: format (png, pdf, svg), dpi, width and height (inches), "
+        "font_size (points), titles (true/false), preset (single or double column of a paper)", resumable=True))
     """How the experiment's report looks (the ``[report]`` table; it changes no result)."""
     source: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -332,6 +333,53 @@ class RunConfig:
         return resolve_compute(run.device, run.amp, run.deterministic, run.sgd_impl, run.compile, run.tf32)
 
 
+TABLES = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name not in ("run", "source"))
+"""The tables of a config (``[dataset]`` ... ``[report]``), from :class:`RunConfig`."""
+assert TABLES == SECTIONS, TABLES  # NAMED first: typed_config and full_config rely on the order
+
+FILE_KEYS: dict[str, str] = {
+    "seeds": "one run per seed (overrides seed)",
+    "variants": "list of tables of dotted overrides, one run each (with a label)",
+    "sweep": "table of dotted keys and lists of values: a grid of runs, every variant at every combination",
+}
+"""Keys of a config file that say which runs it holds; no single run has them."""
+
+TOP_LEVEL: dict[str, str] = {
+    **{k: v for name, v in option_help(RunSettings).items()
+       for k, v in ((name, v), *((("seeds", FILE_KEYS["seeds"]),) if name == "seed" else ()))},
+    **{f.name: f.metadata["help"] for f in dataclasses.fields(RunConfig) if f.name in SECTIONS},
+    "variants": FILE_KEYS["variants"],
+    "sweep": FILE_KEYS["sweep"],
+}
+"""Every top-level key of a config file and what it means, generated from :class:`RunSettings`, the tables of
+:class:`RunConfig` and :data:`FILE_KEYS` (``fedskew run --help`` prints it)."""
+
+RESUMABLE: tuple[str, ...] = (
+    *resumable_options(RunSettings),
+    *(f.name for f in dataclasses.fields(RunConfig) if f.metadata.get("resumable")),
+)
+"""What a resumed run may change (the fields declared ``resumable``): its length, where it computes
+(checkpoints are device-free) and in which precision (an fp16 GPU run can go on on a CPU with ``amp=off`` or
+``bf16``; rounds after the resume are computed in the new one) with which kernels (``sgd_impl``, ``compile``,
+``tf32``: a GPU run's switches may be turned off to go on on a CPU; ``clients_in_parallel``: batched or one at a
+time), how often it saves, and what it logs besides its own files (``logging``) and how its report looks
+(``report``). Any other difference between the config and the checkpoint's is an edit, and refused."""
+
+DEFAULTS: dict[str, Any] = {
+    **{f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+       for f in dataclasses.fields(RunSettings) if f.name not in ("label", "plugins")},
+    "dataset": {"name": "digits"},
+    "partition": {"name": "iid", "num_clients": 10},
+    "model": {"name": "cnn"},
+    "algorithm": {"name": "fedavg"},
+    "faults": {},
+    "ray": {},
+    "eval": {},
+    "logging": {},
+}
+"""A config's values where its file says nothing."""
+
+
 def _registry(section: str) -> Any:
     """The registry of a named table (``dataset``, ``partition``, ``model``, ``algorithm``)."""
     from fedskew.algorithms.base import ALGORITHMS
@@ -342,11 +390,13 @@ def _registry(section: str) -> Any:
     return {"dataset": DATASETS, "partition": PARTITIONERS, "model": MODELS, "algorithm": ALGORITHMS}[section]
 
 
-def _component(cfg: dict[str, Any], section: str) -> Component:
-    table = dict(cfg[section])
-    name = table.pop("name", None)
+def component(section: str, table: Mapping[str, Any]) -> Component:
+    """The typed form of a named table (``dataset``, ``partition``, ``model``, ``algorithm``): its ``name`` and
+    its options checked against the Params its registry declares for that name."""
+    options = dict(table)
+    name = options.pop("name", None)
     check(isinstance(name, str), f"{section}.name", name, "a string")
-    return Component(name, _registry(section).build_params(name, table, prefix=f"{section}."))
+    return Component(name, _registry(section).build_params(name, options, prefix=f"{section}."))
 
 
 def option_default(section: str, name: Any, key: str) -> Any:
@@ -394,7 +444,7 @@ def typed_config(cfg: dict[str, Any]) -> RunConfig:
     top = {k: v for k, v in cfg.items() if k not in SECTIONS}
     run = build_params(RunSettings, top)
     check_engine(run.engine)  # the engines the plug-ins register are known by now
-    parts = {section: _component(cfg, section) for section in NAMED}
+    parts = {section: component(section, cfg[section]) for section in NAMED}
     faults = build_params(Faults, cfg.get("faults", {}), prefix="faults.")
     ray = build_params(RayParams, cfg.get("ray", {}), prefix="ray.")
     evaluation = build_params(EvalParams, cfg.get("eval", {}), prefix="eval.")

@@ -222,7 +222,7 @@ class Options:
     its value and what is allowed; an option that is ``None`` is unset and passes):
 
     - :attr:`at_least`: option -> its smallest value (``{"local_epochs": 1}``); :attr:`at_most`: its largest
-      (an integer option's message says so: ``rounds must be an integer in [1, 1_000_000], got 0``);
+      (an integer option's message says so: ``rounds must be an integer >= 1, got 0``);
     - :attr:`positive`: options that are ``> 0``;
     - :attr:`fractions`: options in ``[0, 1)``; :attr:`unit`: options in ``[0, 1]``.
 
@@ -248,13 +248,13 @@ class Options:
         declared = [vars(c) for c in reversed(type(self).__mro__)]
         lows = {n: low for table in declared for n, low in table.get("at_least", {}).items()}
         highs = {n: high for table in declared for n, high in table.get("at_most", {}).items()}
-        integers = _integer_fields(type(self))
-        for name in dict.fromkeys([*lows, *highs]):
-            low, high = lows.get(name), highs.get(name)
-            allowed = (f"in [{_number(low)}, {_number(high)}]" if low is not None and high is not None
-                       else f">= {_number(low)}" if low is not None else f"<= {_number(high)}")
-            _bound(self, name, functools.partial(_within, low, high),
-                   f"an integer {allowed}" if name in integers else allowed)
+        integers = _integer_fields(type(self))  # type: ignore[arg-type]  # a class is hashable
+        for name in dict.fromkeys([*lows, *highs]):  # the message names the bound the value breaks
+            kind = "an integer " if name in integers else ""
+            if name in lows:
+                _bound(self, name, functools.partial(operator.le, lows[name]), f"{kind}>= {_number(lows[name])}")
+            if name in highs:
+                _bound(self, name, functools.partial(operator.ge, highs[name]), f"{kind}<= {_number(highs[name])}")
         for name in dict.fromkeys(n for table in declared for n in table.get("positive", ())):
             _bound(self, name, lambda v: v > 0, "> 0")
         for name in dict.fromkeys(n for table in declared for n in table.get("fractions", ())):
@@ -272,10 +272,6 @@ def minimums(**lows: float) -> Mapping[str, float]:
 def maximums(**highs: float) -> Mapping[str, float]:
     """An :attr:`Options.at_most` declaration: option name -> its largest allowed value (read-only)."""
     return types.MappingProxyType(highs)
-
-
-def _within(low: float | None, high: float | None, value: Any) -> bool:
-    return (low is None or value >= low) and (high is None or value <= high)
 
 
 @functools.cache
@@ -332,6 +328,18 @@ def next_checks(parent: Any) -> None:
     post_init = getattr(parent, "__post_init__", None)
     if post_init is not None:
         post_init()
+
+
+def as_table(params: Any, leave: typing.Iterable[str] = ()) -> dict[str, Any]:
+    """The config table that builds ``params`` again (:func:`build_params`): each init field's value, a nested
+    Params as its own table; the fields named in ``leave`` left out. What a typed component hands to an API
+    that takes its options as keywords (``load_dataset(name, **options)``)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(params):
+        if f.init and f.name not in leave:
+            value = getattr(params, f.name)
+            out[f.name] = as_table(value) if dataclasses.is_dataclass(value) and not isinstance(value, type) else value
+    return out
 
 
 def params_doc(cls: type) -> list[tuple[str, str, Any]]:

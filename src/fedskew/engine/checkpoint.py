@@ -18,23 +18,11 @@ from typing import Any
 
 import torch
 
-from fedskew.config.files import same_value
-from fedskew.config.schema import comparable_config
+from fedskew.config.resume import same_run, tables_of
+from fedskew.config.schema import RESUMABLE
 from fedskew.core.errors import FedskewError
 from fedskew.core.files import torch_bytes, write_atomic
 from fedskew.runs import CHECKPOINT_FILE, CONFIG_FILE
-
-RESUMABLE = (
-    "rounds", "workers", "workers_per_device", "checkpoint_every", "device", "amp", "sgd_impl", "compile", "tf32",
-    "clients_in_parallel", "logging", "report",
-)
-"""What a resumed run may change: its length, where it computes (checkpoints are device-free) and in
-which precision (an fp16 GPU run can go on on a CPU with ``amp=off`` or ``bf16``; rounds after the
-resume are computed in the new one) with which kernels (``sgd_impl``, ``compile``, ``tf32``: a GPU run's
-switches may be turned off to go on on a CPU; ``clients_in_parallel``: batched or one at a time), how often
-it saves, and what it logs besides its own files
-(``logging.tensorboard``) and how its report looks (``report``). Any other difference between the config and
-the checkpoint's is an edit, and refused."""
 
 REQUIRED: dict[str, type] = {
     "round": int, "model": dict, "server_state": dict, "client_states": dict, "ledger": dict, "records": str,
@@ -128,9 +116,7 @@ def check_resume(
             then = tomllib.loads(ck[CONFIG_KEY])
         except tomllib.TOMLDecodeError:
             raise FedskewError(f"checkpoint {path}: the config it keeps is not valid TOML") from None
-        then, now = comparable_config(then), comparable_config(dict(config))  # defaults filled in on both sides
-        keys = (then.keys() | now.keys()) - set(RESUMABLE)
-        changed = sorted(k for k in keys if not same_value(then.get(k), now.get(k)))
+        changed = tables_of(same_run(then, config))
         if changed:
             raise FedskewError(
                 f"{path.parent.parent / CONFIG_FILE} was edited after the checkpoint of round {done} (changed: "

@@ -11,11 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from fedskew.config import RunSpec
-from fedskew.config.files import flat_keys, read_toml, same_value, set_dotted
-from fedskew.config.schema import RunConfig, comparable_config, full_config, typed_config
+from fedskew.config.files import flat_keys, read_toml, set_dotted
+from fedskew.config.resume import same_run
+from fedskew.config.schema import RESUMABLE, RunConfig, comparable_config, full_config, typed_config
 from fedskew.core.errors import ConfigError
-from fedskew.engine.checkpoint import RESUMABLE, check_resume, load_checkpoint
-from fedskew.engine.federation import Federation, build_federation, same_data, sharing_tensors, with_model
+from fedskew.core.params import as_table
+from fedskew.engine.checkpoint import check_resume, load_checkpoint
+from fedskew.engine.federation import Federation, federation_for, same_data, sharing_tensors, with_model
 from fedskew.engine.round_loop import RunResult
 from fedskew.engine.runner import EngineCache
 from fedskew.engine.session import start_run
@@ -141,7 +143,7 @@ def run_experiment(
                 results[i] = _finished(run_dir)
                 bar.update(1)
                 continue
-            fed = with_model(data.get(keys[i], config), config.table("model"))
+            fed = with_model(data.get(keys[i], config), config.model)
             if state == "new":
                 # A run started afresh (--force) leaves nothing of the old one to mix with or resume from.
                 with os_errors_name(run_dir, run=True):
@@ -149,8 +151,8 @@ def run_experiment(
                     for f in old:
                         (run_dir / f).unlink(missing_ok=True)
             results[i] = start_run(
-                spec.config, run_dir, resume=state == "partial", data_dir=data_dir, progress=progress,
-                federation=fed, on_round=_tagged(on_round, spec), config=config, engine_cache=cache,
+                config, run_dir, resume=state == "partial", data_dir=data_dir, progress=progress,
+                federation=fed, on_round=_tagged(on_round, spec), engine_cache=cache,
             )
             bar.update(1)
             del fed
@@ -162,7 +164,8 @@ def run_experiment(
 def _data_key(config: RunConfig, data_dir: str | None) -> str:
     """What a run's federation data depends on, as a key: runs of equal keys share the data (whatever their
     model: it only names the spec the processes build)."""
-    return json.dumps([config.table("dataset"), config.table("partition"), config.run.seed, data_dir], sort_keys=True)
+    tables = [{"name": c.name, **as_table(c.params)} for c in (config.dataset, config.partition)]
+    return json.dumps([*tables, config.run.seed, data_dir], sort_keys=True)
 
 
 class _Data:
@@ -185,12 +188,12 @@ class _Data:
         if key == self.key and self.fed is not None:
             return self.fed
         previous, self.fed, self.key = self.fed, None, None
-        dataset, partition = config.table("dataset"), config.table("partition")
-        if previous is not None and (partition.get("seed") is None or dataset.get("train_fraction", 1.0) != 1.0):
+        pinned = config.partition.params.seed is not None and config.dataset.params.train_fraction == 1.0
+        if previous is not None and not pinned:
             previous = None
             self.cache.release()
             gc.collect()  # the last run's loop (a reference cycle) may still hold the tensors
-        fed = build_federation(dataset, partition, config.table("model"), config.run.seed, self.data_dir)
+        fed = federation_for(config, self.data_dir)
         if previous is not None and same_data(previous, fed):
             fed = sharing_tensors(fed, previous)
         else:
@@ -211,13 +214,10 @@ def run_state(run_dir: Path, config: RunConfig) -> str:
     if not (run_dir / METRICS_FILE).exists() or not recorded.exists():
         return "new"
     stored = read_toml(recorded, "run config")
-    then, now = flat_keys(comparable_config(stored)), flat_keys(full_config(config))  # defaults filled in
-    differ = sorted(
-        k for k in then.keys() | now.keys()
-        if not same_value(then.get(k), now.get(k)) and k.split(".")[0] not in RESUMABLE
-    )
+    differ = same_run(stored, config)
     if differ:
         k = differ[0]
+        then, now = flat_keys(comparable_config(stored)), flat_keys(full_config(config))
         raise ConfigError(
             f"{run_dir} was run with {k} = {then.get(k)!r}, this config has {now.get(k)!r}: --resume continues "
             "runs of the same config (it may change only " + ", ".join(RESUMABLE) + "); use another --out"
@@ -247,13 +247,9 @@ def _tagged(
     callback = on_round
 
     def tagged(record: dict[str, Any]) -> None:
-        callback({**record, "label": spec.label, "seed": spec.config["seed"]})
+        callback({**record, "label": spec.label, "seed": spec.typed.run.seed})
 
     return tagged
-
-
-RESUME_OVERRIDES = RESUMABLE
-"""What a resumed run may change (see :data:`fedskew.engine.checkpoint.RESUMABLE`)."""
 
 
 def resume_run(run_dir: Path, overrides: dict[str, Any], *, data_dir: str | None, progress: bool) -> RunResult:
@@ -265,8 +261,8 @@ def resume_run(run_dir: Path, overrides: dict[str, Any], *, data_dir: str | None
     """
     path = run_config_path(run_dir)
     for key in overrides:
-        if key.split(".")[0] not in RESUME_OVERRIDES:
-            allowed = ", ".join(RESUME_OVERRIDES)
+        if key.split(".")[0] not in RESUMABLE:
+            allowed = ", ".join(RESUMABLE)
             raise ConfigError(f"--resume accepts only the overrides {allowed}, not {key!r}")
     with locked_run_folder(run_dir):
         stored = read_toml(path, "run config")
@@ -276,6 +272,4 @@ def resume_run(run_dir: Path, overrides: dict[str, Any], *, data_dir: str | None
         cfg.setdefault("target_accuracy", None)
         config = typed_config(cfg)
         check_devices([config])
-        return start_run(
-            cfg, run_dir, resume=True, data_dir=data_dir, progress=progress, stored=stored, config=config
-        )
+        return start_run(config, run_dir, resume=True, data_dir=data_dir, progress=progress, stored=stored)

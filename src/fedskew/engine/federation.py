@@ -16,10 +16,11 @@ import numpy as np
 import torch
 
 from fedskew.algorithms.base import FederationInfo, ModelSpec
+from fedskew.core.params import as_table
 from fedskew.core.seeding import derive_seed, torch_generator
 
 if TYPE_CHECKING:
-    from fedskew.config.schema import RunConfig
+    from fedskew.config.schema import Component, RunConfig
 
 
 @dataclass
@@ -76,46 +77,40 @@ def freeze(v: Any) -> Any:
 
 
 def build_federation(
-    dataset: dict[str, Any],
-    partition_cfg: dict[str, Any],
-    model: dict[str, Any],
-    seed: int,
-    data_dir: str | None = None,
+    dataset: Component, partition_cfg: Component, model: Component, seed: int, data_dir: str | None = None,
 ) -> Federation:
     """Load the dataset, partition it and build the client shards.
 
     Parameters
     ----------
     dataset, partition_cfg, model
-        The ``[dataset]``, ``[partition]`` and ``[model]`` config tables (each with ``name``).
-        ``dataset.train_fraction`` (default 1) keeps a class-stratified random fraction of the
-        training split, drawn from a stream of the run seed, before partitioning.
-        ``partition.client_test_fraction`` (default 0) then holds out that fraction of each client's
-        samples as its own test split (:func:`~fedskew.data.partition.hold_out`, drawn from a stream of
-        the partition seed).
+        The run's typed ``[dataset]``, ``[partition]`` and ``[model]`` (:class:`~fedskew.config.schema.Component`:
+        a name and its checked options; :func:`~fedskew.config.schema.component` builds one from a table).
+        ``dataset.train_fraction`` keeps a class-stratified random fraction of the training split, drawn from a
+        stream of the run seed, before partitioning. ``partition.client_test_fraction`` then holds out that
+        fraction of each client's samples as its own test split (:func:`~fedskew.data.partition.hold_out`, drawn
+        from a stream of the partition seed).
     seed
-        The run's root seed. The partition uses ``partition_cfg["seed"]`` if given, else a stream
-        derived from this seed, so changing the run seed also redraws the partition unless pinned.
+        The run's root seed. The partition uses ``partition.seed`` if given, else a stream derived from this
+        seed, so changing the run seed also redraws the partition unless pinned.
     data_dir
         Folder with local dataset copies (overrides ``dataset.data_dir`` when given).
     """
     from fedskew.data import load_dataset
     from fedskew.data.partition import hold_out, partition
 
-    dopts = dict(dataset)
-    dname = dopts.pop("name")
-    ddir = data_dir or dopts.pop("data_dir", None) or None
-    dopts.pop("data_dir", None)
-    fraction = dopts.pop("train_fraction", 1.0)
-    ds = load_dataset(dname, ddir, **dopts).train_subset(fraction, derive_seed(seed, "train_fraction") % (2**32))
+    dparams = dataset.params
+    ddir = data_dir or dparams.data_dir or None
+    ds = load_dataset(dataset.name, ddir, **as_table(dparams, leave=("data_dir", "train_fraction"))).train_subset(
+        dparams.train_fraction, derive_seed(seed, "train_fraction") % (2**32)
+    )
 
-    popts = dict(partition_cfg)
-    pname = popts.pop("name")
-    num_clients = int(popts.pop("num_clients"))
-    pseed = popts.pop("seed", None)
-    pseed = int(pseed) if pseed is not None else derive_seed(seed, "partition") % (2**32)
-    test_fraction = float(popts.pop("client_test_fraction", 0.0))
-    part = partition(pname, ds.y_train, num_clients, pseed, domains=ds.domains_train, **popts)
+    pparams = partition_cfg.params
+    num_clients = pparams.num_clients
+    pseed = pparams.seed if pparams.seed is not None else derive_seed(seed, "partition") % (2**32)
+    test_fraction = pparams.client_test_fraction
+    own = as_table(pparams, leave=("num_clients", "seed", "client_test_fraction"))
+    part = partition(partition_cfg.name, ds.y_train, num_clients, pseed, domains=ds.domains_train, **own)
     indices, held = part.indices, None
     if test_fraction > 0:
         indices, held = hold_out(part.indices, ds.y_train, test_fraction, derive_seed(pseed, "client_test") % (2**32))
@@ -160,24 +155,20 @@ def build_federation(
 
 def federation_for(config: RunConfig, data_dir: str | None = None) -> Federation:
     """The federation of the run configured as ``config`` (its dataset, partition, model and seed)."""
-    return build_federation(
-        config.table("dataset"), config.table("partition"), config.table("model"), config.run.seed, data_dir
-    )
+    return build_federation(config.dataset, config.partition, config.model, config.run.seed, data_dir)
 
 
-def model_spec(model: dict[str, Any], in_channels: int, num_classes: int, image_size: int) -> ModelSpec:
-    """The ``[model]`` table as the spec every process builds the model from."""
-    options = dict(model)
-    name = options.pop("name")
-    return ModelSpec(name=name, in_channels=in_channels, num_classes=num_classes, image_size=image_size,
-                     options=tuple(sorted((k, freeze(v)) for k, v in options.items())))
+def model_spec(model: Component, in_channels: int, num_classes: int, image_size: int) -> ModelSpec:
+    """The typed ``[model]`` as the spec every process builds the model from (every option, defaults included)."""
+    return ModelSpec(name=model.name, in_channels=in_channels, num_classes=num_classes, image_size=image_size,
+                     options=tuple(sorted((k, freeze(v)) for k, v in as_table(model.params).items())))
 
 
 TENSORS = ("x", "y", "x_test", "y_test", "x_client_test", "y_client_test")
 """The federation's data tensors, by field name."""
 
 
-def with_model(fed: Federation, model: dict[str, Any]) -> Federation:
+def with_model(fed: Federation, model: Component) -> Federation:
     """``fed`` for a run of another ``[model]``: the same tensors (the same objects), the run's model spec."""
     spec = model_spec(model, fed.info.model.in_channels, fed.info.num_classes, fed.info.model.image_size)
     return fed if spec == fed.info.model else dataclasses.replace(fed, info=dataclasses.replace(fed.info, model=spec))

@@ -100,7 +100,7 @@ def model_parameters(config: RunConfig, shape: DataShape) -> int | None:
     spec: a grid's runs mostly share theirs."""
     from fedskew.engine.federation import model_spec
 
-    spec = model_spec(config.table("model"), shape.channels, shape.classes, shape.size)
+    spec = model_spec(config.model, shape.channels, shape.classes, shape.size)
     try:
         hash(spec)
     except TypeError:  # an option that is a table: not a cache key

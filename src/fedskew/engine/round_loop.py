@@ -10,7 +10,6 @@ listed in :mod:`fedskew.runs`.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -21,7 +20,7 @@ from typing import Any
 import torch
 
 from fedskew.algorithms.base import ALGORITHMS, Replies, ServerContext
-from fedskew.config.schema import RunConfig, typed_config
+from fedskew.config.schema import RunConfig
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.device import (
     set_deterministic_env,
@@ -30,7 +29,6 @@ from fedskew.core.device import (
     use_compute,
 )
 from fedskew.core.errors import FedskewError
-from fedskew.core.files import torch_bytes, write_atomic
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.engine.callbacks import Record, RoundCallback, RoundTime, standard_callbacks
 from fedskew.engine.callbacks.checkpoints import restore_state
@@ -41,7 +39,6 @@ from fedskew.engine.runner import ClientJob, ClientSide, EngineCache, EngineCont
 from fedskew.engine.summary import Recorder, run_summary
 from fedskew.metrics import Ledger
 from fedskew.models.evaluation import EVAL_CHUNK, EvalCounts, chunk_bounds
-from fedskew.runs import ARTIFACTS_DIR, MODEL_FILE, SUMMARY_FILE
 
 log = logging.getLogger("fedskew")
 
@@ -58,20 +55,22 @@ class RunResult:
 class RoundLoop:
     """Runs one configured algorithm on one federation, round by round (simulated or deployed clients).
 
-    ``cfg`` is the run's resolved config (its dict form); ``config`` its typed form when the caller has
-    it already (else it is built here, once). ``callbacks`` run after the standard ones. ``engine_cache``:
-    where the engine keeps what the experiment's next run may use (its worker pool); None: the run's own.
+    ``config`` is the run's typed config (:func:`~fedskew.config.schema.typed_config`, which imports the
+    config's plug-ins). ``callbacks`` run after the standard ones. ``engine_cache``: where the engine keeps what
+    the experiment's next run may use (its worker pool); None: the run's own.
     """
 
     def __init__(
-        self, cfg: dict[str, Any], run_dir: Path, *, data_dir: str | None = None, progress: bool = True,
+        self, config: RunConfig, run_dir: Path, *, data_dir: str | None = None, progress: bool = True,
         federation: Federation | None = None, on_round: Callable[[Record], None] | None = None,
-        clients: ClientSide | None = None, config: RunConfig | None = None,
-        callbacks: Sequence[RoundCallback] = (), engine_cache: EngineCache | None = None,
+        clients: ClientSide | None = None, callbacks: Sequence[RoundCallback] = (),
+        engine_cache: EngineCache | None = None,
     ) -> None:
-        self.cfg, self.run_dir, self.clients = cfg, Path(run_dir), clients  # clients None: the engine's runner
+        if not isinstance(config, RunConfig):
+            raise TypeError(f"RoundLoop takes the typed config (fedskew.config.typed_config), not {type(config)}")
+        self.run_dir, self.clients = Path(run_dir), clients  # clients None: the engine's runner
         self.engine_cache = engine_cache
-        self.config = config = config or typed_config(cfg)  # imports the config's plug-ins first
+        self.config = config
         self.fed = federation or federation_for(config, data_dir)
         self.algorithm = ALGORITHMS.get(config.algorithm.name)(config.algorithm.params, self.fed.info)
         self.label = config.label
@@ -141,14 +140,9 @@ class RoundLoop:
         return self._wire[1]
 
     def _save_artifact(self, name: str, tensors: dict[str, torch.Tensor]) -> None:
-        from safetensors.torch import save
-
+        """The method's artifact: every callback gets it (the run folder's file is one, :mod:`.callbacks.run_files`)."""
         if not name.replace("_", "").isalnum():
             raise FedskewError(f"artifact name {name!r} must be letters, digits and underscores")
-        folder = self.run_dir / ARTIFACTS_DIR / name
-        folder.mkdir(parents=True, exist_ok=True)
-        final = folder / f"round_{self.round:04d}.safetensors"
-        write_atomic(final, save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}), sync=False)
         for callback in self.callbacks:
             callback.artifact(name, self.round, tensors)
 
@@ -200,16 +194,18 @@ class RoundLoop:
                 records.append(rec)
                 for callback in self.callbacks:
                     callback.round_end(self, rec, records, RoundTime(started, t_eval))
+            if self.runner is not None:
+                self.runner.close()  # the workers go before the last files are written
+                self.runner = None
+            summary = run_summary(self.config, self.fed, records)
+            for callback in self.callbacks:
+                callback.finish(self, summary)  # model.pt, then summary.json: the run is finished
         finally:
             if self.runner is not None:
                 self.runner.close()
                 self.runner = None
             for callback in self.callbacks:
                 callback.close()
-        summary = run_summary(self.config, self.fed, records)
-        # The summary last: it marks the run finished (fedskew run --resume keeps a run that has one).
-        write_atomic(self.run_dir / MODEL_FILE, torch_bytes(to_cpu(self.server.model.state_dict())), sync=False)
-        write_atomic(self.run_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n", sync=False)
         return RunResult(self.run_dir, summary, records)
 
     def _setup(self) -> list[Record]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from fedskew.config import dump
 from fedskew.config.files import read_toml
-from fedskew.config.schema import RunConfig, full_config, typed_config
+from fedskew.config.schema import RunConfig, full_config
 from fedskew.engine.callbacks import Record, RoundCallback
 from fedskew.engine.checkpoint import check_resume, load_checkpoint
 from fedskew.engine.federation import Federation
@@ -19,25 +19,23 @@ from fedskew.runs import CHECKPOINT_FILE, CHECKPOINTS_DIR, CONFIG_FILE, os_error
 
 
 def start_run(
-    cfg: dict[str, Any], run_dir: Path, *, resume: bool, data_dir: str | None = None, progress: bool = True,
+    config: RunConfig, run_dir: Path, *, resume: bool, data_dir: str | None = None, progress: bool = True,
     federation: Federation | None = None, on_round: Callable[[Record], None] | None = None,
     clients: ClientSide | None = None, stored: dict[str, Any] | None = None,
     before: Callable[[RoundLoop], None] | None = None, callbacks: Sequence[RoundCallback] = (),
-    config: RunConfig | None = None, engine_cache: EngineCache | None = None,
+    engine_cache: EngineCache | None = None,
 ) -> RunResult:
-    """Run (``resume``: continue) the run configured as ``cfg`` in ``run_dir``; the caller holds the folder.
+    """Run (``resume``: continue) the run configured as ``config`` in ``run_dir``; the caller holds the folder.
 
     ``engine_cache`` is an experiment's (:func:`~fedskew.engine.experiment.run_experiment`): its engine keeps
     there what the next run may use, such as a started worker pool.
 
-    1. The typed config (``config``, or built here), built once and used by everything after.
-    2. Resuming: the last checkpoint against the run's rounds and the config the folder holds (``stored``,
+    1. Resuming: the last checkpoint against the run's rounds and the config the folder holds (``stored``,
        read from ``config.toml`` when not given), before any data is loaded.
-    3. The round loop (federation, algorithm, model); resuming: the checkpoint against the model.
-    4. ``config.toml``, every default filled in; then ``before(loop)`` (a deployment connects to its nodes).
-    5. The rounds. A file that cannot be written is one line naming the run folder.
+    2. The round loop (federation, algorithm, model); resuming: the checkpoint against the model.
+    3. ``config.toml``, every default filled in; then ``before(loop)`` (a deployment connects to its nodes).
+    4. The rounds. A file that cannot be written is one line naming the run folder.
     """
-    config = config or typed_config(cfg)
     with os_errors_name(run_dir, run=True):
         ck_path = run_dir / CHECKPOINTS_DIR / CHECKPOINT_FILE
         ck = None
@@ -47,7 +45,7 @@ def start_run(
             ck = load_checkpoint(run_dir / CHECKPOINTS_DIR)
             check_resume(ck, ck_path, stored, config.run.rounds)
         loop = RoundLoop(
-            cfg, run_dir, config=config, data_dir=data_dir, progress=progress, federation=federation,
+            config, run_dir, data_dir=data_dir, progress=progress, federation=federation,
             on_round=on_round, clients=clients, callbacks=callbacks, engine_cache=engine_cache,
         )
         if ck is not None:

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from fedskew.condense.grids import image_grid as tile
-from fedskew.config.schema import LoggingParams
+from fedskew.config.schema import RunConfig, full_config
 from fedskew.core.files import write_atomic
 
 TENSORBOARD_DIR = "tensorboard"
@@ -121,8 +121,9 @@ def grouped_scalars(rec: dict[str, Any], class_names: Sequence[str] = ()) -> dic
     return out
 
 
-def hyperparameters(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The single values of a run's config (dotted keys), as TensorBoard's hyper-parameters view takes them."""
+def hyperparameters(config: RunConfig) -> dict[str, Any]:
+    """The single values of a run's config (dotted keys, every default filled in: the run's ``config.toml``), as
+    TensorBoard's hyper-parameters view and the trackers take them."""
     out: dict[str, Any] = {}
 
     def walk(table: dict[str, Any], prefix: str) -> None:
@@ -132,7 +133,7 @@ def hyperparameters(cfg: dict[str, Any]) -> dict[str, Any]:
             elif isinstance(value, bool | int | float | str) and key not in ("plugins", "description"):
                 out[prefix + key] = value
 
-    walk(cfg, "")
+    walk(full_config(config), "")
     return out
 
 
@@ -159,10 +160,8 @@ class TensorBoardLog:
         self._writer: Any = None  # a SummaryWriter, made at the first event (its purge step is that event's)
 
     @classmethod
-    def for_run(cls, cfg: dict[str, Any], run_dir: Path, class_names: Sequence[str], resume: bool,
-                params: LoggingParams) -> TensorBoardLog:
-        """The log the run's typed ``[logging]`` table (``params``) asks for; ``cfg`` (the config's dict form)
-        gives the hyper-parameters view.
+    def for_run(cls, config: RunConfig, run_dir: Path, class_names: Sequence[str], resume: bool) -> TensorBoardLog:
+        """The log the run's ``[logging]`` table asks for, with the run's config as its hyper-parameters view.
 
         A run started afresh leaves no event files of an earlier run in its folder, whether or not it
         logs itself.
@@ -171,11 +170,12 @@ class TensorBoardLog:
         if not resume:
             for old in folder.glob(EVENT_FILES):
                 old.unlink()
+        params = config.logging
         if params.tensorboard:  # a folder it cannot write to is one line now, not a writer thread's traceback later
             folder.mkdir(parents=True, exist_ok=True)
             probe = write_atomic(folder / ".fedskew-write-test", b"", sync=False)
             probe.unlink()
-        return cls(folder if params.tensorboard else None, class_names, resume=resume, hparams=hyperparameters(cfg))
+        return cls(folder if params.tensorboard else None, class_names, resume=resume, hparams=hyperparameters(config))
 
     def _at(self, step: int) -> Any:
         if self._writer is None:

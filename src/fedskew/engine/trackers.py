@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
-from fedskew.config.schema import LoggingParams
+from fedskew.config.schema import RunConfig
 from fedskew.core.errors import FedskewError
 from fedskew.engine.tensorboard import grouped_scalars, hyperparameters
 
@@ -45,13 +45,13 @@ class WandbTracker:
     into the current folder (or the temporary folder when that cannot be written); ``WANDB_DIR``, when set,
     still chooses another folder."""
 
-    def __init__(self, cfg: dict[str, Any], run_dir: Path, project: str) -> None:
+    def __init__(self, config: RunConfig, run_dir: Path, project: str) -> None:
         import wandb
 
         run_id = f"{run_dir.parent.name}-{run_dir.name}"[-128:].replace("/", "_")
         where = os.environ.get("WANDB_DIR") or str(run_dir.resolve())
         self._run = wandb.init(project=project, name=run_dir.name, id=run_id, resume="allow",
-                               config=hyperparameters(cfg), dir=where, reinit="finish_previous")
+                               config=hyperparameters(config), dir=where, reinit="finish_previous")
 
     def record(self, rec: dict[str, Any]) -> None:
         self._run.log(grouped_scalars(rec), step=int(rec["round"]))
@@ -116,7 +116,7 @@ def check_tracking_servers(configs: Iterable[Any]) -> None:
 class MlflowTracker:
     """One MLflow run per fedskew run, in MLflow experiment ``experiment`` (the config's ``name``)."""
 
-    def __init__(self, cfg: dict[str, Any], run_dir: Path, uri: str, experiment: str) -> None:
+    def __init__(self, config: RunConfig, run_dir: Path, uri: str, experiment: str) -> None:
         import mlflow
 
         self._mlflow = mlflow
@@ -129,7 +129,7 @@ class MlflowTracker:
         mlflow.set_tracking_uri(uri)
         mlflow.set_experiment(experiment)
         self._run = mlflow.start_run(run_name=run_dir.name)
-        mlflow.log_params({k: str(v)[:500] for k, v in hyperparameters(cfg).items()})
+        mlflow.log_params({k: str(v)[:500] for k, v in hyperparameters(config).items()})
 
     def record(self, rec: dict[str, Any]) -> None:
         metrics = {k.replace("/", "."): v for k, v in grouped_scalars(rec).items()}  # MLflow names: no "/"
@@ -143,14 +143,15 @@ def _env_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI", "")
 
 
-def open_trackers(cfg: dict[str, Any], params: LoggingParams, run_dir: Path, experiment: str) -> list[Tracker]:
-    """The trackers ``[logging]`` asks for, started for the run in ``run_dir`` (a missing package was refused
-    when the config was checked: :class:`~fedskew.config.schema.LoggingParams`)."""
+def open_trackers(config: RunConfig, run_dir: Path) -> list[Tracker]:
+    """The trackers ``[logging]`` asks for, started for the run in ``run_dir``, under the experiment's ``name``
+    (a missing package was refused when the config was checked: :class:`~fedskew.config.schema.LoggingParams`)."""
+    params, experiment = config.logging, config.run.name
     trackers: list[Tracker] = []
     if params.wandb:
-        trackers.append(OneLine("wandb", lambda: WandbTracker(cfg, run_dir, params.wandb_project)))
+        trackers.append(OneLine("wandb", lambda: WandbTracker(config, run_dir, params.wandb_project)))
     if params.mlflow:
-        trackers.append(OneLine("mlflow", lambda: MlflowTracker(cfg, run_dir, params.mlflow_uri, experiment)))
+        trackers.append(OneLine("mlflow", lambda: MlflowTracker(config, run_dir, params.mlflow_uri, experiment)))
     return trackers
 
 

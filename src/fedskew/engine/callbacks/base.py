@@ -21,7 +21,6 @@ class Loop(Protocol):
     """What a callback reads of the round loop (:class:`~fedskew.engine.round_loop.RoundLoop`); a checkpoint's
     restore also sets ``round`` and ``client_states``."""
 
-    cfg: dict[str, Any]
     config: RunConfig
     run_dir: Path
     fed: Federation
@@ -56,6 +55,9 @@ class RoundCallback:
 
     def artifact(self, name: str, rnd: int, tensors: dict[str, torch.Tensor]) -> None:
         """The method saved an artifact (condensed images ...) in round ``rnd``."""
+
+    def finish(self, loop: Loop, summary: dict[str, Any]) -> None:
+        """Every round is done and ``summary`` is the run's (``summary.json``); :meth:`close` comes next."""
 
     def close(self) -> None:
         """The run ended, finished or not: release what :meth:`start` opened."""

@@ -15,7 +15,7 @@ class TensorBoard(RoundCallback):
     log = TensorBoardLog(None)
 
     def start(self, loop: Loop, resume: bool) -> None:
-        self.log = TensorBoardLog.for_run(loop.cfg, loop.run_dir, loop.fed.class_names, resume, loop.config.logging)
+        self.log = TensorBoardLog.for_run(loop.config, loop.run_dir, loop.fed.class_names, resume)
 
     def round_end(self, loop: Loop, record: Record, records: list[Record], time: RoundTime) -> None:
         self.log.record(record)

@@ -14,7 +14,7 @@ class Trackers(RoundCallback):
         self.trackers: list[Tracker] = []
 
     def start(self, loop: Loop, resume: bool) -> None:
-        self.trackers = open_trackers(loop.cfg, loop.config.logging, loop.run_dir, loop.config.run.name)
+        self.trackers = open_trackers(loop.config, loop.run_dir)
 
     def round_end(self, loop: Loop, record: Record, records: list[Record], time: RoundTime) -> None:
         for tracker in self.trackers:

@@ -217,9 +217,11 @@ def write_shards(cfg: dict[str, Any], out: Path, data_dir: str | None) -> list[P
     For deployments where each site must hold only its own data: give site ``k`` the file
     ``client-<k>.pt`` and start its SuperNode with ``--node-config 'partition-id=k data-path="DIR"'``.
     """
+    from fedskew.config.schema import component
     from fedskew.engine.federation import build_federation
 
-    fed = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), data_dir)
+    dataset, partition, model = (component(section, cfg[section]) for section in ("dataset", "partition", "model"))
+    fed = build_federation(dataset, partition, model, int(cfg["seed"]), data_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for cid in range(fed.info.num_clients):

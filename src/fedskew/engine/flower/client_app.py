@@ -28,6 +28,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedskew.algorithms.base import EVALUATE, FederationInfo, make_algorithm
+from fedskew.config.schema import component
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.device import Compute, resolve_device
 from fedskew.core.errors import FedskewError
@@ -96,7 +97,9 @@ def load_shard(cid: int, run: dict[str, Any], info: FederationInfo, node_config:
             raise FedskewError(f"{path} holds images of shape {tuple(x.shape[1:])}, the run expects {info.image_shape}")
         return x, y, (shard["x_test"], shard["y_test"]) if "x_test" in shard else None
     data_dir = str(node_config.get("data-dir", "")) or None
-    fed = build_federation(node_dataset(run["dataset"]), run["partition"], run["model"], int(run["seed"]), data_dir)
+    dataset = component("dataset", node_dataset(run["dataset"]))
+    partition, model = component("partition", run["partition"]), component("model", run["model"])
+    fed = build_federation(dataset, partition, model, int(run["seed"]), data_dir)
     if fed.info != info:
         raise FedskewError(
             "this node's federation differs from the server's (other dataset files or fedskew version?): "

@@ -21,7 +21,6 @@ import logging
 import math
 import os
 import time
-import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,22 +32,21 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
 from fedskew.algorithms.base import FederationInfo
-from fedskew.config import dump
-from fedskew.config.files import read_toml, same_value
-from fedskew.config.schema import comparable_config, full_config
+from fedskew.config.files import read_toml
+from fedskew.config.resume import same_run
+from fedskew.config.schema import RunConfig, full_config, typed_config
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.core.message import Message as FedskewMessage
 from fedskew.core.params import build_params, check
-from fedskew.engine.checkpoint import RESUMABLE, check_resume, load_checkpoint
-from fedskew.engine.federation import build_federation
+from fedskew.engine.checkpoint import load_checkpoint
+from fedskew.engine.federation import federation_for
 from fedskew.engine.flower.app import resolve_experiment
 from fedskew.engine.flower.messages import HEADER, HELLO, from_records, info_to_json, to_records
 from fedskew.engine.round_loop import RunResult
 from fedskew.engine.runner import ClientJob, NoReply
 from fedskew.engine.session import start_run
 from fedskew.runs import (
-    CHECKPOINT_FILE,
     CHECKPOINTS_DIR,
     CONFIG_FILE,
     METRICS_FILE,
@@ -251,22 +249,22 @@ class FlowerClients:
 
 
 # ---- the ServerApp ---------------------------------------------------------------------------------
-def _prepare_run_dir(run_dir: Path, cfg: dict[str, Any], resume: bool) -> None:
-    """Write ``config.toml``; a finished run is never overwritten, a resumed one must be the same run."""
+def _stored_run(run_dir: Path, config: RunConfig, resume: bool) -> dict[str, Any] | None:
+    """The config ``run_dir`` holds when resuming (refused unless it is the same run, :func:`same_run`); None for a
+    new run (a finished run is never overwritten)."""
     path = run_dir / CONFIG_FILE
-    if resume:
-        if not path.exists():
-            raise FedskewError(f"resume=true, but {run_dir} holds no run")
-        stored = comparable_config(read_toml(path, "run config"))
-        wanted = comparable_config(tomllib.loads(dump(cfg)))
-        keys = (stored.keys() | wanted.keys()) - set(RESUMABLE)
-        changed = sorted(k for k in keys if not same_value(stored.get(k), wanted.get(k)))
-        if changed:
-            raise ConfigError(f"resume=true, but the config differs from {path} in {', '.join(changed)}")
-    elif (run_dir / METRICS_FILE).exists():
-        raise ConfigError(f"{run_dir} already holds a run: set resume=true to continue it, or choose another out")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(dump(full_config(cfg)))
+    if not resume:
+        if (run_dir / METRICS_FILE).exists():
+            raise ConfigError(f"{run_dir} already holds a run: set resume=true to continue it, or choose another out")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return None
+    if not path.exists():
+        raise FedskewError(f"resume=true, but {run_dir} holds no run")
+    stored = read_toml(path, "run config")
+    changed = same_run(stored, config)
+    if changed:
+        raise ConfigError(f"resume=true, but the config differs from {path} in {', '.join(changed)}")
+    return stored
 
 
 def _resume_hint(run_dir: Path) -> str:
@@ -285,18 +283,16 @@ def deploy(grid: Grid, settings: DeploySettings, app_dir: Path, plugins: Sequenc
 
     ``plugins`` (the app's, as :func:`server_app` got them) replace the experiment's own ``plugins``.
     """
-    cfg = resolve_experiment(app_dir / settings.experiment, settings.overrides, settings.label, plugins)
-    run_dir = Path(settings.out).expanduser() / run_folder_name(cfg["label"], cfg["seed"])
-    checkpoints = run_dir / CHECKPOINTS_DIR
+    config = typed_config(resolve_experiment(app_dir / settings.experiment, settings.overrides, settings.label,
+                                             plugins))
+    run_dir = Path(settings.out).expanduser() / run_folder_name(config.label, config.run.seed)
     with locked_run_folder(run_dir):  # one deployment (or fedskew run) per run folder at a time
-        if settings.resume and (run_dir / CONFIG_FILE).exists():  # a shortened run or an edited config: refuse
-            check_resume(load_checkpoint(checkpoints), checkpoints / CHECKPOINT_FILE,
-                         read_toml(run_dir / CONFIG_FILE, "run config"), int(cfg["rounds"]))
-        _prepare_run_dir(run_dir, cfg, settings.resume)
+        stored = _stored_run(run_dir, config, settings.resume)
         data_dir = settings.data_dir or os.environ.get("FEDSKEW_DATA") or None
-        fed = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], int(cfg["seed"]), data_dir)
-        clients = FlowerClients(
-            grid, cfg, fed.info, reply_timeout=settings.reply_timeout, min_reply_fraction=settings.min_reply_fraction
+        fed = federation_for(config, data_dir)
+        clients = FlowerClients(  # the tables the nodes need, on the wire in the form config.toml holds
+            grid, full_config(config), fed.info, reply_timeout=settings.reply_timeout,
+            min_reply_fraction=settings.min_reply_fraction,
         )
 
         def progress(rec: dict[str, Any]) -> None:
@@ -307,13 +303,13 @@ def deploy(grid: Grid, settings: DeploySettings, app_dir: Path, plugins: Sequenc
 
         def connect(_: object) -> None:
             clients.connect(settings.node_wait)
-            log.info("fedskew run %s -> %s", cfg["label"], run_dir)
+            log.info("fedskew run %s -> %s", config.label, run_dir)
             connected.append(True)
 
         try:
             result = start_run(
-                cfg, run_dir, resume=settings.resume, progress=False, federation=fed, clients=clients,
-                on_round=progress, stored=tomllib.loads(dump(cfg)), before=connect,
+                config, run_dir, resume=settings.resume, progress=False, federation=fed, clients=clients,
+                on_round=progress, stored=stored, before=connect,
             )
         except FedskewError as e:
             if not connected:

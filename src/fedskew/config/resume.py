@@ -1,0 +1,32 @@
+"""Is this the same run? The one answer every way of resuming a run folder shares (``fedskew run --resume``, a
+resumed experiment, a resumed Flower deployment, a checkpoint's own copy of the config)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from fedskew.config.files import flat_keys, same_value
+from fedskew.config.schema import RESUMABLE, RunConfig, comparable_config, full_config
+
+
+def same_run(stored: Mapping[str, Any], now: Mapping[str, Any] | RunConfig) -> list[str]:
+    """The dotted keys in which the config a run folder holds (``stored``, as read from its ``config.toml``) and
+    the config it is resumed with (``now``) differ, leaving out what a resume may change (:data:`RESUMABLE`);
+    empty: the same run.
+
+    Both sides are compared with every default filled in (:func:`~fedskew.config.schema.full_config`), so a
+    record written before a default existed still equals its full form; a side that does not validate is
+    compared as it is (it then differs from any valid config, in the keys that make it invalid).
+    """
+    then = flat_keys(comparable_config(dict(stored)))
+    later = flat_keys(full_config(now) if isinstance(now, RunConfig) else comparable_config(dict(now)))
+    return sorted(
+        k for k in then.keys() | later.keys()
+        if k.split(".")[0] not in RESUMABLE and not same_value(then.get(k), later.get(k))
+    )
+
+
+def tables_of(keys: list[str]) -> list[str]:
+    """The top-level keys and tables of dotted keys, in order, once each (``algorithm.lr`` -> ``algorithm``)."""
+    return list(dict.fromkeys(k.split(".")[0] for k in keys))
