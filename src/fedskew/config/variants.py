@@ -55,6 +55,11 @@ def resolve(
 ) -> list[RunSpec]:
     """Expand a parsed config into its runs (variants x grid points x seeds), each validated.
 
+    The steps, each a function below: the file over the defaults, its plug-ins imported (:func:`_file_config`);
+    the grid (:func:`~fedskew.config.grid.grid_of`); the variants (:func:`_variants`); the seeds
+    (:func:`_seeds`); then for each grid point its config (:func:`_point_config`: variant, overrides, the point's
+    values) and label (:func:`_label`), and one validated run per seed (:func:`_seeded`).
+
     The plug-ins come first: the config's ``plugins`` (or a ``plugins`` override, whose relative paths are
     relative to the current folder), then ``imports`` (``--import``); they are imported before anything is
     checked, and every run's config records them (normalised, see :func:`fedskew.plugins.normalise`).
@@ -65,6 +70,36 @@ def resolve(
     """
     _check_top(raw, where)
     overrides = dict(overrides or {})
+    base = _file_config(raw, overrides, imports)
+    grid = grid_of(raw, overrides, base, where)  # takes the swept keys (and seed=[...]) out of the overrides
+    variants = _variants(raw, overrides, where)
+    seeds = _seeds(raw, overrides, base["seed"], grid)
+    points = grid.expand(variants, base, overrides, len(seeds), where)
+    # A command-line algorithm.<param> goes to the variants whose algorithm has that parameter
+    # (`algorithm.condense_iterations=20` on a FedAvg-vs-FedDC file); it is an error only if none has it.
+    algo_overrides = {k for k in overrides if k.startswith("algorithm.") and k != "algorithm.name"}
+    taken: set[str] = set()
+    runs: list[RunSpec] = []
+    folders: set[str] = set()
+    for point in points:
+        cfg = _point_config(point, base, overrides, algo_overrides if len(points) > 1 else set(), taken)
+        label, selectors = _label(point, cfg, overrides, grid, where, relabelled)
+        folder = folder_label(label)
+        if folder in folders:  # equal labels have equal folder names
+            raise ConfigError(
+                f"{where}: two variants share the label {label!r} or its folder name; give each a distinct label"
+            )
+        folders.add(folder)
+        runs.extend(_seeded(cfg, label, selectors, seeds))
+    if len(points) > 1 and algo_overrides - taken:
+        key = sorted(algo_overrides - taken)[0]
+        raise ConfigError(f"unknown key {key!r}: no variant's algorithm has this parameter")
+    return runs
+
+
+def _file_config(raw: dict[str, Any], overrides: dict[str, Any], imports: Sequence[str]) -> dict[str, Any]:
+    """Step 1, files and defaults: the config file's tables and top-level keys over :data:`DEFAULTS`, its plug-ins
+    (a ``plugins`` override's instead, taken out of ``overrides``; then ``imports``) imported and recorded."""
     plugins = load_plugins([*check_specs(overrides.pop("plugins", raw.get("plugins", []))), *imports])
     base = copy.deepcopy(DEFAULTS)
     for key, value in raw.items():
@@ -74,12 +109,18 @@ def resolve(
             base[key] = value
     if plugins:
         base["plugins"] = plugins
+    return base
+
+
+def _variants(raw: dict[str, Any], overrides: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """Step 2, variants: the file's ``[[variants]]`` (one empty one without), none when the command line names one
+    method (after the grid took a list of methods out of ``overrides``); a variant may not set what applies to
+    every variant (seeds, plug-ins)."""
     variants = raw.get("variants") or [{}]
     if not isinstance(variants, list) or not all(isinstance(v, dict) for v in variants):
         raise ConfigError(f"{where}: variants must be a list of tables")
-    grid = grid_of(raw, overrides, base, where)  # takes the swept keys (and seed=[...]) out of the overrides
     if "algorithm.name" in overrides or "algorithm" in overrides:  # one method named on the command line
-        variants = [{}]
+        return [{}]
     for index, variant in enumerate(variants):
         for key, top in (("seed", "seeds"), ("seeds", "seeds"), ("plugins", "plugins")):
             if key in variant:
@@ -87,71 +128,80 @@ def resolve(
                     f"{where}: variant {variant.get('label', index)!r} sets {key}; the {top} apply to every "
                     f"variant: set {top} = [...] at the top level"
                 )
-    seeds = _seeds(raw, overrides, base["seed"], grid)
-    points = grid.expand(variants, base, overrides, len(seeds), where)
-    runs: list[RunSpec] = []
-    folders: set[str] = set()
-    # A command-line algorithm.<param> goes to the variants whose algorithm has that parameter
-    # (`algorithm.condense_iterations=20` on a FedAvg-vs-FedDC file); it is an error only if none has it.
-    algo_overrides = {k for k in overrides if k.startswith("algorithm.") and k != "algorithm.name"}
-    taken: set[str] = set()
-    for point in points:
-        variant = point.variant
-        cfg = copy.deepcopy(base)
-        explicit: dict[str, set[str]] = {sec: set() for sec in NAMED}
-        for source in (variant, overrides, point.values):
-            for key, value in source.items():
-                if key != "label" and key.startswith("algorithm.name"):
-                    set_dotted(cfg, key, value)
-        params = _param_names(cfg["algorithm"]["name"])
-        for source in (variant, overrides, point.values):  # a grid point's values come last: its label names them
-            for key, value in source.items():
-                if key in ("label", "seeds"):
-                    continue
-                if source is overrides and key in algo_overrides and len(points) > 1:
-                    if params is not None and key.split(".")[1] not in params:
-                        continue
-                    taken.add(key)
+    return variants
+
+
+def _point_config(
+    point: Any, base: dict[str, Any], overrides: dict[str, Any], algo_overrides: set[str], taken: set[str]
+) -> dict[str, Any]:
+    """Step 3, one grid point's config: the base, then the variant's keys, the command line's, the point's
+    values (last: its label names them); the method first of all, so that its options know their method.
+
+    A table whose object the point renames starts afresh (:data:`GENERIC_KEYS` and the keys set with it kept),
+    and a new method keeps the base's hyper-parameters it also has. ``algo_overrides`` (in a grid): command-line
+    ``algorithm.<param>`` keys that go only to the methods that have the parameter, noted in ``taken``.
+    """
+    variant = point.variant
+    cfg = copy.deepcopy(base)
+    explicit: dict[str, set[str]] = {sec: set() for sec in NAMED}
+    for source in (variant, overrides, point.values):
+        for key, value in source.items():
+            if key != "label" and key.startswith("algorithm.name"):
                 set_dotted(cfg, key, value)
-                sec, _, leaf = key.partition(".")
-                if sec in explicit and leaf:
-                    explicit[sec].add(leaf.split(".")[0])
-        for sec in ("dataset", "partition", "model"):
-            if cfg[sec].get("name") != base[sec].get("name"):
-                # Options belong to the object they were written for: a new name starts afresh.
-                keep = explicit[sec] | {"name"} | GENERIC_KEYS[sec]
-                cfg[sec] = {k: v for k, v in cfg[sec].items() if k in keep}
-        if cfg["algorithm"].get("name") != base["algorithm"].get("name"):
-            _keep_shared_params(cfg, explicit["algorithm"])
-        label = check_label(str(variant.get("label") or cfg.get("label") or cfg["algorithm"]["name"]))
-        own = f"{label}, {point.text}" if point.text else label
-        templated = "label" in overrides
-        if point.text and len(own) > MAX_LABEL and not (templated or relabelled):
-            raise ConfigError(_long_label(grid, own, where))
-        label = check_label(own, longest=None if templated or relabelled else MAX_LABEL)
-        if templated:
-            label = expand_label(str(overrides["label"]), label, cfg)
-        folder = folder_label(label)
-        if folder in folders:  # equal labels have equal folder names
-            raise ConfigError(
-                f"{where}: two variants share the label {label!r} or its folder name; give each a distinct label"
-            )
-        folders.add(folder)
-        selectors = tuple(dict.fromkeys(s for s in (own, point.variant_label) if s))
-        for seed in seeds:
-            run = copy.deepcopy(cfg)
-            run["seed"] = seed
-            run["label"] = label
-            run.pop("seeds", None)
-            spec = RunSpec(label, run, selectors)
-            if len(label) > MAX_LABEL:  # a long point label, to be relabelled: validate the rest of the run now
-                typed_config({**run, "label": ""})
-            else:
-                spec.typed  # noqa: B018 (validates the run now, and keeps the typed form for the run)
-            runs.append(spec)
-    if len(points) > 1 and algo_overrides - taken:
-        key = sorted(algo_overrides - taken)[0]
-        raise ConfigError(f"unknown key {key!r}: no variant's algorithm has this parameter")
+    params = _param_names(cfg["algorithm"]["name"])
+    for source in (variant, overrides, point.values):
+        for key, value in source.items():
+            if key in ("label", "seeds"):
+                continue
+            if source is overrides and key in algo_overrides:
+                if params is not None and key.split(".")[1] not in params:
+                    continue
+                taken.add(key)
+            set_dotted(cfg, key, value)
+            sec, _, leaf = key.partition(".")
+            if sec in explicit and leaf:
+                explicit[sec].add(leaf.split(".")[0])
+    for sec in ("dataset", "partition", "model"):
+        if cfg[sec].get("name") != base[sec].get("name"):
+            # Options belong to the object they were written for: a new name starts afresh.
+            keep = explicit[sec] | {"name"} | GENERIC_KEYS[sec]
+            cfg[sec] = {k: v for k, v in cfg[sec].items() if k in keep}
+    if cfg["algorithm"].get("name") != base["algorithm"].get("name"):
+        _keep_shared_params(cfg, explicit["algorithm"])
+    return cfg
+
+
+def _label(
+    point: Any, cfg: dict[str, Any], overrides: dict[str, Any], grid: Grid, where: str, relabelled: bool
+) -> tuple[str, tuple[str, ...]]:
+    """Step 4, the point's label (the variant's, the config's or the method's name, then the point's values; a
+    ``label`` template of the command line last) and what ``--only`` may select it by."""
+    variant = point.variant
+    label = check_label(str(variant.get("label") or cfg.get("label") or cfg["algorithm"]["name"]))
+    own = f"{label}, {point.text}" if point.text else label
+    templated = "label" in overrides
+    if point.text and len(own) > MAX_LABEL and not (templated or relabelled):
+        raise ConfigError(_long_label(grid, own, where))
+    label = check_label(own, longest=None if templated or relabelled else MAX_LABEL)
+    if templated:
+        label = expand_label(str(overrides["label"]), label, cfg)
+    return label, tuple(dict.fromkeys(s for s in (own, point.variant_label) if s))
+
+
+def _seeded(cfg: dict[str, Any], label: str, selectors: tuple[str, ...], seeds: list[int]) -> list[RunSpec]:
+    """Step 5, one run per seed, each validated now (its typed form kept for the run)."""
+    runs = []
+    for seed in seeds:
+        run = copy.deepcopy(cfg)
+        run["seed"] = seed
+        run["label"] = label
+        run.pop("seeds", None)
+        spec = RunSpec(label, run, selectors)
+        if len(label) > MAX_LABEL:  # a long point label, to be relabelled: validate the rest of the run now
+            typed_config({**run, "label": ""})
+        else:
+            spec.typed  # noqa: B018 (validates the run now, and keeps the typed form for the run)
+        runs.append(spec)
     return runs
 
 
