@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fedskew.config import RunSpec, read_config, resolve
+from fedskew.config.variants import relabel
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.engine.experiment import check_devices, choose_parent, run_experiment
 from fedskew.engine.round_loop import RunResult
@@ -204,7 +205,7 @@ def plan(
     if label is not None:  # after --only, which names the config's own labels
         runs = relabel(runs, label)
     check_devices([r.typed for r in runs])
-    name = runs[0].config.get("name", "experiment")
+    name = runs[0].typed.run.name
     parent = choose_parent(None if out is None else os.fspath(out), name, runs, force, resume)
     with os_errors_name(parent):  # an unwritable out is refused before the run starts
         parent.mkdir(parents=True, exist_ok=True)
@@ -214,22 +215,6 @@ def plan(
 def dotted(overrides: Mapping[str, Any]) -> dict[str, Any]:
     """Keyword overrides as dotted keys: ``partition__alpha`` is ``partition.alpha``."""
     return {key.replace("__", "."): value for key, value in overrides.items()}
-
-
-def relabel(runs: list[RunSpec], template: str) -> list[RunSpec]:
-    """The runs labelled by ``template`` (:func:`~fedskew.config.variants.expand_label`: ``{label}`` is
-    each run's own label, ``{KEY}`` a config value); labels that collide are refused in one line."""
-    from fedskew.config.variants import expand_label
-
-    out = []
-    for spec in runs:
-        new = expand_label(template, spec.label, spec.config)
-        out.append(RunSpec(new, {**spec.config, "label": new}))
-    folders = [spec.folder_name for spec in out]
-    if len(set(folders)) != len(folders):
-        raise ConfigError(f"--label {template!r} gives two runs the same label or folder; add {{label}} or a "
-                          "setting that tells them apart")
-    return out
 
 
 def select_labels(runs: list[RunSpec], wanted: list[str]) -> list[RunSpec]:

@@ -328,6 +328,22 @@ class RunData:
     records: list[dict[str, Any]]
     config: dict[str, Any] = field(default_factory=dict)
 
+    def recorded_table(self, name: str) -> dict[str, Any]:
+        """The ``[name]`` table the run recorded (empty where it has none), without ``data_dir``: where this
+        machine keeps the files says nothing about the experiment."""
+        table = self.config.get(name)
+        return {k: v for k, v in table.items() if k != "data_dir"} if isinstance(table, dict) else {}
+
+    def recorded(self, key: str, default: Any = None) -> Any:
+        """The run's recorded value of a dotted config key (``eval.personalized_epochs``); ``default`` where its
+        ``config.toml`` has none."""
+        value: Any = self.config
+        for part in key.split("."):
+            if not isinstance(value, dict) or part not in value:
+                return default
+            value = value[part]
+        return value
+
 
 def is_number(x: object) -> TypeGuard[int | float]:
     """Whether ``x`` is an int or float (not a bool): a value the records may hold as a figure."""

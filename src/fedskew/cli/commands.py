@@ -163,7 +163,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     paths = [Path(p) for p in args.runs]
     group_by = [key.strip() for item in args.group_by or [] for key in item.split(",") if key.strip()]
     # The look the runs' [report] table gives, changed by the options given.
-    style = style_of(load_run(p).config for p in find_runs(paths)).updated(
+    style = style_of(load_run(p).recorded_table("report") for p in find_runs(paths)).updated(
         format=args.format, dpi=args.dpi, preset=args.preset, width=args.width, height=args.height,
         font_size=args.font_size, titles=args.titles,
     )

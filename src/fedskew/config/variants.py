@@ -205,6 +205,20 @@ def _seeded(cfg: dict[str, Any], label: str, selectors: tuple[str, ...], seeds: 
     return runs
 
 
+def relabel(runs: list[RunSpec], template: str) -> list[RunSpec]:
+    """The runs labelled by ``template`` (:func:`expand_label`: ``{label}`` is each run's own label, ``{KEY}`` a
+    config value); labels that collide are refused in one line."""
+    out = []
+    for spec in runs:
+        new = expand_label(template, spec.label, spec.config)
+        out.append(RunSpec(new, {**spec.config, "label": new}))
+    folders = [spec.folder_name for spec in out]
+    if len(set(folders)) != len(folders):
+        raise ConfigError(f"--label {template!r} gives two runs the same label or folder; add {{label}} or a "
+                          "setting that tells them apart")
+    return out
+
+
 def _long_label(grid: Grid, label: str, where: str) -> str:
     """The line refusing a grid point whose label is too long: the sweep, and how to name the points."""
     example = ", ".join(f"{name}={{{key}}}" for key, name in grid.short_names().items())

@@ -175,11 +175,12 @@ def _real(value: object) -> bool:
 DEFAULT_STYLE = FigureStyle()
 
 
-def style_of(configs: Iterable[Mapping[str, Any]]) -> FigureStyle:
-    """The style of the ``[report]`` table that the run configs ``configs`` share (a run records it in its
-    ``config.toml`` where it is not the default); the default where they differ or have none."""
+def style_of(report_tables: Iterable[Mapping[str, Any]]) -> FigureStyle:
+    """The style of the ``[report]`` table that runs share (``report_tables``: each run's as its ``config.toml``
+    records it, where it is not the default: :meth:`~fedskew.runs.RunData.recorded_table`); the default where
+    they differ or have none."""
     from fedskew.core.params import build_params
 
-    tables = [dict(config.get("report") or {}) for config in configs if config]
+    tables = [dict(table) for table in report_tables]
     shared = tables[0] if tables and all(t == tables[0] for t in tables) else {}
     return build_params(FigureStyle, shared, prefix="report.") if shared else DEFAULT_STYLE

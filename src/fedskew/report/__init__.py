@@ -88,7 +88,7 @@ def report(runs: Any, out: str | os.PathLike[str] | None = None, group_by: Seque
         dirs = getattr(item, "run_dirs", None)
         paths.extend(dirs if dirs is not None else [Path(item)])
     if style is None and any(v is not None for v in changes.values()):
-        style = style_of(load_run(p).config for p in find_runs(paths))
+        style = style_of(load_run(p).recorded_table("report") for p in find_runs(paths))
     if style is not None:
         style = style.updated(**changes)
     from fedskew.report.html import write_report

@@ -241,7 +241,7 @@ def write_report(paths: Sequence[Path], out_dir: Path | None = None, group_by: S
     """
     run_paths = find_runs(paths)
     loaded = in_config_order([load_run(p) for p in run_paths])
-    style = (style or style_of(r.config for r in loaded)).updated(format=fmt, dpi=dpi)
+    style = (style or style_of(r.recorded_table("report") for r in loaded)).updated(format=fmt, dpi=dpi)
     runs = separate_experiments(loaded, group_by, label)
     kinds = None
     if group_by:  # colour = method, line style = the grouped setting

@@ -174,7 +174,7 @@ def experiment_title(runs: list[RunData]) -> str:
     what it is (:func:`~fedskew.core.figures.partition_title`: ``Dirichlet α=0.1, 10 clients``, not how it is
     drawn, ``min_size`` or ``max_retries``), those all runs share; "several datasets" etc. where they differ."""
     def common(table: str) -> dict[str, Any] | None:
-        tables = [{k: v for k, v in (run.config.get(table) or {}).items() if k != "data_dir"} for run in runs]
+        tables = [run.recorded_table(table) for run in runs]
         return tables[0] if tables and all(t == tables[0] for t in tables) else None
 
     dataset, part = common("dataset"), common("partition")
@@ -344,7 +344,7 @@ def _own_label(group: list[RunData]) -> str:
     run = group[0]
     name = str(run.summary.get("algorithm", ""))
     own = getattr(ALGORITHMS.get(name), "own_model", "") if name in ALGORITHMS else ""
-    epochs = (run.config.get("eval") or {}).get("personalized_epochs", 0)
+    epochs = run.recorded("eval.personalized_epochs", 0)
     if own and isinstance(epochs, int) and epochs > 0:
         own += f", fine-tuned {epochs} epoch{'s' if epochs > 1 else ''}"
     untrained = [r.get("untrained_clients") for run in group for r in run.records[-1:]]

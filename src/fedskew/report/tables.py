@@ -70,9 +70,8 @@ def _identity(run: RunData) -> dict[str, Any]:
     """A run's experiment identity: every key of its dataset, partition and model tables but ``data_dir``."""
     out: dict[str, Any] = {}
     for table in EXPERIMENT_TABLES:
-        for key, value in (run.config.get(table) or {}).items():
-            if key != "data_dir":
-                out[f"{table}.{key}"] = value
+        for key, value in run.recorded_table(table).items():
+            out[f"{table}.{key}"] = value
     return out
 
 
@@ -220,7 +219,7 @@ def comparison_table(runs: list[RunData]) -> list[dict[str, Any]]:
         for d in DIRECTIONS:
             row[f"mb_{d}"] = _mean_std((s.get(f"bytes_{d}", 0) for s in summaries), 1 / MB, 3)[0]
         if with_target:
-            targets = {run.config.get("target_accuracy") for run in group}
+            targets = {run.recorded("target_accuracy") for run in group}
             target = targets.pop() if len(targets) == 1 else None
             # the target, which the headers say (rounds to 80%)
             row["target_acc"] = round(100 * float(target), 2) if is_number(target) else None
