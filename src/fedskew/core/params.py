@@ -288,8 +288,11 @@ def _integer_fields(cls: type) -> frozenset[str]:
 
 
 def _number(value: float) -> str:
-    """A bound as an error prints it: integers whole and grouped (``1_000_000``), other numbers short."""
-    return f"{value:_}" if isinstance(value, int) else f"{value:g}"
+    """A bound as an error prints it: integers whole, grouped from five digits (``1024``, ``1_000_000``), other
+    numbers short."""
+    if isinstance(value, int):
+        return f"{value:_}" if abs(value) >= 10_000 else str(value)
+    return f"{value:g}"
 
 
 def option(default: Any = dataclasses.MISSING, *, help: str = "", resumable: bool = False,
