@@ -43,7 +43,6 @@ MAX_CLIENTS_IN_PARALLEL = 1_000_000
 
 NAMED = ("dataset", "partition", "model", "algorithm")
 """Tables that name a registered object (``name = ...``) and hold that object's options."""
-SECTIONS = (*NAMED, "faults", "ray", "eval", "logging", "report")
 GENERIC_KEYS = {
     "dataset": {"data_dir", "train_fraction"},
     "partition": {"num_clients", "seed", "client_test_fraction"},
@@ -333,9 +332,9 @@ class RunConfig:
         return resolve_compute(run.device, run.amp, run.deterministic, run.sgd_impl, run.compile, run.tf32)
 
 
-TABLES = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name not in ("run", "source"))
+SECTIONS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name not in ("run", "source"))
 """The tables of a config (``[dataset]`` ... ``[report]``), from :class:`RunConfig`."""
-assert TABLES == SECTIONS, TABLES  # NAMED first: typed_config and full_config rely on the order
+assert SECTIONS[: len(NAMED)] == NAMED, SECTIONS  # typed_config and full_config rely on the order
 
 FILE_KEYS: dict[str, str] = {
     "seeds": "one run per seed (overrides seed)",
@@ -368,14 +367,11 @@ time), how often it saves, and what it logs besides its own files (``logging``) 
 DEFAULTS: dict[str, Any] = {
     **{f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
        for f in dataclasses.fields(RunSettings) if f.name not in ("label", "plugins")},
+    **{section: {} for section in SECTIONS if section != "report"},  # no [report]: records stay as they were
     "dataset": {"name": "digits"},
     "partition": {"name": "iid", "num_clients": 10},
     "model": {"name": "cnn"},
     "algorithm": {"name": "fedavg"},
-    "faults": {},
-    "ray": {},
-    "eval": {},
-    "logging": {},
 }
 """A config's values where its file says nothing."""
 
