@@ -101,15 +101,17 @@ def test_the_layer_table_is_compared_with_floors(tmp_path: Path) -> None:
 def test_a_dict_read_of_the_config_is_found_under_any_name(tmp_path: Path) -> None:
     root = write_tree(tmp_path, {
         "engine/reads.py": (
+            "from fedskew.core.titles import title as heading\n"
+            "\n"
             "def dataset_name(config):\n"
             "    table = config.table('dataset')\n"  # RunConfig.table: a dict
-            "    return table['name']\n"  # 3
+            "    return table['name'], heading(config.table('partition'))\n"  # 5; and a call passing one
             "\n"
             "def learning_rate(options):\n"
-            "    return options.get('lr')\n"  # 6: options is passed a config dict below
+            "    return options.get('lr')\n"  # 8: options is passed a config dict below
             "\n"
             "def run_lr(spec):\n"
-            "    return learning_rate(dict(spec.config['algorithm']))\n"  # 9: the read of spec.config
+            "    return learning_rate(dict(spec.config['algorithm']))\n"  # 11: the read of spec.config
             "\n"
             "def delta(msg, rounds):\n"
             "    return msg.config['delta'], rounds.get(3)\n"  # a Message's config; rounds is no config
@@ -117,11 +119,12 @@ def test_a_dict_read_of_the_config_is_found_under_any_name(tmp_path: Path) -> No
             "def typed(config):\n"
             "    return config.run.seed\n"
         ),
+        "core/titles.py": "def title(partition):\n    return partition['name']\n",  # passed a table, under an alias
         "config/own.py": "def seed(cfg):\n    return cfg['seed']\n",  # the config package may
     })
     reads = structure.measure(root)["config_reads"]
-    assert [(r["file"], r["line"]) for r in reads] == [("engine/reads.py", 3), ("engine/reads.py", 6),
-                                                       ("engine/reads.py", 9)]
+    assert [(r["file"], r["line"]) for r in reads] == [
+        ("core/titles.py", 2), ("engine/reads.py", 5), ("engine/reads.py", 8), ("engine/reads.py", 11)]
 
 
 BLOCK = [
