@@ -143,8 +143,9 @@ class ClientBench:
         self.device = resolve_device(str(cfg.get("device", "cpu")))
         self.compute = Compute(str(self.device), str(cfg.get("amp", "off")))
         self.fed = federation_for(spec.typed, data_dir)
-        self.params = make_algorithm(cfg["algorithm"], self.fed.info).params
-        self.model = make_algorithm(cfg["algorithm"], self.fed.info).init_model().to(self.device)
+        method = spec.typed.algorithm
+        self.params = method.params
+        self.model = make_algorithm(method.name, method.params, self.fed.info).init_model().to(self.device)
         arrays = state_to_arrays(self.model.state_dict(), MODEL)
         if cfg["algorithm"]["name"] == "fedaf":
             num = self.fed.info.num_classes
@@ -156,11 +157,13 @@ class ClientBench:
 
     def algorithm(self, iterations: int | None = None) -> Any:
         from fedskew.algorithms.base import make_algorithm
+        from fedskew.config.schema import component
 
         table = dict(self.cfg["algorithm"])
         if iterations is not None:
             table["condense_iterations"] = iterations
-        return make_algorithm(table, self.fed.info)
+        method = component("algorithm", table)
+        return make_algorithm(method.name, method.params, self.fed.info)
 
     def sync(self) -> None:
         import torch

@@ -86,13 +86,13 @@ MESSAGE_OWNERS = {"msg", "message", "reply", "request", "m"}
 CONFIG_FUNCTIONS = {"read_config", "read_toml", "full_config", "comparable_config", "flat_config", "flat_keys"}
 """Functions that return the config's dict form (or a flat dict of its keys)."""
 READ_METHODS = {"get", "setdefault", "pop"}
-PASSED_CONFIG: dict[str, tuple[str, ...]] = {
-    "fedskew.algorithms.base.make_algorithm": ("table",),
-}
-"""Parameters passed a config table by code the rule cannot follow: the Flower ClientApp decodes the run's
-config from the request's JSON and hands its ``[algorithm]`` table to ``make_algorithm``."""
+PASSED_CONFIG: dict[str, tuple[str, ...]] = {}
+"""Parameters passed a config table by code the rule cannot follow (none today: the Flower ClientApp, which
+decodes the run's tables from a request's JSON, types them itself with ``config.schema.component``)."""
 ALLOWED_READERS: dict[str, str] = {
     "core/params.py": "build_params turns a table into its typed, checked Params: the config's own parser",
+    "runs.py": "RunData reads a finished run's config.toml (the file boundary); the report asks it, through "
+               "recorded() and recorded_table(), for what a run recorded",
 }
 """Files outside WIRE whose reads of a config table are the point (not counted)."""
 

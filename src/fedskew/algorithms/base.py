@@ -9,7 +9,7 @@ Flower), which owns the round loop, evaluation, logging, checkpoints and the byt
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -19,7 +19,7 @@ import torch
 from fedskew.components.trainer import LocalConfig, train_local
 from fedskew.core.errors import ConfigError
 from fedskew.core.message import Message, state_to_arrays
-from fedskew.core.params import Options, build_params, minimums
+from fedskew.core.params import Options, minimums
 from fedskew.core.registry import Registry
 from fedskew.core.seeding import numpy_rng, seeded_init, torch_generator
 from fedskew.models import create_model
@@ -336,9 +336,7 @@ def register_algorithm(name: str) -> Callable[[type[Algorithm]], type[Algorithm]
     return deco
 
 
-def make_algorithm(table: Mapping[str, Any], info: FederationInfo) -> Algorithm:
-    """The algorithm an ``[algorithm]`` table names (as a config file or a request from the server holds
-    it), with its typed, checked parameters."""
-    options = dict(table)
-    cls = ALGORITHMS.get(options.pop("name"))
-    return cls(build_params(cls.Params, options, prefix="algorithm."), info)
+def make_algorithm(name: str, params: Any, info: FederationInfo) -> Algorithm:
+    """The algorithm registered as ``name``, with its typed, checked parameters (a run config's
+    ``config.algorithm``: :class:`~fedskew.config.schema.Component`)."""
+    return ALGORITHMS.get(name)(params, info)

@@ -135,7 +135,6 @@ def cmd_partition(args: argparse.Namespace) -> int:
         read_config(args.config), parse_overrides(args.overrides), where=str(args.config), imports=args.imports
     )[0]
     config = spec.typed
-    partition = config.table("partition")
     fed = federation_for(config, _data_dir(args))
     # The federation holds each client's shard contiguously: offsets give the partition back.
     import numpy as np
@@ -146,9 +145,12 @@ def cmd_partition(args: argparse.Namespace) -> int:
     labels = fed.y.numpy()
     print(summarize(part, labels, fed.info.num_classes))
     from fedskew.core.figures import dataset_title, partition_title
+    from fedskew.core.params import as_table
 
     out = Path(args.out or f"partition-{config.partition.name}.png")  # in the current folder, as --help says
-    title = f"{dataset_title(config.dataset.name)}, {partition_title(partition)}"  # the report's names
+    drawn = config.partition  # the report's names
+    shown = partition_title(drawn.name, drawn.params.num_clients, as_table(drawn.params))
+    title = f"{dataset_title(config.dataset.name)}, {shown}"
     partition_plot(fed.counts, out, title=title, class_names=fed.class_names, style=args.style,
                    look=config.report)
     print(f"\npartition plot: {out.resolve()}")

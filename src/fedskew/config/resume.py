@@ -3,11 +3,13 @@ resumed experiment, a resumed Flower deployment, a checkpoint's own copy of the 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
-from fedskew.config.files import flat_keys, same_value
-from fedskew.config.schema import RESUMABLE, RunConfig, comparable_config, full_config
+from fedskew.config.files import flat_keys, same_value, set_dotted
+from fedskew.config.schema import RESUMABLE, RunConfig, comparable_config, full_config, typed_config
+from fedskew.core.errors import ConfigError
 
 
 def same_run(stored: Mapping[str, Any], now: Mapping[str, Any] | RunConfig) -> list[str]:
@@ -25,6 +27,24 @@ def same_run(stored: Mapping[str, Any], now: Mapping[str, Any] | RunConfig) -> l
         k for k in then.keys() | later.keys()
         if k.split(".")[0] not in RESUMABLE and not same_value(then.get(k), later.get(k))
     )
+
+
+def check_resume_overrides(overrides: Mapping[str, Any]) -> None:
+    """Refuse, in one line, an override a resumed run may not take (only :data:`RESUMABLE` keys)."""
+    for key in overrides:
+        if key.split(".")[0] not in RESUMABLE:
+            raise ConfigError(f"--resume accepts only the overrides {', '.join(RESUMABLE)}, not {key!r}")
+
+
+def resumed_config(stored: Mapping[str, Any], overrides: Mapping[str, Any]) -> RunConfig:
+    """The typed config a run resumes with: the one its folder holds (``stored``) under ``overrides``
+    (:func:`check_resume_overrides`)."""
+    check_resume_overrides(overrides)
+    cfg = copy.deepcopy(dict(stored))
+    for key, value in overrides.items():
+        set_dotted(cfg, key, value)
+    cfg.setdefault("target_accuracy", None)  # records from before the key existed
+    return typed_config(cfg)
 
 
 def tables_of(keys: list[str]) -> list[str]:

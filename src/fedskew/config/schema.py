@@ -311,10 +311,6 @@ class RunConfig:
     """How the experiment's report looks (the ``[report]`` table; it changes no result)."""
     source: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
-    def table(self, section: str) -> dict[str, Any]:
-        """A copy of the ``[section]`` table as written (``name`` and the options given)."""
-        return dict(self.source.get(section, {}))
-
     @property
     def label(self) -> str:
         """The run's label: its own, else the algorithm's name."""

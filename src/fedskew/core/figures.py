@@ -57,14 +57,14 @@ def dataset_title(name: object) -> str:
     return DATASET_TITLES.get(str(name), str(name))
 
 
-def partition_title(partition: Mapping[str, Any]) -> str:
-    """A partition as figure titles give it: ``Dirichlet α=0.1, 10 clients`` (no internal keys)."""
-    name = str(partition.get("name", ""))
-    shown = ", ".join(f"{PARTITION_OPTIONS[k]}={v}" for k, v in partition.items()
+def partition_title(name: object, num_clients: int | None, options: Mapping[str, Any]) -> str:
+    """A partition as figure titles give it: ``Dirichlet α=0.1, 10 clients`` (of its ``options``, only those that
+    say what it is: :data:`PARTITION_OPTIONS`)."""
+    shown = ", ".join(f"{PARTITION_OPTIONS[k]}={v}" for k, v in options.items()
                       if k in PARTITION_OPTIONS and v is not None)
-    text = PARTITION_TITLES.get(name, name) + (f" {shown}" if shown else "")
-    if partition.get("num_clients") is not None:
-        text += f", {partition['num_clients']} clients"
+    text = PARTITION_TITLES.get(str(name), str(name)) + (f" {shown}" if shown else "")
+    if num_clients is not None:
+        text += f", {num_clients} clients"
     return text
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import gc
 import json
 from collections.abc import Callable, Sequence
@@ -11,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from fedskew.config import RunSpec
-from fedskew.config.files import flat_keys, read_toml, set_dotted
-from fedskew.config.resume import same_run
-from fedskew.config.schema import RESUMABLE, RunConfig, comparable_config, full_config, typed_config
+from fedskew.config.files import flat_keys, read_toml
+from fedskew.config.resume import check_resume_overrides, resumed_config, same_run
+from fedskew.config.schema import RESUMABLE, RunConfig, comparable_config, full_config
 from fedskew.core.errors import ConfigError
 from fedskew.core.params import as_table
 from fedskew.engine.checkpoint import check_resume, load_checkpoint
@@ -260,16 +259,9 @@ def resume_run(run_dir: Path, overrides: dict[str, Any], *, data_dir: str | None
     against the run's), and that no other process holds the folder.
     """
     path = run_config_path(run_dir)
-    for key in overrides:
-        if key.split(".")[0] not in RESUMABLE:
-            allowed = ", ".join(RESUMABLE)
-            raise ConfigError(f"--resume accepts only the overrides {allowed}, not {key!r}")
+    check_resume_overrides(overrides)
     with locked_run_folder(run_dir):
         stored = read_toml(path, "run config")
-        cfg = copy.deepcopy(stored)
-        for key, value in overrides.items():
-            set_dotted(cfg, key, value)
-        cfg.setdefault("target_accuracy", None)
-        config = typed_config(cfg)
+        config = resumed_config(stored, overrides)
         check_devices([config])
         return start_run(config, run_dir, resume=True, data_dir=data_dir, progress=progress, stored=stored)

@@ -173,19 +173,20 @@ def experiment_title(runs: list[RunData]) -> str:
     """What the runs were run on, for plot titles: the dataset and the partition with the parameters that say
     what it is (:func:`~fedskew.core.figures.partition_title`: ``Dirichlet α=0.1, 10 clients``, not how it is
     drawn, ``min_size`` or ``max_retries``), those all runs share; "several datasets" etc. where they differ."""
-    def common(table: str) -> dict[str, Any] | None:
-        tables = [run.recorded_table(table) for run in runs]
-        return tables[0] if tables and all(t == tables[0] for t in tables) else None
+    def shared(table: str) -> bool:
+        return all(run.recorded_table(table) == runs[0].recorded_table(table) for run in runs)
 
-    dataset, part = common("dataset"), common("partition")
     if not runs or not runs[0].config:
         return ""
-    data = dataset_title(dataset.get("name")) if dataset else "several datasets"
-    if dataset and dataset.get("train_fraction", 1.0) != 1.0:
-        data += f" ({100 * float(dataset['train_fraction']):g}% of the training set)"
-    if part is None:
+    first = runs[0]
+    data = dataset_title(first.recorded("dataset.name")) if shared("dataset") else "several datasets"
+    fraction = first.recorded("dataset.train_fraction", 1.0)
+    if shared("dataset") and fraction != 1.0:
+        data += f" ({100 * float(fraction):g}% of the training set)"
+    if not shared("partition"):
         return f"{data}, several partitions"
-    return f"{data}, {partition_title(part)}"
+    name, clients = first.recorded("partition.name", ""), first.recorded("partition.num_clients")
+    return f"{data}, {partition_title(name, clients, first.recorded_table('partition'))}"
 
 
 LONG_LABEL = 28

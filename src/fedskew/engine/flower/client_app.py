@@ -128,7 +128,8 @@ def handle(message: Message, context: Context) -> Message:
     run = json.loads(str(head["run"]))
     info = info_from_json(str(head["info"]))
     x, y, test = load_shard(cid, run, info, context.node_config)
-    algorithm = make_algorithm(run["algorithm"], info)
+    method = component("algorithm", run["algorithm"])  # its parameters checked here, as on the server
+    algorithm = make_algorithm(method.name, method.params, info)
     # The node's own config says where it computes (``device``, default auto); the run says the precision
     # and the launch-cutting switches (less those the node's device cannot run).
     device = resolve_device(str(context.node_config.get("device", "auto")))
