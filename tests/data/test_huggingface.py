@@ -273,7 +273,7 @@ def test_options_are_checked_before_anything_is_read(hf: Any) -> None:
         ({"image_column": ""}, r"dataset\.image_column must be a non-empty name, got ''"),
         ({"classes": []}, r"dataset\.classes must be a list of distinct names"),
         ({"channels": 4}, r"dataset\.channels must be 1 or 3, got 4"),
-        ({"image_size": 0}, r"dataset\.image_size must be an integer in \[1, 1024\], got 0"),
+        ({"image_size": 0}, r"dataset\.image_size must be an integer in \[1, 1_024\], got 0"),
         ({"split": "train"}, r"unknown key 'dataset\.split' for dataset 'huggingface'; allowed: workers, path"),
     ]
     for options, message in bad:
