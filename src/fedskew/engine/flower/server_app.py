@@ -23,7 +23,6 @@ import os
 import time
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ from fedskew.config.schema import comparable_config, full_config
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.core.message import Message as FedskewMessage
-from fedskew.core.params import build_params, check
+from fedskew.core.params import Options, build_params, maximums, minimums
 from fedskew.engine.checkpoint import RESUMABLE, check_resume, load_checkpoint
 from fedskew.engine.federation import build_federation
 from fedskew.engine.flower.app import resolve_experiment
@@ -58,8 +57,7 @@ from fedskew.runs import (
 
 log = logging.getLogger("fedskew")
 
-@dataclass(frozen=True)
-class DeploySettings:
+class DeploySettings(Options, frozen=True):
     """The run settings of a deployment (the app's ``[tool.flwr.app.config]``; see docs/deploy.md)."""
 
     experiment: str = "experiment.toml"
@@ -72,10 +70,9 @@ class DeploySettings:
     min_reply_fraction: float = 0.5
     node_wait: float = 300.0
 
-    def __post_init__(self) -> None:
-        check(self.reply_timeout >= 0, "reply_timeout", self.reply_timeout, ">= 0 (0: no timeout)")
-        check(0 < self.min_reply_fraction <= 1, "min_reply_fraction", self.min_reply_fraction, "in (0, 1]")
-        check(self.node_wait > 0, "node_wait", self.node_wait, "> 0")
+    at_least = minimums(reply_timeout=0)  # 0: no timeout
+    at_most = maximums(min_reply_fraction=1)
+    positive = ("min_reply_fraction", "node_wait")
 
 
 class FlowerClients:
