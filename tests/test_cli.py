@@ -39,7 +39,7 @@ def cfg_file(tmp_path: Path) -> Path:
         ("dataset.name=imagenet", "unknown dataset 'imagenet'"),
         ("model.name=gpt", "unknown model 'gpt'"),
         ("algorithm.name=fedmagic", "unknown algorithm 'fedmagic'"),
-        ("rounds=-2", "rounds must be an integer >= 1"),
+        ("rounds=-2", "rounds must be an integer in [1, 1_000_000]"),
         ("workers=two", "workers must be"),
     ],
 )

@@ -33,7 +33,7 @@ def test_algorithm_override_replaces_variants() -> None:
     ("items", "needle"),
     [
         (["bogus=1"], "unknown config key 'bogus'"),
-        (["rounds=0"], "rounds must be an integer >= 1, got 0"),
+        (["rounds=0"], "rounds must be an integer in [1, 1_000_000], got 0"),
         (["dataset.name=imagenet"], "unknown dataset 'imagenet'; allowed:"),
         (["model.name=gpt"], "unknown model 'gpt'; allowed:"),
         (["algorithm.name=fedmagic"], "unknown algorithm 'fedmagic'; allowed:"),

@@ -67,7 +67,7 @@ def test_kip_learned_labels_are_saved_as_soft_labels(tmp_path: Path) -> None:
         (["--ipc", "0"], "--ipc must be >= 1"),
         (["--iterations", "-1"], "--iterations is out of range"),
         (["--image-lr", "0"], "--image-lr must be > 0"),
-        (["--eval-epochs", "-3"], "evaluation epochs must be >= 0"),
+        (["--eval-epochs", "-3"], "epochs must be an integer >= 0, got -3"),
         (["--model", "gpt"], "unknown model 'gpt'"),
         (["--bn-statistics", "both"], "--bn-statistics must be one of separate, pooled, got 'both'"),
     ],

@@ -98,3 +98,36 @@ def test_algorithm_params_declare_their_bounds() -> None:
         build_params(ALGORITHMS.get("fedprox").Params, {"mu": -1.0}, prefix="algorithm.")
     with pytest.raises(ConfigError, match=r"^algorithm\.clients_per_round must be an integer >= 1, got 0$"):
         build_params(ALGORITHMS.get("fedrep").Params, {"clients_per_round": 0}, prefix="algorithm.")
+
+
+class _KeywordsOnly(Options, kw_only=True):
+    size: int = 1
+    at_least = minimums(size=1)
+
+
+class _Required(_KeywordsOnly):  # a field without a default after the parent's (keyword-only) defaults
+    name: str
+
+
+class _Frozen(Options, frozen=True):
+    width: float = 1.0
+    positive = ("width",)
+
+
+def test_kw_only_and_frozen_are_class_keywords() -> None:
+    import dataclasses
+    import inspect
+
+    assert _Required("a", size=2) == _Required(name="a", size=2)  # kw_only holds for the class's own fields only
+    kinds = [p.kind.name for p in inspect.signature(_Required).parameters.values()]
+    assert kinds == ["POSITIONAL_OR_KEYWORD", "KEYWORD_ONLY"]  # name, then the parent's size
+    with pytest.raises(TypeError):
+        _KeywordsOnly(2)  # type: ignore[misc]
+    with pytest.raises(ConfigError, match=r"^size must be an integer >= 1, got 0$"):
+        _Required(name="a", size=0)
+    style = _Frozen()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        style.width = 2.0  # type: ignore[misc]
+    assert hash(style) == hash(_Frozen()) and dataclasses.replace(style, width=3.0).width == 3.0
+    with pytest.raises(ConfigError, match=r"^width must be > 0, got 0\.0$"):
+        _Frozen(width=0.0)

@@ -259,10 +259,10 @@ def test_every_model_declares_its_options() -> None:
         ("convnet", {"net_width": 6, "net_norm": "groupnorm"}, r"model\.net_width must be divisible by 4"),
         ("vgg11", {"norm": "instancenorm"}, r"model\.norm must be one of batchnorm, groupnorm, none, got"),
         ("resnet18", {"norm": "none"}, r"model\.norm must be one of batchnorm, groupnorm, got 'none'"),
-        ("resnet18", {"num_groups": 0}, r"model\.num_groups must be a positive integer, got 0"),
+        ("resnet18", {"num_groups": 0}, r"model\.num_groups must be an integer >= 1, got 0"),
         ("mlp", {"hidden": [200, 0]}, r"model\.hidden must be a list of positive integers, got \[200, 0\]"),
         ("mlp", {"hidden": "200"}, r"model\.hidden must be a list, got '200'"),
-        ("cnn", {"padding": -1}, r"model\.padding must be a non-negative integer or unset, got -1"),
+        ("cnn", {"padding": -1}, r"model\.padding must be an integer >= 0, got -1"),
         ("logreg", {"hidden": [3]}, r"unknown key 'model\.hidden' for model 'logreg'; allowed: $"),
     ],
 )

@@ -5,13 +5,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
 from fedskew.core.errors import FedskewError
-from fedskew.core.params import check
+from fedskew.core.params import Options, check, minimums
 
 
 def weighted_mean(
@@ -79,8 +78,7 @@ def unflatten(flat: torch.Tensor, like: dict[str, torch.Tensor], keys: Sequence[
     return {k: part.view(like[k].shape).to(like[k].dtype) for k, part in zip(keys, parts, strict=True)}
 
 
-@dataclass
-class Aggregation:
+class Aggregation(Options):
     """``[algorithm.aggregation]``: how an averaging method combines the clients' models.
 
     Attributes
@@ -106,9 +104,12 @@ class Aggregation:
     clip_norm: float = 0.0
     max_norm_ratio: float = 10.0
 
+    at_least = minimums(clip_norm=0)
+
     def __post_init__(self) -> None:
+        super().__post_init__()
+        # A half-open range and a range with a gap: no declaration says them.
         check(0 <= self.trim < 0.5, "trim", self.trim, "in [0, 0.5)")
-        check(self.clip_norm >= 0, "clip_norm", self.clip_norm, ">= 0 (0: no clipping)")
         check(self.max_norm_ratio == 0 or self.max_norm_ratio >= 1, "max_norm_ratio", self.max_norm_ratio,
               ">= 1, or 0 for no bound")
 

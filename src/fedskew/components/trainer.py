@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +17,7 @@ from torch import nn
 
 from fedskew.core.device import current_compute, host_floats
 from fedskew.core.handoff import hand_off
-from fedskew.core.params import check, next_checks
+from fedskew.core.params import Options, minimums
 from fedskew.models.layout import as_model_format, is_channels_last, shuffled_batches
 
 LossTerm = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -75,8 +75,7 @@ def functional_of(term: LossTerm) -> FunctionalTerm | None:
     return found if isinstance(found, FunctionalTerm) else None
 
 
-@dataclass
-class SGDParams:
+class SGDParams(Options):
     """Mini-batch SGD settings as a parameter table has them (FedAvg's clients, centralised
     training, a condensation server's ``[algorithm.server]``); each user gives its own defaults.
 
@@ -95,12 +94,9 @@ class SGDParams:
     momentum: float = 0.0
     weight_decay: float = 0.0
 
-    def __post_init__(self) -> None:
-        check(self.batch_size >= 1, "batch_size", self.batch_size, "at least 1")
-        check(self.lr > 0, "lr", self.lr, "> 0")
-        check(0 <= self.momentum < 1, "momentum", self.momentum, "in [0, 1)")
-        check(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
-        next_checks(super())
+    at_least = minimums(batch_size=1, weight_decay=0)
+    positive: ClassVar[tuple[str, ...]] = ("lr",)  # a method's Params adds its own
+    fractions: ClassVar[tuple[str, ...]] = ("momentum",)
 
     def sgd(self, epochs: int) -> LocalConfig:
         """These settings for ``epochs`` epochs of :func:`train_local`."""
@@ -110,7 +106,6 @@ class SGDParams:
         )
 
 
-@dataclass
 class LocalConfig(SGDParams):
     """What one :func:`train_local` call runs: the SGD settings, for ``epochs`` epochs, stopping early
     after ``max_steps`` steps when given."""

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from fedskew.core.errors import ConfigError
+from fedskew.core.params import Options, minimums
 
 FAMILIES: dict[str, tuple[str, ...]] = {
     "color": ("brightness", "saturation", "contrast"),
@@ -47,8 +48,7 @@ _DRAWS = {"brightness": 1, "saturation": 1, "contrast": 1, "crop": 2, "cutout": 
 MODES = ("single", "all")
 
 
-@dataclass
-class DSAConfig:
+class DSAConfig(Options):
     """DSA settings (defaults: DSA's ``ParamDiffAug``).
 
     Attributes
@@ -75,14 +75,15 @@ class DSAConfig:
     flip: bool = True
     mode: str = "single"
 
+    at_least = minimums(ratio_scale=1)
+
     def __post_init__(self) -> None:
+        super().__post_init__()
         unknown = [f for f in self.strategy.split("_") if f not in FAMILIES]
         if unknown:
             raise ConfigError(f"unknown DSA families {unknown}; choose from {sorted(FAMILIES)}")
         if self.mode not in MODES:
             raise ConfigError(f"DSA mode must be one of {MODES}, got {self.mode!r}")
-        if self.ratio_scale < 1.0:
-            raise ConfigError(f"ratio_scale must be >= 1, got {self.ratio_scale}")
         if not self.families():
             raise ConfigError("the DSA strategy has no family left (only 'flip', with flip=False)")
 

@@ -43,21 +43,21 @@ network drew, so the results are those of a new network per step, bit for bit (d
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from torch import nn
 
 from fedskew.condense.augment import DSAConfig, apply_dsa, sample_dsa_params
 from fedskew.condense.synthetic import (
-    INITS,
     ModelFactory,
     SynthesisOptions,
     SyntheticSet,
     backward_to,
+    check_choice,
     check_data,
+    check_init,
     class_indices,
     draw_seed,
     fresh_model,
@@ -69,6 +69,7 @@ from fedskew.condense.synthetic import (
 from fedskew.core.device import Precision
 from fedskew.core.errors import ConfigError, DataError
 from fedskew.core.handoff import hand_off
+from fedskew.core.params import minimums
 from fedskew.models.layout import as_model_format, is_channels_last, use_channels_last
 from fedskew.progress import progress_bar
 
@@ -84,7 +85,6 @@ BN_STATISTICS = ("separate", "pooled")
 """The readings of batch statistics in distribution matching (``DMConfig.bn_statistics``)."""
 
 
-@dataclass
 class DMConfig(SynthesisOptions):
     """Distribution-matching settings (defaults: DM, except ``iterations``: FedAF/FedDM's 1000 steps).
 
@@ -116,9 +116,8 @@ class DMConfig(SynthesisOptions):
         See :class:`SynthesisOptions`.
     """
 
-    choices: ClassVar[Mapping[str, Sequence[str]]] = {"init": INITS, "bn_statistics": BN_STATISTICS}
-    at_least: ClassVar[Mapping[str, float]] = {"iterations": 0, "ipc": 1, "real_batch": 1}
-    positive_or_none = ("clip_norm",)
+    at_least = minimums(iterations=0, ipc=1, real_batch=1)
+    positive = ("clip_norm",)
 
     iterations: int = 1000
     ipc: int = 10
@@ -129,6 +128,11 @@ class DMConfig(SynthesisOptions):
     dsa: DSAConfig | None = None
     clip_norm: float | None = None
     bn_statistics: str = "pooled"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_init(self.init)
+        check_choice("bn_statistics", self.bn_statistics, BN_STATISTICS)
 
 
 def dm_loss(

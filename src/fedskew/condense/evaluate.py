@@ -15,8 +15,6 @@ beat: :func:`evaluate_synthetic` takes any :class:`SyntheticSet`, so a subset dr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -24,14 +22,14 @@ from torch import nn
 from fedskew.condense.augment import DSAConfig, dsa
 from fedskew.condense.synthetic import ModelFactory, SyntheticSet, check_data, fresh_model
 from fedskew.core.device import host_floats
-from fedskew.core.errors import ConfigError, DataError
+from fedskew.core.errors import DataError
+from fedskew.core.params import Options, maximums, minimums
 from fedskew.models.evaluation import evaluate_model
 from fedskew.models.layout import shuffled_batches
 from fedskew.progress import progress_bar
 
 
-@dataclass
-class EvalConfig:
+class EvalConfig(Options):
     """Settings of the evaluation training (defaults: DC's protocol).
 
     Attributes
@@ -60,13 +58,9 @@ class EvalConfig:
     lr_decay: float = 0.5
     dsa: DSAConfig | None = None
 
-    def __post_init__(self) -> None:
-        if self.epochs < 0:
-            raise ConfigError(f"evaluation epochs must be >= 0, got {self.epochs}")
-        if self.batch_size < 1:
-            raise ConfigError(f"evaluation batch_size must be >= 1, got {self.batch_size}")
-        if self.lr <= 0 or not 0.0 < self.lr_decay <= 1.0:
-            raise ConfigError(f"need lr > 0 and 0 < lr_decay <= 1, got {self.lr} and {self.lr_decay}")
+    at_least = minimums(epochs=0, batch_size=1)
+    at_most = maximums(lr_decay=1)
+    positive = ("lr", "lr_decay")
 
 
 def _loss(logits: torch.Tensor, labels: torch.Tensor, soft: torch.Tensor | None) -> torch.Tensor:

@@ -36,9 +36,7 @@ float32 computation).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import ClassVar
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -47,11 +45,12 @@ from torch.func import functional_call, grad, vmap
 
 from fedskew.condense.augment import DSAConfig, apply_dsa, dsa, sample_dsa_params
 from fedskew.condense.synthetic import (
-    INITS,
     ModelFactory,
     SynthesisOptions,
     SyntheticSet,
     backward_to,
+    check_choice,
+    check_init,
     class_indices,
     fresh_model,
     sample_indices,
@@ -60,6 +59,7 @@ from fedskew.condense.synthetic import (
 from fedskew.core.device import Precision
 from fedskew.core.errors import ConfigError
 from fedskew.core.handoff import say_unbatched
+from fedskew.core.params import minimums
 from fedskew.models.layout import as_model_format, is_channels_last, use_channels_last
 from fedskew.progress import progress_bar
 
@@ -68,7 +68,6 @@ BATCHES = ("per_class", "mixed")
 _EPS = 1e-12
 
 
-@dataclass
 class GMConfig(SynthesisOptions):
     """Gradient-matching settings (defaults: FedDC, Kim & Choi 2022, Sec. V).
 
@@ -115,11 +114,8 @@ class GMConfig(SynthesisOptions):
         See :class:`SynthesisOptions`.
     """
 
-    choices: ClassVar[Mapping[str, Sequence[str]]] = {"distance": DISTANCES, "init": INITS, "batches": BATCHES}
-    at_least: ClassVar[Mapping[str, float]] = {
-        "iterations": 0, "inner_loop": 0, "ipc": 1, "real_batch": 1, "outer_loop": 1, "net_momentum": 0,
-    }
-    positive_or_none = ("clip_norm",)
+    at_least = minimums(iterations=0, inner_loop=0, ipc=1, real_batch=1, outer_loop=1, net_momentum=0)
+    positive = ("clip_norm",)
 
     iterations: int = 500
     ipc: int = 1
@@ -136,6 +132,12 @@ class GMConfig(SynthesisOptions):
     batches: str = "per_class"
     init: str = "noise"
     dsa: DSAConfig | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice("distance", self.distance, DISTANCES)
+        check_init(self.init)
+        check_choice("batches", self.batches, BATCHES)
 
 
 def _one_minus_cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -30,19 +30,19 @@ autocast; the NTK, the kernel products and the solve are float64 and autocast le
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fedskew.condense.distribution_matching import image_dtype
-from fedskew.condense.synthetic import INITS, SynthesisOptions, SyntheticSet, check_data, start_set
+from fedskew.condense.synthetic import SynthesisOptions, SyntheticSet, check_choice, check_data, check_init, start_set
 from fedskew.core.device import Precision
 from fedskew.core.errors import ConfigError, DataError
 from fedskew.core.handoff import hand_off
+from fedskew.core.params import minimums
 from fedskew.progress import progress_bar
 
 Kernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -209,7 +209,6 @@ def centered_one_hot(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
     return F.one_hot(labels.long(), num_classes).double() - 1.0 / num_classes
 
 
-@dataclass
 class KIPConfig(SynthesisOptions):
     """KIP settings (defaults: KIP's, where it gives them; HFLDD gives none).
 
@@ -242,10 +241,7 @@ class KIPConfig(SynthesisOptions):
         a gradient scaler); the float64 NTK and solve are not affected.
     """
 
-    choices: ClassVar[Mapping[str, Sequence[str]]] = {"kernel": KERNELS, "init": INITS}
-    at_least: ClassVar[Mapping[str, float]] = {
-        "iterations": 0, "depth": 0, "reg": 0, "ipc": 1, "target_batch": 1, "rf_width": 1, "rf_draws": 1,
-    }
+    at_least = minimums(iterations=0, depth=0, reg=0, ipc=1, target_batch=1, rf_width=1, rf_draws=1)
 
     iterations: int = 1000
     ipc: int = 10
@@ -260,6 +256,11 @@ class KIPConfig(SynthesisOptions):
     rf_width: int = 128
     rf_draws: int = 1
     init: str = "real"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice("kernel", self.kernel, KERNELS)
+        check_init(self.init)
 
 
 def _step_kernel(

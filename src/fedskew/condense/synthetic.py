@@ -19,15 +19,15 @@ computed on the CPU.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from torch import nn
 
 from fedskew.core.device import AMP_DTYPES, Precision, randn
 from fedskew.core.errors import ConfigError, DataError
+from fedskew.core.params import Options
 
 INITS = ("noise", "real", "mean")
 """Ways to initialise a synthetic set, see :func:`init_synthetic`."""
@@ -91,12 +91,12 @@ def check_amp_word(amp: str) -> None:
         raise ConfigError(f"amp must be one of 'off', 'bf16', 'fp16', got {amp!r}")
 
 
-@dataclass(kw_only=True)
-class SynthesisOptions:
+class SynthesisOptions(Options, kw_only=True):
     """What the settings of every condensation method (:class:`~fedskew.condense.DMConfig`,
-    :class:`~fedskew.condense.GMConfig`, :class:`~fedskew.condense.KIPConfig`) share: ``amp``, and checks
-    that each class declares (:attr:`choices`, :attr:`at_least`, :attr:`positive_or_none`) and this
-    class runs, each failing with one line naming the option, its value and what is allowed.
+    :class:`~fedskew.condense.GMConfig`, :class:`~fedskew.condense.KIPConfig`) share: ``amp``. Each declares
+    its bounds (:class:`~fedskew.core.params.Options`: ``at_least``, ``positive``; an option that is ``None``
+    is off and passes) and checks its words in ``__post_init__`` (:func:`check_choice`), each failing with
+    one line naming the option, its value and what is allowed.
 
     Attributes
     ----------
@@ -107,24 +107,9 @@ class SynthesisOptions:
 
     amp: str = "off"
 
-    choices: ClassVar[Mapping[str, Sequence[str]]] = {"init": INITS}
-    """Option -> the words it may be."""
-    at_least: ClassVar[Mapping[str, float]] = {}
-    """Option -> its smallest allowed value."""
-    positive_or_none: ClassVar[tuple[str, ...]] = ()
-    """Options that are ``None`` (off) or a positive number."""
-
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_amp_word(self.amp)
-        for name, allowed in self.choices.items():
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"{name} must be one of {tuple(allowed)}, got {getattr(self, name)!r}")
-        for name, low in self.at_least.items():
-            if getattr(self, name) < low:
-                raise ConfigError(f"{name} must be >= {low}, got {getattr(self, name)}")
-        for name in self.positive_or_none:
-            if getattr(self, name) is not None and getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive or None, got {getattr(self, name)}")
 
 
 def backward_to(loss: torch.Tensor, inputs: list[torch.Tensor], precision: Precision) -> None:
@@ -140,10 +125,16 @@ def model_features(model: nn.Module) -> nn.Module:
     return features
 
 
+def check_choice(name: str, value: str, allowed: Sequence[str]) -> None:
+    """Raise :class:`ConfigError` unless the option ``name`` is one of the words ``allowed`` (a condensation
+    setting's words are checked where it is built, in Python as from a table)."""
+    if value not in allowed:
+        raise ConfigError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
+
+
 def check_init(init: str) -> None:
     """Raise :class:`ConfigError` unless ``init`` is one of :data:`INITS`."""
-    if init not in INITS:
-        raise ConfigError(f"init must be one of {INITS}, got {init!r}")
+    check_choice("init", init, INITS)
 
 
 def check_data(x: torch.Tensor, y: torch.Tensor) -> None:

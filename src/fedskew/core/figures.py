@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from typing import Any, Literal
 
 from fedskew.core.errors import FedskewError
-from fedskew.core.params import check
+from fedskew.core.params import Options, check
 
 FORMATS = ("png", "pdf", "svg")
 """Figure formats of the report (``fedskew report --format``)."""
@@ -68,8 +68,7 @@ def partition_title(name: object, num_clients: int | None, options: Mapping[str,
     return text
 
 
-@dataclass(frozen=True)
-class FigureStyle:
+class FigureStyle(Options, frozen=True):
     """How the figures look: the ``[report]`` config table, ``fedskew report``'s options and
     ``fedskew.report(..., style=...)``.
 
@@ -99,6 +98,9 @@ class FigureStyle:
     dpi: int = DEFAULT_DPI
 
     def __post_init__(self) -> None:
+        super().__post_init__()
+        # Numbers only (a style is also built in Python, where no table's types were checked), in a range that
+        # names its unit: no declared bound says both.
         for key in ("width", "height"):
             value = getattr(self, key)
             check(value is None or (_real(value) and 0.5 <= value <= 50), key, value, "inches in [0.5, 50]")

@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import inspect
 import math
-import operator
 import types
 import typing
 from collections.abc import Mapping
@@ -222,12 +221,15 @@ class Options:
     its value and what is allowed; an option that is ``None`` is unset and passes):
 
     - :attr:`at_least`: option -> its smallest value (``{"local_epochs": 1}``); :attr:`at_most`: its largest
-      (an integer option's message says so: ``rounds must be an integer >= 1, got 0``);
+      (an integer option's message says so, and a pair of bounds is one range: ``rounds must be an integer in
+      [1, 1_000_000], got 0``);
     - :attr:`positive`: options that are ``> 0``;
     - :attr:`fractions`: options in ``[0, 1)``; :attr:`unit`: options in ``[0, 1]``.
 
     Anything else goes in ``__post_init__``, which calls ``super().__post_init__()`` first. A subclass may
     still carry an explicit ``@dataclass``: its fields are kept, so the second pass sees the same fields.
+    The decorator's ``kw_only`` and ``frozen`` are class keywords (``class PartitionParams(Options,
+    kw_only=True)``); as with the decorator, ``kw_only`` holds for the class's own fields, not its subclasses'.
     """
 
     at_least: typing.ClassVar[Mapping[str, float]] = {}
@@ -236,9 +238,9 @@ class Options:
     fractions: typing.ClassVar[tuple[str, ...]] = ()
     unit: typing.ClassVar[tuple[str, ...]] = ()
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, *, kw_only: bool = False, frozen: bool = False, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        dataclasses.dataclass(cls)
+        dataclasses.dataclass(cls, kw_only=kw_only, frozen=frozen)
         own = inspect.get_annotations(cls)
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
             if f.name in own and f.name not in cls.__dict__:
@@ -248,13 +250,14 @@ class Options:
         declared = [vars(c) for c in reversed(type(self).__mro__)]
         lows = {n: low for table in declared for n, low in table.get("at_least", {}).items()}
         highs = {n: high for table in declared for n, high in table.get("at_most", {}).items()}
-        integers = _integer_fields(type(self))  # type: ignore[arg-type]  # a class is hashable
-        for name in dict.fromkeys([*lows, *highs]):  # the message names the bound the value breaks
-            kind = "an integer " if name in integers else ""
-            if name in lows:
-                _bound(self, name, functools.partial(operator.le, lows[name]), f"{kind}>= {_number(lows[name])}")
-            if name in highs:
-                _bound(self, name, functools.partial(operator.ge, highs[name]), f"{kind}<= {_number(highs[name])}")
+        cls: type = type(self)
+        integers = _integer_fields(cls)
+        for name in dict.fromkeys([*lows, *highs]):
+            low, high = lows.get(name), highs.get(name)
+            allowed = (f"in [{_number(low)}, {_number(high)}]" if low is not None and high is not None
+                       else f">= {_number(low)}" if low is not None else f"<= {_number(highs[name])}")
+            _bound(self, name, functools.partial(_within, low, high),
+                   f"an integer {allowed}" if name in integers else allowed)
         for name in dict.fromkeys(n for table in declared for n in table.get("positive", ())):
             _bound(self, name, lambda v: v > 0, "> 0")
         for name in dict.fromkeys(n for table in declared for n in table.get("fractions", ())):
@@ -285,6 +288,10 @@ def _integer_fields(cls: type) -> frozenset[str]:
         if args == {int}:
             out.add(name)
     return frozenset(out)
+
+
+def _within(low: float | None, high: float | None, value: Any) -> bool:
+    return (low is None or value >= low) and (high is None or value <= high)
 
 
 def _number(value: float) -> str:

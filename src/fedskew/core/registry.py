@@ -4,7 +4,8 @@ Modules register their objects with a decorator; lookups of unknown names raise 
 :class:`~fedskew.core.errors.ConfigError` that lists the allowed names.
 
 An entry may carry a *Params* class: a dataclass of the options a config table for that entry may
-hold, with defaults and range checks in ``__post_init__`` (see :mod:`fedskew.core.params`).
+hold, with defaults and declared bounds (an :class:`~fedskew.core.params.Options` subclass; see
+:mod:`fedskew.core.params`).
 :meth:`Registry.build_params` turns a whole config table into that dataclass, so every kind of table
 (``[dataset]``, ``[partition]``, ``[model]``, ``[algorithm]``) is validated the same way.
 """

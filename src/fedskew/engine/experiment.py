@@ -223,7 +223,7 @@ def run_state(run_dir: Path, config: RunConfig) -> str:
         )
     ck_path = run_dir / CHECKPOINTS_DIR / CHECKPOINT_FILE
     summary = run_dir / SUMMARY_FILE
-    if summary.exists() and then.get("rounds") == now.get("rounds"):
+    if summary.exists() and stored.get("rounds") == config.run.rounds:
         return "done"
     if not ck_path.exists():
         return "new"

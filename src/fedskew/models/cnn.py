@@ -9,12 +9,10 @@ digits: 8 -> 8 -> 4 -> 4 -> 2 instead of collapsing to nothing).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from torch import nn
 
 from fedskew.core.errors import ConfigError
-from fedskew.core.params import check
+from fedskew.core.params import minimums
 from fedskew.models.registry import MODELS, FedModel, ModelParams
 
 _KERNEL = 5
@@ -42,15 +40,12 @@ def _resolve_padding(model: str, image_size: int, padding: int | None) -> tuple[
     return padding, side
 
 
-@dataclass(kw_only=True)
-class CnnParams(ModelParams):
+class CnnParams(ModelParams, kw_only=True):
     """Options of the two-conv CNNs: ``padding`` of both convolutions, >= 0; unset: automatic (see above)."""
 
     padding: int | None = None
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check(self.padding is None or self.padding >= 0, "padding", self.padding, "a non-negative integer or unset")
+    at_least = minimums(padding=0)
 
 
 _WIDTHS: dict[str, tuple[tuple[int, int], tuple[int, ...]]] = {

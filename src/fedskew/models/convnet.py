@@ -10,12 +10,11 @@ FedAF reports for its experiments).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from torch import nn
 
 from fedskew.core.errors import ConfigError
-from fedskew.core.params import check
+from fedskew.core.params import check, minimums
 from fedskew.models.registry import MODELS, FedModel, ModelParams
 
 NORMS = ("instancenorm", "batchnorm", "layernorm", "groupnorm", "none")
@@ -42,8 +41,7 @@ def _norm(kind: str, channels: int, side: int) -> list[nn.Module]:
     return []
 
 
-@dataclass(kw_only=True)
-class ConvNetParams(ModelParams):
+class ConvNetParams(ModelParams, kw_only=True):
     """Options of ``convnet``.
 
     Attributes
@@ -66,10 +64,10 @@ class ConvNetParams(ModelParams):
     net_act: str = "relu"
     net_pooling: str = "avgpooling"
 
+    at_least = minimums(net_width=1, net_depth=1)
+
     def __post_init__(self) -> None:
         super().__post_init__()
-        check(self.net_width >= 1, "net_width", self.net_width, "a positive integer")
-        check(self.net_depth >= 1, "net_depth", self.net_depth, "a positive integer")
         for key, value, allowed in (
             ("net_norm", self.net_norm, NORMS),
             ("net_act", self.net_act, tuple(ACTIVATIONS)),

@@ -11,14 +11,13 @@ rejects options the model does not take.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from fedskew.core.errors import ConfigError
-from fedskew.core.params import check, params_doc
+from fedskew.core.params import Options, check, minimums, params_doc
 from fedskew.core.registry import Registry
 
 norm_layer_types: tuple[type[nn.Module], ...] = (
@@ -71,16 +70,12 @@ class FedModel(nn.Module):
         return self.classifier(self.features(x))
 
 
-@dataclass(kw_only=True)
-class ModelParams:
-    """Keys every ``[model]`` table may hold besides ``name`` (none so far); each model's Params adds its options."""
-
-    def __post_init__(self) -> None:
-        """Range checks; subclasses extend them."""
+class ModelParams(Options, kw_only=True):
+    """Keys every ``[model]`` table may hold besides ``name`` (none so far); each model's Params adds its options
+    and declares their bounds (:class:`~fedskew.core.params.Options`)."""
 
 
-@dataclass(kw_only=True)
-class NormParams(ModelParams):
+class NormParams(ModelParams, kw_only=True):
     """Options of a network with 2-d normalisation layers (VGG, ResNet).
 
     Attributes
@@ -97,10 +92,11 @@ class NormParams(ModelParams):
     norm: str = "batchnorm"
     num_groups: int = 2
 
+    at_least = minimums(num_groups=1)
+
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.norm in self.NORMS, "norm", self.norm, f"one of {', '.join(self.NORMS)}")
-        check(self.num_groups >= 1, "num_groups", self.num_groups, "a positive integer")
 
 
 MODELS: Registry[Callable[..., FedModel]] = Registry("model", ModelParams)

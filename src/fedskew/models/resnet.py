@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -39,8 +38,7 @@ class BasicBlock(nn.Module):
         return torch.relu(self.norm2(self.conv2(out)) + self.shortcut(x))
 
 
-@dataclass(kw_only=True)
-class ResNetParams(NormParams):
+class ResNetParams(NormParams, kw_only=True):
     """Options of ``resnet18``.
 
     Attributes

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from torch import nn
 
@@ -10,8 +10,7 @@ from fedskew.core.params import check
 from fedskew.models.registry import MODELS, FedModel, ModelParams
 
 
-@dataclass(kw_only=True)
-class MlpParams(ModelParams):
+class MlpParams(ModelParams, kw_only=True):
     """Options of ``mlp``: ``hidden``, the widths of the hidden layers (positive integers; empty gives
     logistic regression)."""
 
@@ -19,6 +18,7 @@ class MlpParams(ModelParams):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        # A bound on each item of a list: no declaration says it.
         check(all(units >= 1 for units in self.hidden), "hidden", self.hidden, "a list of positive integers")
 
 

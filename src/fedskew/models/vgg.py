@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 from torch import nn
@@ -16,8 +15,7 @@ VGG11_CFG: tuple[int | str, ...] = (64, "M", 128, "M", 256, 256, "M", 512, 512, 
 NORMS = ("batchnorm", "groupnorm", "none")
 
 
-@dataclass(kw_only=True)
-class VggParams(NormParams):
+class VggParams(NormParams, kw_only=True):
     """Options of ``vgg11``: ``norm`` (one of :data:`NORMS`) and ``num_groups`` (see :class:`NormParams`)."""
 
     NORMS: ClassVar[tuple[str, ...]] = NORMS

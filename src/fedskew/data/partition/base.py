@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -10,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from fedskew.core.errors import ConfigError, DataError
-from fedskew.core.params import check
+from fedskew.core.params import Options, check, maximums, minimums
 from fedskew.core.registry import Registry
 
 __all__ = ["PARTITIONERS", "Partition", "PartitionFn", "PartitionParams", "hold_out", "partition", "summarize"]
@@ -74,8 +73,7 @@ MAX_TEST_FRACTION = 0.9
 """The largest per-client test fraction (a client keeps at least a tenth of its samples to train on)."""
 
 
-@dataclass(kw_only=True)
-class PartitionParams:
+class PartitionParams(Options, kw_only=True):
     """Keys every ``[partition]`` table holds besides ``name``; each partitioner's Params adds its own.
 
     Attributes
@@ -95,11 +93,8 @@ class PartitionParams:
     seed: int | None = None
     client_test_fraction: float = 0.0
 
-    def __post_init__(self) -> None:
-        check(self.num_clients >= 1, "num_clients", self.num_clients, "an integer >= 1")
-        check(self.seed is None or self.seed >= 0, "seed", self.seed, "a non-negative integer")
-        check(0 <= self.client_test_fraction <= MAX_TEST_FRACTION, "client_test_fraction",
-              self.client_test_fraction, f"a fraction in [0, {MAX_TEST_FRACTION}]")
+    at_least = minimums(num_clients=1, seed=0, client_test_fraction=0)
+    at_most = maximums(client_test_fraction=MAX_TEST_FRACTION)
 
 
 PartitionFn = Callable[[np.ndarray, np.random.Generator, Any, np.ndarray | None], Partition]
@@ -227,11 +222,6 @@ def _check_labels(labels: np.ndarray) -> np.ndarray:
     if labels.min() < 0:
         raise DataError(f"labels must be non-negative, got {int(labels.min())}")
     return labels
-
-
-def check_positive(key: str, value: float) -> None:
-    """Require a finite number > 0 (Dirichlet concentrations, shares)."""
-    check(value > 0 and math.isfinite(value), key, value, "> 0")
 
 
 def by_class(labels: np.ndarray) -> list[np.ndarray]:

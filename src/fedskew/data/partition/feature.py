@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, ClassVar
 
 import numpy as np
 
 from fedskew.core.errors import ConfigError
-from fedskew.core.params import check
+from fedskew.core.params import check, minimums
 from fedskew.data.partition.base import PARTITIONERS, Partition, PartitionParams, run
 
 _SHARED = ("num_clients", "seed")
 
 
-@dataclass(kw_only=True)
-class NoiseParams(PartitionParams):
+class NoiseParams(PartitionParams, kw_only=True):
     """Options of ``noise``.
 
     Attributes
@@ -36,9 +34,10 @@ class NoiseParams(PartitionParams):
     base: str = "iid"
     base_options: dict[str, Any] = field(default_factory=dict)
 
+    at_least = minimums(sigma=0)
+
     def __post_init__(self) -> None:
         super().__post_init__()
-        check(self.sigma >= 0 and math.isfinite(self.sigma), "sigma", self.sigma, ">= 0")
         check(self.base in PARTITIONERS, "base", self.base, f"a partitioner ({', '.join(PARTITIONERS.names())})")
         own = [k for k in PARTITIONERS.keys(self.base) if k not in _SHARED]
         for key in self.base_options:

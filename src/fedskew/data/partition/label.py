@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from fedskew.core.errors import ConfigError
-from fedskew.core.params import check
+from fedskew.core.params import minimums
 from fedskew.data.partition.base import (
     PARTITIONERS,
     Partition,
     PartitionParams,
     by_class,
-    check_positive,
     finish,
 )
 
@@ -25,8 +22,7 @@ def iid(labels: np.ndarray, rng: np.random.Generator, p: PartitionParams, domain
     return Partition(finish([[c] for c in chunks]))
 
 
-@dataclass(kw_only=True)
-class DirichletParams(PartitionParams):
+class DirichletParams(PartitionParams, kw_only=True):
     """Options of ``dirichlet``.
 
     Attributes
@@ -48,11 +44,8 @@ class DirichletParams(PartitionParams):
     min_size: int = 10
     max_retries: int = 1000
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_positive("alpha", self.alpha)
-        check(self.min_size >= 0, "min_size", self.min_size, ">= 0")
-        check(self.max_retries >= 1, "max_retries", self.max_retries, ">= 1")
+    at_least = minimums(min_size=0, max_retries=1)
+    positive = ("alpha",)
 
 
 @PARTITIONERS.register("dirichlet", params=DirichletParams)
@@ -97,15 +90,12 @@ def dirichlet(
     )
 
 
-@dataclass(kw_only=True)
-class ClassesParams(PartitionParams):
+class ClassesParams(PartitionParams, kw_only=True):
     """Options of ``classes_per_client``: ``classes`` (required, >= 1), the classes every client holds."""
 
     classes: int
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check(self.classes >= 1, "classes", self.classes, ">= 1")
+    at_least = minimums(classes=1)
 
 
 @PARTITIONERS.register("classes_per_client", params=ClassesParams)
@@ -148,15 +138,12 @@ def classes_per_client(
     return Partition(finish(parts))
 
 
-@dataclass(kw_only=True)
-class ShardsParams(PartitionParams):
+class ShardsParams(PartitionParams, kw_only=True):
     """Options of ``shards``: ``shards_per_client`` (>= 1), the shards dealt to every client."""
 
     shards_per_client: int = 2
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check(self.shards_per_client >= 1, "shards_per_client", self.shards_per_client, ">= 1")
+    at_least = minimums(shards_per_client=1)
 
 
 @PARTITIONERS.register("shards", params=ShardsParams)
@@ -181,15 +168,12 @@ def shards(labels: np.ndarray, rng: np.random.Generator, p: ShardsParams, domain
     return Partition(finish([[pieces[s] for s in row] for row in dealt]))
 
 
-@dataclass(kw_only=True)
-class QuantityParams(PartitionParams):
+class QuantityParams(PartitionParams, kw_only=True):
     """Options of ``quantity``: ``alpha`` (> 0), the concentration of the clients' Dirichlet size shares."""
 
     alpha: float = 0.5
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_positive("alpha", self.alpha)
+    positive = ("alpha",)
 
 
 @PARTITIONERS.register("quantity", params=QuantityParams)

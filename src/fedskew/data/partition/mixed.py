@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -13,8 +12,7 @@ from fedskew.core.params import check
 from fedskew.data.partition.base import PARTITIONERS, Partition, PartitionParams, run
 
 
-@dataclass(kw_only=True)
-class MixedParams(PartitionParams):
+class MixedParams(PartitionParams, kw_only=True):
     """Options of ``mixed``: ``groups`` (required), one table per group of clients.
 
     Each group is ``{name = <partitioner>, num_clients = <int>, <its options>}``, plus an optional

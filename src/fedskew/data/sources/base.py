@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from fedskew.core.errors import ConfigError, DataError
-from fedskew.core.params import check
+from fedskew.core.params import Options, maximums, minimums
 from fedskew.core.registry import Registry
 from fedskew.data.cache import ArrayCache, Entry, resolve_cache_dir, resolve_folder
 from fedskew.data.download import DATA_DIR_HINT
-from fedskew.data.sources.checks import check_min
 from fedskew.data.sources.container import ArrayDataset
 
 __all__ = [
@@ -38,8 +36,7 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------
 
 
-@dataclass(kw_only=True)
-class DatasetParams:
+class DatasetParams(Options, kw_only=True):
     """Keys every ``[dataset]`` table may hold besides ``name``; each dataset's Params adds its options.
 
     Attributes
@@ -54,12 +51,11 @@ class DatasetParams:
     data_dir: str | None = None
     train_fraction: float = 1.0
 
-    def __post_init__(self) -> None:
-        check(0 < self.train_fraction <= 1, "train_fraction", self.train_fraction, "a number in (0, 1]")
+    positive: ClassVar[tuple[str, ...]] = ("train_fraction",)  # a dataset's Params may add its own
+    at_most = maximums(train_fraction=1)
 
 
-@dataclass(kw_only=True)
-class FilesParams(DatasetParams):
+class FilesParams(DatasetParams, kw_only=True):
     """Options of a dataset read from official release files.
 
     Attributes
@@ -74,8 +70,7 @@ class FilesParams(DatasetParams):
     verify: bool = True
 
 
-@dataclass(kw_only=True)
-class DecodeParams(DatasetParams):
+class DecodeParams(DatasetParams, kw_only=True):
     """Options of a dataset of encoded images.
 
     Attributes
@@ -86,9 +81,7 @@ class DecodeParams(DatasetParams):
 
     workers: int | None = None
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_min("workers", self.workers, 1, optional=True)
+    at_least = minimums(workers=1)
 
     def num_workers(self) -> int:
         """``workers``, or up to 2 (the CPUs there are) when not set."""

@@ -1,4 +1,5 @@
-"""Range checks shared by the datasets' Params classes (each raises a ConfigError naming the key)."""
+"""Checks shared by the datasets' Params classes that no declared bound says (each raises a ConfigError naming
+the key); their bounds are declared (:class:`~fedskew.core.params.Options`)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ from pathlib import Path
 
 from fedskew.core.params import check
 
-__all__ = ["MAX_IMAGE_SIZE", "check_channels", "check_image_size", "check_min", "check_names", "check_path"]
+__all__ = ["MAX_IMAGE_SIZE", "check_channels", "check_min", "check_names", "check_path"]
 
 MAX_IMAGE_SIZE = 1024
-"""The largest ``image_size`` (pixels per side) any dataset resizes or generates images to."""
+"""The largest ``image_size`` (pixels per side) any dataset resizes or generates images to (each declares it:
+``at_most = maximums(image_size=MAX_IMAGE_SIZE)``)."""
 
 
 def check_min(key: str, value: int | None, minimum: int, *, optional: bool = False) -> None:
@@ -18,14 +20,6 @@ def check_min(key: str, value: int | None, minimum: int, *, optional: bool = Fal
     if optional and value is None:
         return
     check(value is not None and value >= minimum, key, value, f"an integer >= {minimum}")
-
-
-def check_image_size(value: int | None, minimum: int = 1, *, optional: bool = False) -> None:
-    """Require the ``image_size`` option to be in ``[minimum, MAX_IMAGE_SIZE]`` (or ``None`` when ``optional``)."""
-    if optional and value is None:
-        return
-    check(value is not None and minimum <= value <= MAX_IMAGE_SIZE, "image_size", value,
-          f"an integer in [{minimum}, {MAX_IMAGE_SIZE}]")
 
 
 def check_channels(value: int | None, *, optional: bool = False) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import pickle
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -163,8 +162,7 @@ def cifar10(p: FilesParams, data_dir: Path, cache_dir: str | Path | None) -> Arr
     )
 
 
-@dataclass(kw_only=True)
-class Cifar100Params(FilesParams):
+class Cifar100Params(FilesParams, kw_only=True):
     """Options of ``cifar100``: ``labels`` picks the 100 ``"fine"`` classes or the 20 ``"coarse"`` superclasses."""
 
     labels: str = "fine"

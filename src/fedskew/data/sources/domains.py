@@ -10,17 +10,16 @@ import math
 import zlib
 from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from fedskew.core.errors import ConfigError, DataError
-from fedskew.core.params import check
+from fedskew.core.params import check, maximums, minimums
 from fedskew.data.download import RemoteFile, fetch
 from fedskew.data.sources.archive import Tree
 from fedskew.data.sources.base import DATASETS, DecodeParams, cached, resolve_path
-from fedskew.data.sources.checks import check_channels, check_image_size, check_min, check_names, check_path
+from fedskew.data.sources.checks import MAX_IMAGE_SIZE, check_channels, check_min, check_names, check_path
 from fedskew.data.sources.container import ArrayDataset
 from fedskew.data.sources.images import decode_all, is_image
 
@@ -36,8 +35,7 @@ _DOMAINNET_FILES = {
 }
 
 
-@dataclass(kw_only=True)
-class DomainSplitParams(DecodeParams):
+class DomainSplitParams(DecodeParams, kw_only=True):
     """Options shared by the multi-domain datasets.
 
     Attributes
@@ -65,17 +63,17 @@ class DomainSplitParams(DecodeParams):
     max_per_class: int | None = None
     seed: int = 0
 
+    at_least = minimums(image_size=1, max_per_class=1, seed=0)
+    at_most = maximums(image_size=MAX_IMAGE_SIZE)
+    fractions = ("test_fraction",)
+
     def __post_init__(self) -> None:
         super().__post_init__()
         check_names("domains", self.domains)
-        if isinstance(self.classes, int):
+        if isinstance(self.classes, int):  # a count or a list of names: the bound depends on the kind
             check_min("classes", self.classes, 1)
         else:
             check_names("classes", self.classes)
-        check_image_size(self.image_size, optional=True)
-        check(0 <= self.test_fraction < 1, "test_fraction", self.test_fraction, "a number in [0, 1)")
-        check_min("max_per_class", self.max_per_class, 1, optional=True)
-        check_min("seed", self.seed, 0)
 
 
 def _pick_classes(where: str, counts: dict[str, int], classes: list[str] | int | None) -> list[str]:
@@ -171,8 +169,7 @@ def _load_domain_tree(
     )
 
 
-@dataclass(kw_only=True)
-class DomainFolderParams(DomainSplitParams):
+class DomainFolderParams(DomainSplitParams, kw_only=True):
     """Options of ``domain_folder``: those of :class:`DomainSplitParams`, plus ``path`` (folder or archive
     holding the domain folders, relative to the data dir, which is the default) and ``channels`` (1 or 3)."""
 
@@ -209,8 +206,7 @@ def domain_folder(p: DomainFolderParams, data_dir: Path, cache_dir: str | Path |
     )
 
 
-@dataclass(kw_only=True)
-class DomainNetParams(DomainSplitParams):
+class DomainNetParams(DomainSplitParams, kw_only=True):
     """Options of ``domainnet``: those of :class:`DomainSplitParams` with DomainNet's defaults (the 10
     largest classes, 64x64 pixels; ``image_size`` must be set), ``domains`` among
     :data:`DOMAINNET_DOMAINS`, and ``download``."""
@@ -220,7 +216,8 @@ class DomainNetParams(DomainSplitParams):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_image_size(self.image_size)
+        # DomainNet's images differ in size: image_size must be set (the bounds let None through).
+        check(self.image_size is not None, "image_size", self.image_size, f"an integer in [1, {MAX_IMAGE_SIZE}]")
         unknown = sorted(set(self.domains or ()) - set(DOMAINNET_DOMAINS))
         check(not unknown, "domains", self.domains, f"a list of DomainNet domains ({', '.join(DOMAINNET_DOMAINS)})")
 

@@ -17,7 +17,6 @@ import importlib.util
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +24,10 @@ import numpy as np
 from PIL import Image
 
 from fedskew.core.errors import DataError, FedskewError
-from fedskew.core.params import check
+from fedskew.core.params import check, maximums, minimums
 from fedskew.data.download import DATA_DIR_HINT
 from fedskew.data.sources.base import DATASETS, DecodeParams, cached
-from fedskew.data.sources.checks import check_channels, check_image_size, check_names, check_path
+from fedskew.data.sources.checks import MAX_IMAGE_SIZE, check_channels, check_names, check_path
 from fedskew.data.sources.container import ArrayDataset
 from fedskew.data.sources.images import _guess_channels, decode_all
 
@@ -58,8 +57,7 @@ def _import_datasets() -> Any:
     return datasets
 
 
-@dataclass(kw_only=True)
-class HuggingFaceParams(DecodeParams):
+class HuggingFaceParams(DecodeParams, kw_only=True):
     """Options of ``huggingface``.
 
     Attributes
@@ -96,6 +94,9 @@ class HuggingFaceParams(DecodeParams):
     image_size: int | None = None
     channels: int | None = None
 
+    at_least = minimums(image_size=1)
+    at_most = maximums(image_size=MAX_IMAGE_SIZE)
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if not _datasets_installed():
@@ -103,10 +104,9 @@ class HuggingFaceParams(DecodeParams):
         check_path(self.path)
         for key in ("image_column", "label_column", "train_split", "test_split"):
             check(getattr(self, key) != "", key, getattr(self, key), "a non-empty name")
-        fraction = self.test_fraction
+        fraction = self.test_fraction  # an open interval: no declaration says it
         check(fraction is None or 0 < fraction < 1, "test_fraction", fraction, "a number in (0, 1)")
         check_names("classes", self.classes)
-        check_image_size(self.image_size, optional=True)
         check_channels(self.channels, optional=True)
 
 

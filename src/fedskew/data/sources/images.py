@@ -10,7 +10,6 @@ import io
 import multiprocessing
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -19,10 +18,11 @@ from PIL import Image
 from tqdm import tqdm
 
 from fedskew.core.errors import DataError
+from fedskew.core.params import maximums, minimums
 from fedskew.data.download import DATA_DIR_HINT, verify_checksum
 from fedskew.data.sources.archive import Tree
 from fedskew.data.sources.base import DATASETS, DecodeParams, cached, resolve_path
-from fedskew.data.sources.checks import check_channels, check_image_size, check_names, check_path
+from fedskew.data.sources.checks import MAX_IMAGE_SIZE, check_channels, check_names, check_path
 from fedskew.data.sources.cifar import CIFAR10_ARCHIVE, CIFAR10_CLASSES
 from fedskew.data.sources.container import ArrayDataset
 
@@ -182,8 +182,7 @@ _CIFAR10_JPEG_FILE = "cifar10-jpeg.tar.gz"
 _CIFAR10_JPEG_SHA256 = "ba71b9da469a0642b511b82cb7e817f919872cb21e6b3681ebca2fc4bdd50bf3"
 
 
-@dataclass(kw_only=True)
-class JpegParams(DecodeParams):
+class JpegParams(DecodeParams, kw_only=True):
     """Options of ``cifar10_jpeg``: ``verify`` checks the tarball's SHA-256."""
 
     verify: bool = True
@@ -219,8 +218,7 @@ def cifar10_jpeg(p: JpegParams, data_dir: Path, cache_dir: str | Path | None) ->
     return cached(name, {}, [source], cache_dir, build, verify=p.verify)
 
 
-@dataclass(kw_only=True)
-class ImageFolderParams(DecodeParams):
+class ImageFolderParams(DecodeParams, kw_only=True):
     """Options of ``image_folder``.
 
     Attributes
@@ -242,11 +240,13 @@ class ImageFolderParams(DecodeParams):
     image_size: int | None = None
     channels: int | None = None
 
+    at_least = minimums(image_size=1)
+    at_most = maximums(image_size=MAX_IMAGE_SIZE)
+
     def __post_init__(self) -> None:
         super().__post_init__()
         check_path(self.path)
         check_names("classes", self.classes)
-        check_image_size(self.image_size, optional=True)
         check_channels(self.channels, optional=True)
 
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from fedskew.core.params import check
+from fedskew.core.params import check, maximums, minimums
 from fedskew.data.sources.base import DATASETS, DatasetParams, cached
-from fedskew.data.sources.checks import check_channels, check_image_size, check_min
+from fedskew.data.sources.checks import MAX_IMAGE_SIZE, check_channels
 from fedskew.data.sources.container import ArrayDataset
 
 
@@ -52,8 +51,7 @@ SYNTHETIC_MAX_PIXELS = 2**27
 """The most pixels the ``synthetic`` dataset generates (about 1 GiB of float64 noise at once)."""
 
 
-@dataclass(kw_only=True)
-class SyntheticParams(DatasetParams):
+class SyntheticParams(DatasetParams, kw_only=True):
     """Options of ``synthetic``: sizes, image shape, pixel ``noise``, ``num_domains`` (0: none) and ``seed``."""
 
     num_train: int = 512
@@ -65,19 +63,16 @@ class SyntheticParams(DatasetParams):
     num_domains: int = 0
     seed: int = 0
 
+    at_least = minimums(num_train=1, num_test=0, num_classes=2, image_size=2, noise=0, num_domains=0, seed=0)
+    at_most = maximums(image_size=MAX_IMAGE_SIZE)
+
     def __post_init__(self) -> None:
         super().__post_init__()
-        for key, minimum in (("num_train", 1), ("num_test", 0), ("num_classes", 2)):
-            check_min(key, getattr(self, key), minimum)
-        check_image_size(self.image_size, 2)
         check_channels(self.channels)
         pixels = (self.num_train + self.num_test) * self.channels * self.image_size**2
         check(pixels <= SYNTHETIC_MAX_PIXELS, "num_train + num_test", self.num_train + self.num_test,
               f"such that (num_train + num_test) x channels x image_size^2 <= {SYNTHETIC_MAX_PIXELS:_} pixels "
               f"(they are generated in memory; here {pixels:_})")
-        check(self.noise >= 0, "noise", self.noise, "a number >= 0")
-        check_min("num_domains", self.num_domains, 0)
-        check_min("seed", self.seed, 0)
 
 
 @DATASETS.register("synthetic", params=SyntheticParams)

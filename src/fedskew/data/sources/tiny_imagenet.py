@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from fedskew.core.errors import DataError
+from fedskew.core.params import maximums, minimums
 from fedskew.data.download import RemoteFile, fetch
 from fedskew.data.sources.archive import Tree
 from fedskew.data.sources.base import DATASETS, DecodeParams, cached
-from fedskew.data.sources.checks import check_image_size
+from fedskew.data.sources.checks import MAX_IMAGE_SIZE
 from fedskew.data.sources.container import ArrayDataset
 from fedskew.data.sources.images import decode_all, is_image
 
@@ -71,16 +71,14 @@ def _read_tiny_imagenet(source: Path, image_size: int, workers: int) -> ArrayDat
     return ArrayDataset.from_arrays("tiny_imagenet", pixels[:n], y[:n], pixels[n:], y[n:], wnids)
 
 
-@dataclass(kw_only=True)
-class TinyImageNetParams(DecodeParams):
+class TinyImageNetParams(DecodeParams, kw_only=True):
     """Options of ``tiny_imagenet``: ``image_size`` (resize to it, default the native 64) and ``download``."""
 
     image_size: int = 64
     download: bool = False
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_image_size(self.image_size)
+    at_least = minimums(image_size=1)
+    at_most = maximums(image_size=MAX_IMAGE_SIZE)
 
 
 @DATASETS.register("tiny_imagenet", params=TinyImageNetParams)

@@ -55,7 +55,7 @@ from fedskew.runs import (
 
 log = logging.getLogger("fedskew")
 
-class DeploySettings(Options):
+class DeploySettings(Options, frozen=True):
     """The run settings of a deployment (the app's ``[tool.flwr.app.config]``; see docs/deploy.md)."""
 
     experiment: str = "experiment.toml"
