@@ -1,5 +1,5 @@
-"""What several ``fedskew`` commands share: help texts, ``--import``, the data folder, and the experiment's
-report and table.
+"""What several ``fedskew`` commands share: help texts, ``--import``, the data folder, the rule that tells a
+config word from an override, and the experiment's report and table.
 
 Heavy modules (torch, the engine, the report) are imported inside the functions, so that ``fedskew --help``
 and a mistyped command answer at once.
@@ -11,6 +11,8 @@ import argparse
 import os
 import sys
 from pathlib import Path
+
+from fedskew.core.errors import ConfigError
 
 IMPORT_HELP = (
     "import a module or .py file first (repeatable): the algorithms, models, datasets and partitioners it "
@@ -33,6 +35,33 @@ def add_import(parser: argparse.ArgumentParser) -> None:
 def data_dir(args: argparse.Namespace) -> str | None:
     """The data folder: ``--data-dir``, else ``$FEDSKEW_DATA``, else None (the cache's)."""
     return args.data_dir or os.environ.get("FEDSKEW_DATA") or None
+
+
+def is_override(word: str) -> bool:
+    """Whether a command-line word is a ``KEY=VALUE`` override: it holds ``=`` and names no existing file or
+    folder (``fedskew run rounds=5``, ``--resume rounds=20``)."""
+    return "=" in word and not Path(word).exists()
+
+
+def config_and_overrides(word: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
+    """The config and the overrides of ``fedskew run`` and ``fedskew deploy``, whose CONFIG word is optional.
+
+    The rule, in this order: no word is the built-in ``default`` config (None is returned); a word naming an
+    existing file or folder is a config file; a word with ``=`` is the first ``KEY=VALUE`` override and the
+    config is ``default`` (:func:`is_override`); the name of a built-in config is that config. Any other word
+    is a one-line :class:`ConfigError` naming it and what is allowed.
+    """
+    if word is None or Path(word).exists():
+        return word, overrides
+    if is_override(word):
+        return None, [word, *overrides]
+    from fedskew.config import builtin_configs
+
+    names = builtin_configs()
+    if word in names:
+        return word, overrides
+    raise ConfigError(f"config {word!r} not found: give a TOML file, a built-in config ({', '.join(names)}) "
+                      "or KEY=VALUE overrides")
 
 
 def print_table(paths: list[Path], group_by: list[str] | None = None, label: str = "") -> None:

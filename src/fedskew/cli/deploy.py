@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from fedskew.cli.common import CONFIG_HELP, DATA_HELP, OVERRIDES_HELP, add_import, data_dir
+from fedskew.cli.common import CONFIG_HELP, DATA_HELP, OVERRIDES_HELP, add_import, config_and_overrides, data_dir
 
 NAME = "deploy"
 TRAILING = "overrides"
@@ -32,9 +32,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from fedskew.config import parse_overrides, read_config, resolve
     from fedskew.engine.flower.app import superlink_command, write_app, write_shards
 
-    config, overrides = args.config, args.overrides
-    if config is not None and "=" in config and not Path(config).exists():  # `fedskew deploy init app rounds=5`
-        config, overrides = None, [config, *overrides]
+    config, overrides = config_and_overrides(args.config, args.overrides)  # `fedskew deploy init app rounds=5`
     if args.action == "init":
         folder = write_app(
             Path(args.folder), config, overrides, label=args.label, force=args.force, imports=args.imports

@@ -13,8 +13,10 @@ from fedskew.cli.common import (
     DATA_HELP,
     OVERRIDES_HELP,
     add_import,
+    config_and_overrides,
     data_dir,
     experiment_report,
+    is_override,
     print_table,
 )
 from fedskew.core.errors import FedskewError
@@ -75,13 +77,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedskew.config import parse_overrides
     from fedskew.engine.experiment import resume_run, run_experiment
 
-    overrides = parse_overrides(args.overrides)
+    source, words = config_and_overrides(args.config, args.overrides)  # `fedskew run rounds=5`: the default
+    overrides = parse_overrides(words)
     progress = not args.no_progress
-    source = args.config
-    if source is not None and "=" in source and not Path(source).exists():
-        overrides = parse_overrides([source, *args.overrides])  # `fedskew run rounds=5`, `--resume DIR rounds=20`
-        source = None
-    if args.resume and "=" in args.resume and not Path(args.resume).exists():
+    if args.resume and is_override(args.resume):
         overrides = {**overrides, **parse_overrides([args.resume])}  # `--out DIR --resume rounds=20`
         args.resume = ""
     if args.resume == "":  # `fedskew run CONFIG --out DIR --resume`: the whole experiment
