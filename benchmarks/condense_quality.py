@@ -5,7 +5,7 @@ class, the set is quantised to 8-bit pixels, and a freshly initialised ConvNet i
 with DC's evaluation protocol (SGD momentum 0.9, lr 0.01 halved half-way, weight decay 5e-4, batch
 256, 300 epochs, no augmentation; ``--eval-dsa`` adds DSA's, as DSA and DM evaluate) and tested on
 the full real test set. ``random`` is a random real subset of the same size, scored the same way.
-For a given seed every method starts from exactly that subset (see :mod:`fedskew.cli.condense`), so
+For a given seed every method starts from exactly that subset (see :mod:`fedskew.cli.condensation`), so
 a gain over ``random`` is the condensation's own.
 
 Prints a Markdown table (mean ± std test accuracy over the seeds, in percent, per dataset x ipc x
@@ -51,7 +51,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from fedskew.cli.condense import METHODS, MethodSettings, condense_set, dsa_config
+from fedskew.cli.condensation import METHODS, MethodSettings, condense_set, dsa_config
 from fedskew.condense import ModelFactory, SyntheticSet
 from fedskew.condense.evaluate import EvalConfig, evaluate_synthetic
 from fedskew.core.seeding import torch_generator

@@ -194,3 +194,20 @@ def test_an_override_after_the_options_is_applied(tmp_path: Path, cfg_file: Path
     assert len(metrics.read_text().splitlines()) == 3
     assert main(["run", str(cfg_file), "--out", str(out), "--resume", "--no-progress", "rounds=4"]) == 0
     assert len(metrics.read_text().splitlines()) == 4
+
+
+def test_the_config_word_of_run_and_deploy_follows_one_rule(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                           cfg_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file, else an override, else a built-in config; any other word is named with what is allowed, in one
+    line, before anything is written (issue 47)."""
+    from fedskew.cli.common import config_and_overrides
+
+    assert config_and_overrides(str(cfg_file), ["rounds=2"]) == (str(cfg_file), ["rounds=2"])
+    assert config_and_overrides("rounds=5", ["seed=1"]) == (None, ["rounds=5", "seed=1"])
+    assert config_and_overrides("default", []) == ("default", [])
+    assert config_and_overrides(None, []) == (None, [])
+    monkeypatch.chdir(tmp_path)
+    for argv in (["run", "nope"], ["deploy", "init", "app", "nope"]):
+        line = _err(capsys, argv)
+        assert "config 'nope' not found" in line and "built-in config (default" in line and "KEY=VALUE" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.toml"]

@@ -349,11 +349,11 @@ def test_a_worker_dying_mid_handshake_leaves_no_traceback_and_other_errors_still
     import sys
     import traceback
 
-    from fedskew.cli import _quiet_peer_resets
+    from fedskew.cli.process import quiet_peer_resets
 
     printed: list[type[BaseException]] = []
-    hook = _quiet_peer_resets(lambda kind, value, tb: printed.append(kind))
-    assert _quiet_peer_resets(hook) is hook  # wrapping twice (main() called again) adds nothing
+    hook = quiet_peer_resets(lambda kind, value, tb: printed.append(kind))
+    assert quiet_peer_resets(hook) is hook  # wrapping twice (main() called again) adds nothing
     sharer = "/x/multiprocessing/resource_sharer.py"
     code = compile("raise ConnectionResetError(104, 'Connection reset by peer')", sharer, "exec")
     eof = compile("raise EOFError", sharer, "exec")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tests.cli_process import environment
 
-RUN_PATH = ("fedskew.cli", "fedskew.cli.commands", "fedskew.api", "fedskew.config", "fedskew.engine.experiment",
+RUN_PATH = ("fedskew.cli", "fedskew.cli.run", "fedskew.api", "fedskew.config", "fedskew.engine.experiment",
             "fedskew.engine.session", "fedskew.engine.round_loop", "fedskew.engine.tensorboard",
             "fedskew.engine.workers", "fedskew.report", "fedskew.core.figures", "fedskew.runs")
 

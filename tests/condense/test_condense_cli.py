@@ -17,7 +17,7 @@ from PIL import Image
 from torch import nn
 
 from fedskew.cli import main
-from fedskew.cli.condense import MethodSettings, condense_set, dsa_config, load_set
+from fedskew.cli.condensation import MethodSettings, condense_set, dsa_config, load_set
 from fedskew.condense import SyntheticSet
 from fedskew.condense.evaluate import EvalConfig, evaluate_synthetic
 from fedskew.condense.kip import centered_one_hot
@@ -63,13 +63,13 @@ def test_kip_learned_labels_are_saved_as_soft_labels(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["--method", "gan"], "--method must be one of dc, dm, kip, random, got 'gan'"),
-        (["--ipc", "0"], "--ipc must be >= 1"),
-        (["--iterations", "-1"], "--iterations is out of range"),
+        (["--method", "gan"], "--method must be one of 'dc', 'dm', 'kip', 'random', got 'gan'"),
+        (["--ipc", "0"], "--ipc must be an integer in [1, 10_000], got 0"),
+        (["--iterations", "-1"], "--iterations must be an integer in [0, 1_000_000], got -1"),
         (["--image-lr", "0"], "--image-lr must be > 0"),
-        (["--eval-epochs", "-3"], "epochs must be an integer >= 0, got -3"),
+        (["--eval-epochs", "-3"], "--eval-epochs must be an integer in [0, 10_000], got -3"),
         (["--model", "gpt"], "unknown model 'gpt'"),
-        (["--bn-statistics", "both"], "--bn-statistics must be one of separate, pooled, got 'both'"),
+        (["--bn-statistics", "both"], "--bn-statistics must be one of 'separate', 'pooled', got 'both'"),
     ],
 )
 def test_bad_values_end_in_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str],
@@ -131,7 +131,8 @@ def test_a_settings_file_and_overrides_equal_the_flags(tmp_path: Path, capsys: p
     assert torch.equal(stored.images, expected.images) and meta == expected_meta
     result = json.loads((out / "result.json").read_text())
     assert result["iterations"] == 2 and result["model_options"] == {"net_width": 8} and result["eval"]["epochs"] == 3
-    for bad, words in ((["ipcs=3"], "unknown condense setting 'ipcs'"), (["ipc=two"], "ipc = 'two' must be a int"),
+    for bad, words in ((["ipcs=3"], "unknown condense setting 'ipcs'"),
+                       (["ipc=two"], "ipc must be an integer, got 'two'"),
                        ([str(settings), str(settings)], "one settings file")):
         capsys.readouterr()
         assert main(["condense", *bad, "--out", str(tmp_path / "bad"), "--no-progress"]) != 0

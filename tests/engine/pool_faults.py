@@ -4,7 +4,7 @@ leave one: the worker pool must still end in seconds (issue 44, item 15; :class:
 ``python -m tests.engine.pool_faults stop|crash`` (from the repository root, ``src`` on the path) starts a
 pool of two workers and has one of them write the first bytes of a result message, then
 
-- ``stop``: stay (the message never ends); the workers get SIGTERM as ``fedskew.cli``'s stop sends it and the
+- ``stop``: stay (the message never ends); the workers get SIGTERM as ``fedskew.cli.process``'s stop sends it and the
   pool is closed, as a stopped run closes it;
 - ``crash``: die at once, the other worker alive and idle; waiting for the result must end in
   :data:`~fedskew.engine.workers.BROKEN`.
@@ -58,7 +58,7 @@ def main(kind: str) -> int:
     time.sleep(2.0)  # the half message is in the pipe; the executor's thread reads it and waits for the rest
     start = time.monotonic()
     if kind == "stop":
-        for child in multiprocessing.active_children():  # as fedskew.cli's SIGTERM handler stops the workers
+        for child in multiprocessing.active_children():  # as fedskew.cli.process's SIGTERM handler stops the workers
             child.terminate()
         pool.close()
     else:

@@ -405,7 +405,7 @@ def test_sigterm_ends_a_pooled_run_within_seconds_every_time(tmp_path: Path, sta
     """``FEDSKEW_SIGTERM_TRIALS`` trials (3 here, 20 in benchmarks/integrity.py) of a run with two workers,
     each stopped at a random moment after round 3: exit 143 within the grace period, no worker left, and the
     last finished round's metrics and checkpoint kept and readable."""
-    from fedskew.cli import STOP_GRACE_S
+    from fedskew.cli.process import STOP_GRACE_S
 
     rng = random.Random(0)
     took = []
@@ -442,7 +442,7 @@ def test_a_run_whose_wind_down_hangs_still_ends_within_the_grace_period(tmp_path
                                                                       started: list) -> None:  # noqa: F811
     """A stop whose clean-up never finishes (here an exit handler that sleeps two minutes, as a pool stuck on
     a dead worker's lock once did): the watchdog ends the process with 143 after STOP_GRACE_S seconds."""
-    from fedskew.cli import STOP_GRACE_S
+    from fedskew.cli.process import STOP_GRACE_S
 
     plugin = tmp_path / "stuck.py"
     plugin.write_text(STUCK)

@@ -83,7 +83,7 @@ if multiprocessing.parent_process() is not None:  # in a pool worker: from round
 def _stopped(proc: subprocess.Popen[str], run: Path) -> tuple[float, str]:
     """SIGTERM ``proc``; the seconds it took to exit and its stderr, checked: exit 143 without the watchdog, no
     leaked semaphore, no traceback, no lock left, the metrics a prefix of rounds and a checkpoint of one of them."""
-    from fedskew.cli import STOP_GRACE_S
+    from fedskew.cli.process import STOP_GRACE_S
 
     t0 = time.monotonic()
     proc.terminate()
@@ -113,7 +113,7 @@ def test_sigterm_while_a_reply_is_half_sent_never_waits_for_the_watchdog(tmp_pat
     """The red team's hang, made certain: a worker of a two-worker run has sent half its round-3 reply when SIGTERM
     comes (the executor's thread waits for the rest): exit 143 well within the grace period, without the watchdog,
     no leaked semaphore, no lock left, and the run resumes."""
-    from fedskew.cli import STOP_GRACE_S
+    from fedskew.cli.process import STOP_GRACE_S
 
     plugin = tmp_path / "half_a_reply.py"
     plugin.write_text(HALF_A_REPLY)
@@ -134,7 +134,7 @@ def test_sigterm_at_random_moments_of_a_two_worker_run(tmp_path: Path, started: 
     """``FEDSKEW_SIGTERM_TRIALS`` (5; 20 in benchmarks/integrity.py) SIGTERMs at random moments after round 2 of a
     two-worker run with larger replies (more of each round is spent sending them): each as above, and the last
     run resumes."""
-    from fedskew.cli import STOP_GRACE_S
+    from fedskew.cli.process import STOP_GRACE_S
 
     rng = random.Random(44)
     times = []

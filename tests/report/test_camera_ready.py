@@ -210,19 +210,19 @@ def test_resume_and_audit_update_the_experiment_report(tmp_path: Path, monkeypat
     assert (exp / "report" / "accuracy.svg").is_file()  # and the look the resume asked for, recorded:
     assert tomllib.loads((run_dir / "config.toml").read_text())["report"] == {"format": "svg"}
 
-    from fedskew.cli import commands
+    from fedskew.cli import audit as audit_command
 
     monkeypatch.setattr("fedskew.audit.audit", lambda *a, **k: [])  # the audit itself is tests/test_audit's
     monkeypatch.setattr("fedskew.audit.format_audit", lambda results: "")
     written: list[Path | None] = []
-    original = commands._experiment_report
+    original = audit_command.experiment_report
 
     def spy(run_dirs: list[Path]) -> tuple[list[Path], Path | None]:
         runs, folder = original(run_dirs)
         written.append(folder)
         return runs, folder
 
-    monkeypatch.setattr(commands, "_experiment_report", spy)
+    monkeypatch.setattr(audit_command, "experiment_report", spy)
     assert main(["audit", str(run_dir), "--no-progress"]) == 0
     assert written == [exp.resolve() / "report"] and not (run_dir / "report").exists()
 

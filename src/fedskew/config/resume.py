@@ -29,6 +29,12 @@ def same_run(stored: Mapping[str, Any], now: Mapping[str, Any] | RunConfig) -> l
     )
 
 
+def same_length(stored: Mapping[str, Any], now: RunConfig) -> bool:
+    """Whether the run a folder holds (``stored``) has the rounds ``now`` asks for (a finished run that ``now``
+    extends is continued, not kept)."""
+    return bool(comparable_config(dict(stored)).get("rounds") == now.run.rounds)
+
+
 def check_resume_overrides(overrides: Mapping[str, Any]) -> None:
     """Refuse, in one line, an override a resumed run may not take (only :data:`RESUMABLE` keys)."""
     for key in overrides:

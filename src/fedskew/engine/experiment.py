@@ -11,7 +11,7 @@ from typing import Any
 
 from fedskew.config import RunSpec
 from fedskew.config.files import flat_keys, read_toml
-from fedskew.config.resume import check_resume_overrides, resumed_config, same_run
+from fedskew.config.resume import check_resume_overrides, resumed_config, same_length, same_run
 from fedskew.config.schema import RESUMABLE, RunConfig, comparable_config, full_config
 from fedskew.core.errors import ConfigError
 from fedskew.core.params import as_table
@@ -223,7 +223,7 @@ def run_state(run_dir: Path, config: RunConfig) -> str:
         )
     ck_path = run_dir / CHECKPOINTS_DIR / CHECKPOINT_FILE
     summary = run_dir / SUMMARY_FILE
-    if summary.exists() and stored.get("rounds") == config.run.rounds:
+    if summary.exists() and same_length(stored, config):
         return "done"
     if not ck_path.exists():
         return "new"

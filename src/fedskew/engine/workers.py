@@ -265,7 +265,7 @@ class WorkerPool:
     a message in the result pipe. The executor's manager thread then waits in ``recv()`` for the rest, and
     would wait forever: this process holds the pipe's write end too, so no end of file ever comes, and
     ``shutdown(wait=True)`` (and the interpreter's exit, which joins that thread) hung with it. A stopped run
-    then ended only by its watchdog (``fedskew.cli.STOP_GRACE_S``), with its ``.lock`` left behind and the
+    then ended only by its watchdog (``fedskew.cli.process.STOP_GRACE_S``), with its ``.lock`` left behind and the
     pool's semaphores leaked. So this process closes its copy of that write end once the workers have started
     (only they write results), and once a worker has died the pool ends the others: with every writer gone
     the manager thread reads an end of file, marks the pool broken and ends.
