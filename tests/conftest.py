@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -10,6 +9,9 @@ from typing import Any
 
 import pytest
 import torch
+
+from tests.helpers.cli import Result, fedskew, write_config
+from tests.helpers.configs import tiny_config
 
 torch.set_num_threads(1)
 
@@ -85,13 +87,11 @@ def shared_datasets_fixture() -> Path:
 @pytest.fixture(scope="session")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], Path]:
     """``finished_run(N)``: the run folder of ``fedskew run`` (a separate process, as a user runs it) on the tiny
-    config of N rounds (:func:`tests.cli_process.write_config`) with ``--out o`` (so its parent, ``o``, also
+    config of N rounds (:func:`tests.helpers.cli.write_config`) with ``--out o`` (so its parent, ``o``, also
     holds the report), made once per N for the session (per worker under pytest-xdist). Tests read it, and copy
     it to change it: several compare a resumed run with it, and several resume or damage a copy of ``o`` of the
     2-round run.
     """
-    from tests.cli_process import fedskew, write_config
-
     made: dict[int, Path] = {}
 
     def get(rounds: int) -> Path:
@@ -106,87 +106,9 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], Pa
     return get
 
 
-def tiny_config(**over: Any) -> dict[str, Any]:
-    """A resolved single-run config on the synthetic dataset (about a second a round)."""
-    cfg: dict[str, Any] = {
-        "name": "tiny",
-        "rounds": 3,
-        "seed": 0,
-        "workers": 1,
-        "eval_every": 1,
-        "checkpoint_every": 1,
-        "target_accuracy": 0.5,
-        "at_rounds": [2],
-        "label": "tiny",
-        "dataset": {"name": "synthetic", "num_train": 400, "num_test": 200, "num_classes": 4, "image_size": 8,
-                    "channels": 1},
-        "partition": {"name": "dirichlet", "num_clients": 6, "alpha": 0.5, "min_size": 5},
-        "model": {"name": "mlp", "hidden": [32]},
-        "algorithm": {"name": "fedavg", "clients_per_round": 3, "batch_size": 16, "lr": 0.1},
-    }
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(cfg.get(k), dict):
-            base = cfg[k]
-            if k == "algorithm" and v.get("name", base["name"]) != base["name"]:
-                # As a config file's variant does: keep the base settings the new algorithm also has.
-                from fedskew.algorithms.base import ALGORITHMS
-
-                fields = {f.name for f in dataclasses.fields(ALGORITHMS.get(v["name"]).Params)}
-                base = {key: value for key, value in base.items() if key in fields}
-            cfg[k] = {**base, **v}
-        else:
-            cfg[k] = v
-    return cfg
-
-
 @pytest.fixture
 def tiny() -> dict[str, Any]:
     return tiny_config()
-
-
-def run_records(cfg: dict[str, Any], path: Path) -> list[dict[str, Any]]:
-    """Run ``cfg`` alone (a round loop, its config written first) into ``path``; its metrics.jsonl records."""
-    import json
-
-    from fedskew.config import dump
-    from fedskew.engine.round_loop import RoundLoop
-
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.toml").write_text(dump(cfg))
-    RoundLoop(cfg, path, progress=False).run()
-    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
-
-
-def spy_pools(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The size of every worker pool started from now on (an experiment's and a lone run's), in order."""
-    from fedskew.engine import local, workers
-
-    started: list[int] = []
-
-    class Spied(workers.WorkerPool):
-        def __init__(self, fed: Any, size: int, *args: Any) -> None:
-            started.append(size)
-            super().__init__(fed, size, *args)
-
-    monkeypatch.setattr(local, "WorkerPool", Spied)
-    monkeypatch.setattr(workers, "WorkerPool", Spied)
-    return started
-
-
-def spy_calls(
-    monkeypatch: pytest.MonkeyPatch, module: Any, name: str, record: Callable[[Any], Any] = len
-) -> list[Any]:
-    """Replace ``module.name``, a batched runner's entry point (called with a list of requests), by one that
-    records ``record(requests)`` of every call (by default how many requests), then runs it."""
-    calls: list[Any] = []
-    run = getattr(module, name)
-
-    def spying(requests: Any) -> Any:
-        calls.append(record(requests))
-        return run(requests)
-
-    monkeypatch.setattr(module, name, spying)
-    return calls
 
 
 @pytest.fixture
@@ -203,7 +125,6 @@ def inline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captu
     """``fedskew ARGS`` run in this process (for input refused before anything runs, and short runs: no
     interpreter start-up), in ``tmp_path``; returns the exit code and the output as :func:`fedskew` does."""
     from fedskew.cli import main
-    from tests.cli_process import Result
 
     monkeypatch.chdir(tmp_path)
 

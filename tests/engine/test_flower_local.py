@@ -24,7 +24,7 @@ import fedskew
 
 pytest.importorskip("flwr", reason="Flower is optional: pip install -e '.[flower]'")
 
-from tests.engine.flower_federation import BIN, _descendants, free_port
+from tests.helpers.flower_federation import BIN, _descendants, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

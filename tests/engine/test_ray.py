@@ -1,6 +1,6 @@
 """The Ray engine (``engine = "ray"``): the same metrics as the inline engine, on a real two-node cluster.
 
-A module fixture starts a head node and a second node on this machine (:mod:`tests.engine.ray_cluster`,
+A module fixture starts a head node and a second node on this machine (:mod:`tests.helpers.ray_cluster`,
 one CPU each, so a round's jobs must spread over both), and runs join it through ``ray.address``; one
 test lets the engine start and stop its own local instance. The tests skip only where Ray is not
 installed (``pip install -e '.[ray]'``; scripts/test.sh installs it); the missing-Ray error is tested
@@ -25,10 +25,10 @@ from fedskew.config import dump
 from fedskew.core.errors import FedskewError
 from fedskew.engine.ray_workers import MISSING_RAY
 from fedskew.engine.round_loop import RoundLoop
-from tests.algorithms.resume import assert_resumes_exactly
-from tests.conftest import tiny_config
-from tests.engine.ray_cluster import LocalRayCluster, auth_env, free_port
-from tests.plugin_module import fresh_registries, plugin_config, write_plugin
+from tests.helpers.configs import tiny_config
+from tests.helpers.plugins import fresh_registries, plugin_config, write_plugin
+from tests.helpers.ray_cluster import LocalRayCluster, auth_env, free_port
+from tests.helpers.runs import assert_resumes_exactly
 
 needs_ray = pytest.mark.skipif(
     importlib.util.find_spec("ray") is None, reason="Ray is optional: pip install -e '.[ray]'"
@@ -134,7 +134,7 @@ def test_a_broken_reply_on_the_cluster_is_that_clients_rejection(tmp_path: Path,
                                                                  kind: str) -> None:
     """Issue 35, rule 2, on the Ray path: a client whose ``num_samples`` is ``"12"`` or ``True`` once ended the run
     ("undecodable message"); it is rejected with the inline engine's reason and the records are identical."""
-    from tests.engine.test_failure_rules import BAD_REPLY
+    from tests.helpers.plugins import BAD_REPLY
 
     plugin = tmp_path / "bad_reply.py"
     plugin.write_text(BAD_REPLY)
