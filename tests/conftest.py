@@ -18,51 +18,6 @@ torch.set_num_threads(1)
 
 _SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 
-# ---- pytest-xdist: scripts/test.sh runs the suite with `-n auto --dist loadgroup` --------------------------------
-XDIST_GROUPS: dict[str, str] = {
-    # The tests on the Flower federation of test_flower.py's module fixture `federation` (it starts the SuperLink
-    # and three SuperNodes once), in file order: the last one leaves the federation a node short.
-    "tests/engine/test_flower.py::test_fedaf_over_flower": "flower_federation",
-    "tests/engine/test_flower.py::test_a_plugin_runs_over_flower": "flower_federation",
-    "tests/engine/test_flower.py::test_fedavg_over_flower_equals_simulation_and_survives_a_killed_node":
-        "flower_federation",
-    # A two-node Ray cluster (a module fixture) and Flower's local simulation (a local Ray instance, which
-    # would join a cluster it finds): one after the other, never beside each other.
-    "tests/engine/test_flower_local.py": "ray",
-    "tests/engine/test_ray.py": "ray",
-    # benchmarks/gpu_check.py's dry run, a module fixture that takes about a minute.
-    "tests/test_gpu_check.py": "gpu_check",
-}
-"""Test-id prefixes (a module, a test and its parameters) whose tests run on one xdist worker, one after another.
-
-pytest-xdist's own ``xdist_group`` mark does not work with this pytest (it renames tests through an attribute
-that pytest 9 no longer reads), so :func:`pytest_xdist_make_scheduler` groups them from this table instead.
-Every other test is handed out alone, to whichever worker is free.
-"""
-
-
-def xdist_scope(nodeid: str) -> str:
-    """The work unit of a test under ``--dist loadgroup``: its group in :data:`XDIST_GROUPS`, else the test itself."""
-    for prefix, group in XDIST_GROUPS.items():
-        if nodeid == prefix or nodeid.startswith((f"{prefix}::", f"{prefix}[")):
-            return group
-    return nodeid
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadgroup``: xdist's scheduling by work unit, the units from :func:`xdist_scope` (groups with
-    more tests first, as xdist orders them); other ``--dist`` modes as xdist has them."""
-    if config.getvalue("dist") != "loadgroup":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class Grouped(LoadScopeScheduling):  # type: ignore[misc]
-        def _split_scope(self, nodeid: str) -> str:
-            return xdist_scope(nodeid)
-
-    return Grouped(config, log)
-
 
 @pytest.fixture(scope="session", name="shared_datasets")
 def shared_datasets_fixture() -> Path:
