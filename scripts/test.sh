@@ -18,8 +18,8 @@ if [ -z "${FEDSKEW_DATA:-}" ] && [ -d ../shared/datasets ]; then
 fi
 .venv/bin/ruff check src tests benchmarks
 .venv/bin/mypy src/fedskew
-# pytest-xdist: one worker process per CPU core. --dist loadgroup keeps the groups of tests/conftest.py's
-# XDIST_GROUPS on one worker each, one test after another (those that share a Flower federation, a Ray cluster
-# or the GPU-check dry run); the other tests are handed out one at a time. At most 4 workers (each imports torch).
-# Later options win: `-n 0` runs serially.
-.venv/bin/python -m pytest -n auto --maxprocesses 4 --dist loadgroup "$@"
+# pytest-xdist: one worker process per CPU core, at most 4 (each imports torch). --dist loadfile hands out
+# whole files, each file's tests on one worker in file order: the tests that share a Flower federation, a Ray
+# cluster or the GPU-check dry run are kept in one file each (tests/test_suite_groups.py checks it).
+# Later options win: `-n 0` runs serially; `-m "not slow"` is the fast tier (README).
+.venv/bin/python -m pytest -n auto --maxprocesses 4 --dist loadfile "$@"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,55 +10,13 @@ from typing import Any
 import pytest
 import torch
 
+from tests.helpers.cli import Result, fedskew, write_config
+from tests.helpers.configs import tiny_config
+
 torch.set_num_threads(1)
 
 
 _SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
-
-# ---- pytest-xdist: scripts/test.sh runs the suite with `-n auto --dist loadgroup` --------------------------------
-XDIST_GROUPS: dict[str, str] = {
-    # The tests on the Flower federation of test_flower.py's module fixture `federation` (it starts the SuperLink
-    # and three SuperNodes once), in file order: the last one leaves the federation a node short.
-    "tests/engine/test_flower.py::test_fedaf_over_flower": "flower_federation",
-    "tests/engine/test_flower.py::test_a_plugin_runs_over_flower": "flower_federation",
-    "tests/engine/test_flower.py::test_fedavg_over_flower_equals_simulation_and_survives_a_killed_node":
-        "flower_federation",
-    # A two-node Ray cluster (a module fixture) and Flower's local simulation (a local Ray instance, which
-    # would join a cluster it finds): one after the other, never beside each other.
-    "tests/engine/test_flower_local.py": "ray",
-    "tests/engine/test_ray.py": "ray",
-    # benchmarks/gpu_check.py's dry run, a module fixture that takes about a minute.
-    "tests/test_gpu_check.py": "gpu_check",
-}
-"""Test-id prefixes (a module, a test and its parameters) whose tests run on one xdist worker, one after another.
-
-pytest-xdist's own ``xdist_group`` mark does not work with this pytest (it renames tests through an attribute
-that pytest 9 no longer reads), so :func:`pytest_xdist_make_scheduler` groups them from this table instead.
-Every other test is handed out alone, to whichever worker is free.
-"""
-
-
-def xdist_scope(nodeid: str) -> str:
-    """The work unit of a test under ``--dist loadgroup``: its group in :data:`XDIST_GROUPS`, else the test itself."""
-    for prefix, group in XDIST_GROUPS.items():
-        if nodeid == prefix or nodeid.startswith((f"{prefix}::", f"{prefix}[")):
-            return group
-    return nodeid
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadgroup``: xdist's scheduling by work unit, the units from :func:`xdist_scope` (groups with
-    more tests first, as xdist orders them); other ``--dist`` modes as xdist has them."""
-    if config.getvalue("dist") != "loadgroup":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class Grouped(LoadScopeScheduling):  # type: ignore[misc]
-        def _split_scope(self, nodeid: str) -> str:
-            return xdist_scope(nodeid)
-
-    return Grouped(config, log)
 
 
 @pytest.fixture(scope="session", name="shared_datasets")
@@ -85,13 +42,11 @@ def shared_datasets_fixture() -> Path:
 @pytest.fixture(scope="session")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], Path]:
     """``finished_run(N)``: the run folder of ``fedskew run`` (a separate process, as a user runs it) on the tiny
-    config of N rounds (:func:`tests.cli_process.write_config`) with ``--out o`` (so its parent, ``o``, also
+    config of N rounds (:func:`tests.helpers.cli.write_config`) with ``--out o`` (so its parent, ``o``, also
     holds the report), made once per N for the session (per worker under pytest-xdist). Tests read it, and copy
     it to change it: several compare a resumed run with it, and several resume or damage a copy of ``o`` of the
     2-round run.
     """
-    from tests.cli_process import fedskew, write_config
-
     made: dict[int, Path] = {}
 
     def get(rounds: int) -> Path:
@@ -106,87 +61,9 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], Pa
     return get
 
 
-def tiny_config(**over: Any) -> dict[str, Any]:
-    """A resolved single-run config on the synthetic dataset (about a second a round)."""
-    cfg: dict[str, Any] = {
-        "name": "tiny",
-        "rounds": 3,
-        "seed": 0,
-        "workers": 1,
-        "eval_every": 1,
-        "checkpoint_every": 1,
-        "target_accuracy": 0.5,
-        "at_rounds": [2],
-        "label": "tiny",
-        "dataset": {"name": "synthetic", "num_train": 400, "num_test": 200, "num_classes": 4, "image_size": 8,
-                    "channels": 1},
-        "partition": {"name": "dirichlet", "num_clients": 6, "alpha": 0.5, "min_size": 5},
-        "model": {"name": "mlp", "hidden": [32]},
-        "algorithm": {"name": "fedavg", "clients_per_round": 3, "batch_size": 16, "lr": 0.1},
-    }
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(cfg.get(k), dict):
-            base = cfg[k]
-            if k == "algorithm" and v.get("name", base["name"]) != base["name"]:
-                # As a config file's variant does: keep the base settings the new algorithm also has.
-                from fedskew.algorithms.base import ALGORITHMS
-
-                fields = {f.name for f in dataclasses.fields(ALGORITHMS.get(v["name"]).Params)}
-                base = {key: value for key, value in base.items() if key in fields}
-            cfg[k] = {**base, **v}
-        else:
-            cfg[k] = v
-    return cfg
-
-
 @pytest.fixture
 def tiny() -> dict[str, Any]:
     return tiny_config()
-
-
-def run_records(cfg: dict[str, Any], path: Path) -> list[dict[str, Any]]:
-    """Run ``cfg`` alone (a round loop, its config written first) into ``path``; its metrics.jsonl records."""
-    import json
-
-    from fedskew.config import dump
-    from fedskew.engine.round_loop import RoundLoop
-
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.toml").write_text(dump(cfg))
-    RoundLoop(cfg, path, progress=False).run()
-    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
-
-
-def spy_pools(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The size of every worker pool started from now on (an experiment's and a lone run's), in order."""
-    from fedskew.engine import local, workers
-
-    started: list[int] = []
-
-    class Spied(workers.WorkerPool):
-        def __init__(self, fed: Any, size: int, *args: Any) -> None:
-            started.append(size)
-            super().__init__(fed, size, *args)
-
-    monkeypatch.setattr(local, "WorkerPool", Spied)
-    monkeypatch.setattr(workers, "WorkerPool", Spied)
-    return started
-
-
-def spy_calls(
-    monkeypatch: pytest.MonkeyPatch, module: Any, name: str, record: Callable[[Any], Any] = len
-) -> list[Any]:
-    """Replace ``module.name``, a batched runner's entry point (called with a list of requests), by one that
-    records ``record(requests)`` of every call (by default how many requests), then runs it."""
-    calls: list[Any] = []
-    run = getattr(module, name)
-
-    def spying(requests: Any) -> Any:
-        calls.append(record(requests))
-        return run(requests)
-
-    monkeypatch.setattr(module, name, spying)
-    return calls
 
 
 @pytest.fixture
@@ -203,7 +80,6 @@ def inline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captu
     """``fedskew ARGS`` run in this process (for input refused before anything runs, and short runs: no
     interpreter start-up), in ``tmp_path``; returns the exit code and the output as :func:`fedskew` does."""
     from fedskew.cli import main
-    from tests.cli_process import Result
 
     monkeypatch.chdir(tmp_path)
 

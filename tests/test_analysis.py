@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import fedskew
-from tests.conftest import tiny_config
+from tests.helpers.configs import tiny_config
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

@@ -13,8 +13,8 @@ import pytest
 import fedskew
 from fedskew.api import dotted
 from fedskew.config import resolve
-from tests.cli_process import environment
-from tests.conftest import tiny_config
+from tests.helpers.cli import environment
+from tests.helpers.configs import tiny_config
 
 
 def test_import_is_cheap_and_every_exported_name_resolves() -> None:

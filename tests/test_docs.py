@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_process import environment
+from tests.helpers.cli import environment
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)

@@ -18,7 +18,7 @@ from benchmarks import archive_runs
 from benchmarks import fidelity_table as ft
 from fedskew.core.errors import FedskewError
 from fedskew.metrics import summarize_run
-from tests.cli_process import environment
+from tests.helpers.cli import environment
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "fidelity_table.py"

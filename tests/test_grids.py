@@ -26,8 +26,8 @@ from fedskew.config.schema import full_config
 from fedskew.config.variants import config_value
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.runs import check_label
-from tests.cli_process import fedskew, one_error
-from tests.conftest import tiny_config
+from tests.helpers.cli import fedskew, one_error
+from tests.helpers.configs import tiny_config
 
 
 def syn(**over: Any) -> dict[str, Any]:

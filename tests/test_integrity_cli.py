@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from fedskew.cli import main
-from tests.cli_process import RUN_HEADER, Result, fedskew, one_error, snapshot, write_config
+from tests.helpers.cli import RUN_HEADER, Result, fedskew, one_error, snapshot, write_config
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from fedskew.cli import parse_args
 from fedskew.config import parse_overrides
 from fedskew.report import comparison_table, find_runs, format_table, load_run
 from fedskew.report.tables import table_cells
-from tests.report.test_report import _write_run
+from tests.helpers.report_runs import write_run
 
 
 def test_the_missing_file_error_names_the_config_key_to_download() -> None:
@@ -41,7 +41,7 @@ def test_a_list_of_words_needs_no_toml_quoting() -> None:
 def test_grouped_labels_stay_apart_in_the_terminal_table(tmp_path: Path) -> None:
     """--group-by labels share their first 40 characters; cut at the end, every row read the same."""
     for i, alpha in enumerate((0.1, 0.5)):
-        _write_run(tmp_path / str(i), "fedavg", 0, [0.1, 0.2, 0.3])
+        write_run(tmp_path / str(i), "fedavg", 0, [0.1, 0.2, 0.3])
         summary = json.loads((tmp_path / str(i) / "summary.json").read_text())
         label = f"FedAvg (algorithm.lr=0.05, partition.min_size=10, partition.alpha={alpha})"
         (tmp_path / str(i) / "summary.json").write_text(json.dumps({**summary, "label": label}))
@@ -51,7 +51,7 @@ def test_grouped_labels_stay_apart_in_the_terminal_table(tmp_path: Path) -> None
 
 
 def test_rounds_to_target_says_the_target(tmp_path: Path) -> None:
-    _write_run(tmp_path / "a", "fedavg", 0, [0.1, 0.35, 0.5])
+    write_run(tmp_path / "a", "fedavg", 0, [0.1, 0.35, 0.5])
     with (tmp_path / "a" / "config.toml").open("r+") as f:
         text = f.read()
         f.seek(0)

@@ -18,8 +18,8 @@ from fedskew.cli import main
 from fedskew.config import dump, read_config, resolve
 from fedskew.core.errors import ConfigError
 from fedskew.plugins import load_plugins, module_name
-from tests.cli_process import SRC, command, environment, fedskew, one_error, write_config
-from tests.plugin_module import ALGORITHM, MODEL, PARTITIONER, SOURCE, fresh_registries, plugin_config, write_plugin
+from tests.helpers.cli import SRC, command, environment, fedskew, one_error, write_config
+from tests.helpers.plugins import ALGORITHM, MODEL, PARTITIONER, SOURCE, fresh_registries, plugin_config, write_plugin
 
 FOLDER = f"{ALGORITHM}-seed0"
 

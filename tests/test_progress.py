@@ -91,7 +91,7 @@ def test_the_round_loops_calls_resumed_at_round_10() -> None:
 
 def test_a_run_into_a_log_file_writes_plain_lines(tmp_path: Path) -> None:
     """``fedskew run ... 2> log``: no carriage returns or escape codes, a line per run's end and per 10 s."""
-    from tests.cli_process import fedskew, write_config
+    from tests.helpers.cli import fedskew, write_config
 
     cfg = write_config(tmp_path / "c.toml", rounds=3, seeds=[0, 1])
     res = fedskew("run", str(cfg), "--out", "o", cwd=tmp_path)  # stderr is a pipe, as a log file

@@ -15,9 +15,9 @@ import pytest
 import fedskew
 from fedskew.config import dump, resolve
 from fedskew.core.errors import ConfigError
-from tests.cli_process import fedskew as run_fedskew
-from tests.cli_process import write_config
-from tests.conftest import tiny_config
+from tests.helpers.cli import fedskew as run_fedskew
+from tests.helpers.cli import write_config
+from tests.helpers.configs import tiny_config
 
 
 def _records(run: Path) -> list[dict]:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.cli_process import environment
+from tests.helpers.cli import environment
 
 RUN_PATH = ("fedskew.cli", "fedskew.cli.run", "fedskew.api", "fedskew.config", "fedskew.engine.experiment",
             "fedskew.engine.session", "fedskew.engine.round_loop", "fedskew.engine.tensorboard",

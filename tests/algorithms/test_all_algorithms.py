@@ -19,43 +19,7 @@ from fedskew.config import dump, validate
 from fedskew.core.errors import ConfigError
 from fedskew.engine.experiment import resume_run
 from fedskew.engine.round_loop import RoundLoop
-from tests.conftest import tiny_config
-
-# A small ConvNet with BatchNorm, so methods that treat normalisation layers specially (FedBN) or must
-# handle buffers (SCAFFOLD's integer batch counter, server optimisers) are exercised.
-MODEL: dict[str, Any] = {"name": "convnet", "net_width": 8, "net_depth": 2, "net_norm": "batchnorm"}
-
-# Algorithm-table overrides for methods that cannot run on their defaults here. Keep it small: the
-# point of the test is that every method runs with its paper defaults.
-# The condensation methods run with their paper defaults too (about 100-220 s for two rounds here:
-# K = 500 gradient-matching iterations, 1000 distribution-matching steps, 500 server epochs), so
-# here they run with the same code paths scaled down.
-_CONDENSE: dict[str, Any] = {"condense_iterations": 3, "ipc": 2}
-SPECIAL: dict[str, dict[str, Any]] = {
-    "feddc": {"condense_iterations": 3, "server": {"epochs": 2}},
-    "feddc_plus": {"condense_iterations": 3, "server": {"epochs": 2}},
-    "feddm": {**_CONDENSE, "server": {"epochs": 2, "batch_size": 16, "lr": 0.1}},
-    "fedaf": {**_CONDENSE, "server": {"epochs": 2, "batch_size": 16, "lr": 0.1}},
-}
-
-
-def config_for(name: str, **over: Any) -> dict[str, Any]:
-    """The tiny config for algorithm ``name``: the tiny algorithm settings it has, plus ``SPECIAL``."""
-    cfg = tiny_config(**over)
-    fields = {f.name for f in dataclasses.fields(ALGORITHMS.get(name).Params)}
-    shared = {k: v for k, v in cfg["algorithm"].items() if k in fields}
-    cfg["algorithm"] = {"name": name, **shared, **SPECIAL.get(name, {})}
-    cfg["model"] = dict(MODEL)
-    return cfg
-
-
-def runnable_config(name: str, **over: Any) -> dict[str, Any]:
-    """:func:`config_for`, plus the clients' own test splits a method without a global model (``local``) is
-    measured on: the config with which every method runs (tests/gpu runs them so on CUDA)."""
-    cfg = config_for(name, **over)
-    if not ALGORITHMS.get(name).has_global_model:
-        cfg["partition"]["client_test_fraction"] = 0.25
-    return cfg
+from tests.helpers.configs import config_for, runnable_config
 
 
 def _run(cfg: dict[str, Any], path: Path) -> Path:

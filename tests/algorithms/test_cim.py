@@ -17,8 +17,8 @@ from fedskew.components.cim_selection import next_delta, oversampled_counts, ove
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.seeding import numpy_rng
 from fedskew.engine.round_loop import RoundLoop
-from tests.algorithms.resume import assert_resumes_exactly
-from tests.conftest import tiny_config
+from tests.helpers.configs import tiny_config
+from tests.helpers.runs import assert_resumes_exactly
 
 L = 4  # classes of the tiny config
 

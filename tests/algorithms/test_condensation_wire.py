@@ -24,8 +24,8 @@ from fedskew.algorithms.condensation.wire import (
 from fedskew.condense import SyntheticSet
 from fedskew.core.message import Message
 from fedskew.engine.replies import check_reply
-from tests.algorithms.resume import assert_resumes_exactly
-from tests.conftest import tiny_config
+from tests.helpers.configs import tiny_config
+from tests.helpers.runs import assert_resumes_exactly
 
 MEAN, STD = (0.5,), (0.25,)
 """Pixel p = (x * 0.25 + 0.5) * 255: x = -2 is pixel 0 and x = 2 pixel 255, both representable."""

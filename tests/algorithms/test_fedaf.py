@@ -27,9 +27,9 @@ from fedskew.core.errors import ConfigError
 from fedskew.core.params import build_params
 from fedskew.core.seeding import seeded_init
 from fedskew.engine.round_loop import RoundLoop
-from tests.algorithms.resume import assert_resumes_exactly
-from tests.condense.device_draws import record_amps
-from tests.conftest import tiny_config
+from tests.helpers.configs import tiny_config
+from tests.helpers.runs import assert_resumes_exactly
+from tests.helpers.spies import record_amps
 
 FAST: dict[str, Any] = {"condense_iterations": 3, "ipc": 2, "server": {"epochs": 2, "batch_size": 16, "lr": 0.1}}
 

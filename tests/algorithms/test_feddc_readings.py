@@ -15,7 +15,7 @@ from fedskew.algorithms.feddc import AUTHORS_CODE, FedDC, FedDCPlus, interpolate
 from fedskew.condense import GMConfig, gradient_matching
 from fedskew.core.errors import ConfigError
 from fedskew.core.params import build_params
-from tests.algorithms.test_feddc import feddc_config, run_recording
+from tests.helpers.feddc import feddc_config, run_recording
 
 # ---- the preset ------------------------------------------------------------------------------------
 

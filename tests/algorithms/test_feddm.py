@@ -15,8 +15,8 @@ from fedskew.algorithms.feddm import FedDM
 from fedskew.condense import SyntheticSet
 from fedskew.core.seeding import seeded_init
 from fedskew.engine.round_loop import RoundLoop
-from tests.condense.device_draws import record_amps
-from tests.conftest import tiny_config
+from tests.helpers.configs import tiny_config
+from tests.helpers.spies import record_amps
 
 FAST: dict[str, Any] = {"condense_iterations": 3, "ipc": 2, "server": {"epochs": 2, "batch_size": 16, "lr": 0.1}}
 

@@ -12,8 +12,8 @@ from fedskew.algorithms.base import FederationInfo, ModelSpec, ServerContext
 from fedskew.algorithms.fedseq import FedSeq
 from fedskew.core.message import Message
 from fedskew.engine.round_loop import RoundLoop
-from tests.algorithms.resume import assert_resumes_exactly
-from tests.conftest import tiny_config
+from tests.helpers.configs import tiny_config
+from tests.helpers.runs import assert_resumes_exactly
 
 FED = FederationInfo(
     num_clients=5, num_classes=2, model=ModelSpec("logreg", 1, 2, 2), seed=0, mean=(0.0,), std=(1.0,),

@@ -22,9 +22,9 @@ from fedskew.core.errors import ConfigError, DataError
 from fedskew.core.seeding import torch_generator
 from fedskew.engine.round_loop import RoundLoop
 from fedskew.runs import synthetic_files
-from tests.algorithms.resume import assert_resumes_exactly
-from tests.condense.device_draws import record_amps
-from tests.conftest import tiny_config
+from tests.helpers.configs import tiny_config
+from tests.helpers.runs import assert_resumes_exactly
+from tests.helpers.spies import record_amps
 
 
 def _records(path: Path) -> list[dict[str, Any]]:

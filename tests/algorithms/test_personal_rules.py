@@ -21,9 +21,9 @@ from fedskew.components.trainer import LocalConfig, train_local
 from fedskew.core.errors import ConfigError
 from fedskew.core.message import Message
 from fedskew.engine.round_loop import RoundLoop
-from tests.algorithms.test_baseline_rules import client_of, fed_info, filled, make, reply, server_of
-from tests.conftest import tiny_config
-from tests.plugin_module import MODEL, fresh_registries, write_plugin
+from tests.helpers.configs import tiny_config
+from tests.helpers.plugins import MODEL, fresh_registries, write_plugin
+from tests.helpers.toy_federation import client_of, fed_info, filled, make, reply, server_of
 
 HEAD = {"classifier.weight", "classifier.bias"}
 

@@ -3,8 +3,6 @@ against :func:`distribution_matching` one client at a time, in float64."""
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -24,66 +22,14 @@ from fedskew.condense.distribution_matching import (
     BN_STATISTICS,
     DMConfig,
     DMRequest,
-    distribution_matching,
-    interpolated_model_sampler,
     perturbed_model_sampler,
     prepare_dm,
     random_model_sampler,
 )
-from fedskew.condense.swd import ClassSWD
-from fedskew.models import create_model
 from fedskew.models.registry import FedModel
+from tests.helpers.batched import CLASSES, convnet_factory, matching_clients, requests_and_sequential
 
 TOL = 1e-9
-CLASSES = 4
-
-
-def _factory(norm: str) -> Callable[[], nn.Module]:
-    return lambda: create_model("convnet", in_channels=1, num_classes=CLASSES, image_size=8, net_width=6,
-                                net_depth=2, net_norm=norm)
-
-
-def _clients() -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Three clients of unequal sizes; the second lacks a class and has classes of fewer real images than
-    the real batch, so the stacked batch pads every client differently."""
-    g = torch.Generator().manual_seed(0)
-    out = []
-    for n, held in ((30, 4), (11, 3), (45, 4)):
-        x = torch.randn((n, 1, 8, 8), generator=g)
-        y = torch.arange(n) % held
-        out.append((x, y))
-    return out
-
-
-def requests_and_sequential(
-    method: str, norm: str, cfg: DMConfig, local: str = "samples", device: str = "cpu"
-) -> tuple[list[DMRequest], list[torch.Tensor]]:
-    """Each client's request (for the batched run) and its sequential result, from equal fresh states, on
-    ``device`` (tests/gpu uses it too)."""
-    factory = _factory(norm)
-    torch.manual_seed(1)
-    global_model = factory().to(device)
-    targets = [torch.randn((CLASSES, CLASSES), generator=torch.Generator().manual_seed(9 + k)).to(device)
-               for k in range(3)]
-
-    def parts(k: int) -> tuple[Any, torch.Generator, Any]:
-        model = copy.deepcopy(global_model)
-        g = torch.Generator().manual_seed(100 + k)
-        if method == "feddm":
-            return perturbed_model_sampler(model, factory, 0.5), g, None
-        v = targets[k]
-        term = ClassSWD({c: v[c : c + 1] for c in range(CLASSES)}, 0.3, 16, local,
-                        torch.Generator().manual_seed(7 + k))
-        return interpolated_model_sampler(model, factory, 0.9), g, term
-
-    requests, sequential = [], []
-    for k, (x, y) in enumerate(_clients()):
-        x, y = x.to(device), y.to(device)
-        sampler, g, term = parts(k)
-        requests.append(prepare_dm(x, y, sampler, cfg, g, None, term))
-        sampler, g, term = parts(k)
-        sequential.append(distribution_matching(x, y, sampler, cfg, g, None, term).images)
-    return requests, sequential
 
 
 @pytest.mark.parametrize("bn_statistics", BN_STATISTICS)
@@ -159,10 +105,10 @@ def test_stacked_swd_equals_one_pair_at_a_time(float64: None) -> None:
 
 
 def _request(**over: Any) -> DMRequest:
-    factory = over.pop("factory", _factory("instancenorm"))
+    factory = over.pop("factory", convnet_factory("instancenorm"))
     cfg = DMConfig(iterations=1, ipc=1, real_batch=4, init="real", **over.pop("cfg", {}))
     sampler = over.pop("sampler", None) or perturbed_model_sampler(factory(), factory, 0.1)
-    x, y = _clients()[0]
+    x, y = matching_clients()[0]
     return prepare_dm(x, y, sampler, cfg, torch.Generator().manual_seed(0), None, over.pop("extra", None))
 
 
@@ -184,10 +130,10 @@ def _untracked_bn() -> nn.Module:
     ({"cfg": {"amp": "bf16"}}, "mixed precision"),
     ({"cfg": {"dsa": DSAConfig()}}, "DSA"),
     ({"extra": lambda model, syn: syn.images.sum()}, "extra loss term"),
-    ({"sampler": random_model_sampler(_factory("instancenorm"))}, "does not say its network"),
+    ({"sampler": random_model_sampler(convnet_factory("instancenorm"))}, "does not say its network"),
     ({"factory": _custom_net}, "does not know a layer"),
     ({"factory": _untracked_bn}, "does not know a layer"),
-    ({"factory": _factory("layernorm")}, "does not know a layer"),
+    ({"factory": convnet_factory("layernorm")}, "does not know a layer"),
 ])
 def test_what_cannot_batch_says_why(over: dict[str, Any], words: str) -> None:
     reason = why_dm_sequential(_request(**over))
@@ -196,7 +142,7 @@ def test_what_cannot_batch_says_why(over: dict[str, Any], words: str) -> None:
 
 def test_batchable_requests_say_nothing() -> None:
     assert why_dm_sequential(_request()) is None
-    assert why_dm_sequential(_request(factory=_factory("batchnorm"))) is None
+    assert why_dm_sequential(_request(factory=convnet_factory("batchnorm"))) is None
 
 
 def test_slot_width_pads_least_within_the_slots_allowed() -> None:

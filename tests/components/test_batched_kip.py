@@ -9,16 +9,9 @@ import torch
 
 from fedskew.components.batched_kip import _StackedKIP, kip_batched, why_kip_sequential
 from fedskew.condense.kip import KIPConfig, kip, ntk_fc_relu, ntk_fc_relu_stacked, prepare_kip
+from tests.helpers.batched import kip_clients
 
 TOL = 1e-9
-
-
-def _clients(dtype: torch.dtype = torch.float64) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Three clients of unequal sizes, the second with a class fewer: support sets of 12, 9 and 12 images, target
-    batches of 16, 11 and 16."""
-    g = torch.Generator().manual_seed(0)
-    return [(torch.randn((n, 1, 6, 6), generator=g).to(dtype), torch.arange(n) % held)
-            for n, held in ((30, 4), (11, 3), (45, 4))]
 
 
 def test_stacked_ntk_equals_one_pair_at_a_time(float64: None) -> None:
@@ -31,7 +24,7 @@ def test_stacked_ntk_equals_one_pair_at_a_time(float64: None) -> None:
 
 def test_batched_kip_equals_each_client_alone(float64: None) -> None:
     cfg = KIPConfig(iterations=5, ipc=3, lr=0.05, target_batch=16, init="real")
-    clients = _clients()
+    clients = kip_clients()
     alone = [kip(x, y, 4, cfg, torch.Generator().manual_seed(10 + k)) for k, (x, y) in enumerate(clients)]
     requests = [prepare_kip(x, y, 4, cfg, torch.Generator().manual_seed(10 + k)) for k, (x, y) in enumerate(clients)]
     assert all(why_kip_sequential(r) is None for r in requests)
@@ -51,7 +44,7 @@ def test_batched_kip_equals_each_client_alone(float64: None) -> None:
     ({"ipc": 9}, "repeated images"),  # the second client holds 3 or 4 images a class
 ])
 def test_what_cannot_batch_says_why(over: dict[str, Any], words: str) -> None:
-    x, y = _clients(torch.float32)[1]
+    x, y = kip_clients(torch.float32)[1]
     cfg = KIPConfig(**{"ipc": 1, "init": "real", **over})
     reason = why_kip_sequential(prepare_kip(x, y, 4, cfg, torch.Generator().manual_seed(0)))
     assert reason is not None and words in reason

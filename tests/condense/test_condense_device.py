@@ -1,7 +1,7 @@
 """Devices and mixed precision in the condensation library, as far as a CPU machine can check them.
 
 bf16 autocast runs on the CPU, so every method is run with ``amp = "bf16"``: the images stay float32
-and finite. The draws a seed makes are compared across devices by :mod:`tests.condense.device_draws`
+and finite. The draws a seed makes are compared across devices by :mod:`tests.helpers.device_draws`
 (here the CPU with itself; tests/gpu/test_condense_gpu.py compares CUDA with the CPU). The samplers'
 reuse of one network is checked against building a new network per step, bit for bit.
 """
@@ -33,7 +33,7 @@ from fedskew.condense.distribution_matching import ball_offset
 from fedskew.condense.evaluate import EvalConfig, evaluate_synthetic
 from fedskew.core.errors import ConfigError
 from fedskew.models.layout import use_channels_last
-from tests.condense.device_draws import assert_same, computed, draws
+from tests.helpers.device_draws import assert_same, computed, draws
 
 Toy = tuple[torch.Tensor, torch.Tensor]
 CPU = torch.device("cpu")

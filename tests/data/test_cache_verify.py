@@ -14,7 +14,7 @@ import pytest
 from fedskew.core.errors import DataError
 from fedskew.data import load_dataset
 from fedskew.data.cache import ArrayCache, Entry
-from tests.data.test_sources import write_idx_release
+from tests.helpers.datasets import write_idx_release
 
 
 def test_an_unverified_entry_never_serves_a_verified_load(tmp_path: Path) -> None:

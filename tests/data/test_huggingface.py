@@ -15,8 +15,8 @@ from PIL import Image
 from fedskew.config import dump
 from fedskew.core.errors import ConfigError, DataError, FedskewError
 from fedskew.data.sources import DATASETS, load_dataset
-from tests.cli_process import environment, fedskew, one_error
-from tests.conftest import tiny_config
+from tests.helpers.cli import environment, fedskew, one_error
+from tests.helpers.configs import tiny_config
 
 CLASSES = ["cat", "dog", "eel"]
 

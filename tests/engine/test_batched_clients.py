@@ -16,13 +16,14 @@ from fedskew.config.schema import typed_config, validate
 from fedskew.core.device import Compute
 from fedskew.core.errors import ConfigError
 from fedskew.engine.batched_runner import BatchedClients, clients_in_parallel
-from fedskew.engine.federation import Federation, build_federation
+from fedskew.engine.federation import build_federation
 from fedskew.engine.local import local_engine
 from fedskew.engine.round_loop import RoundLoop
 from fedskew.engine.runner import EngineContext
 from fedskew.engine.workers import Workers
-from tests.algorithms.test_all_algorithms import config_for
-from tests.conftest import spy_calls, tiny_config
+from tests.helpers.batched import federation64, final_model, max_diff
+from tests.helpers.configs import config_for, tiny_config
+from tests.helpers.spies import spy_calls
 
 TOL = 1e-9
 
@@ -44,23 +45,6 @@ def _config(**over: Any) -> dict[str, Any]:
     return cfg
 
 
-def _federation64(cfg: dict[str, Any]) -> Federation:
-    config = typed_config(cfg)
-    fed = build_federation(config.table("dataset"), config.table("partition"), config.table("model"), 0)
-    return dataclasses.replace(fed, x=fed.x.double(), x_test=fed.x_test.double())
-
-
-def _final_model(cfg: dict[str, Any], path: Path, fed: Federation | None = None) -> dict[str, torch.Tensor]:
-    loop = RoundLoop(cfg, path, progress=False, federation=fed)
-    loop.run()
-    return {k: v.detach().clone() for k, v in loop.server.model.state_dict().items()}
-
-
-def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max(((a[k].double() - b[k].double()).abs().max().item() if a[k].numel() else 0.0) for k in a)
-
-
 @pytest.mark.parametrize("algorithm", [
     {"name": "fedavg"},
     {"name": "fedprox", "mu": 0.1},
@@ -71,30 +55,30 @@ def test_batched_equals_sequential_in_float64(
     tmp_path: Path, float64: None, spy: list[list[int]], algorithm: dict[str, Any]
 ) -> None:
     seq_cfg = _config(algorithm=algorithm)
-    fed = _federation64(seq_cfg)
-    sequential = _final_model(seq_cfg, tmp_path / "seq", fed)
+    fed = federation64(seq_cfg)
+    sequential = final_model(seq_cfg, tmp_path / "seq", fed)
     assert not spy
-    together = _final_model(_config(algorithm=algorithm, clients_in_parallel=4), tmp_path / "bat", fed)
+    together = final_model(_config(algorithm=algorithm, clients_in_parallel=4), tmp_path / "bat", fed)
     assert next(iter(together.values())).dtype == torch.float64
-    assert _max_diff(sequential, together) <= TOL
+    assert max_diff(sequential, together) <= TOL
     assert spy, "nothing was batched"
     assert all(len(steps) == 4 for steps in spy)  # every round's clients together
     assert any(len(set(steps)) > 1 for steps in spy)  # of unequal step counts: clients leave the batch
 
 
 def test_two_at_a_time_equals_sequential(tmp_path: Path, float64: None, spy: list[list[int]]) -> None:
-    fed = _federation64(_config())
-    sequential = _final_model(_config(), tmp_path / "seq", fed)
-    pairs = _final_model(_config(clients_in_parallel=2), tmp_path / "bat", fed)
-    assert _max_diff(sequential, pairs) <= TOL
+    fed = federation64(_config())
+    sequential = final_model(_config(), tmp_path / "seq", fed)
+    pairs = final_model(_config(clients_in_parallel=2), tmp_path / "bat", fed)
+    assert max_diff(sequential, pairs) <= TOL
     assert spy and all(len(steps) == 2 for steps in spy)
 
 
 def test_vmap_forward_equals_sequential(tmp_path: Path, float64: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(batched, "USE_LAYERED", False)
-    fed = _federation64(_config())
-    assert _max_diff(_final_model(_config(), tmp_path / "s", fed),
-                     _final_model(_config(clients_in_parallel=4), tmp_path / "b", fed)) <= TOL
+    fed = federation64(_config())
+    assert max_diff(final_model(_config(), tmp_path / "s", fed),
+                     final_model(_config(clients_in_parallel=4), tmp_path / "b", fed)) <= TOL
 
 
 @pytest.mark.parametrize("over", [
@@ -105,10 +89,10 @@ def test_what_cannot_batch_runs_as_sequential(
     tmp_path: Path, spy: list[list[int]], caplog: pytest.LogCaptureFixture, over: dict[str, Any]
 ) -> None:
     """Float32: a training that falls back is the sequential runner's, bit for bit."""
-    sequential = _final_model(_config(**over), tmp_path / "seq")
+    sequential = final_model(_config(**over), tmp_path / "seq")
     with caplog.at_level(logging.WARNING, logger="fedskew.engine.batched_runner"):
-        fallback = _final_model(_config(clients_in_parallel=4, **over), tmp_path / "bat")
-    assert _max_diff(sequential, fallback) == 0.0
+        fallback = final_model(_config(clients_in_parallel=4, **over), tmp_path / "bat")
+    assert max_diff(sequential, fallback) == 0.0
     assert not spy
     said = [r.message for r in caplog.records if "clients_in_parallel" in r.message]
     assert len(said) == 1 and "one at a time" in said[0]  # once, not once a client or a round
@@ -148,7 +132,7 @@ def test_a_failing_batch_fails_the_round(tmp_path: Path, monkeypatch: pytest.Mon
 
     monkeypatch.setattr(batched, "train_batched", broken)
     with pytest.raises(RuntimeError, match="out of memory in the batched step"):
-        _final_model(_config(clients_in_parallel=4), tmp_path / "b")
+        final_model(_config(clients_in_parallel=4), tmp_path / "b")
 
 
 @pytest.mark.parametrize(("over", "words"), [
@@ -178,7 +162,7 @@ def test_every_method_under_the_batched_runner(tmp_path: Path, name: str) -> Non
             cfg["partition"]["client_test_fraction"] = 0.25
         return cfg
 
-    assert _max_diff(_final_model(config(1), tmp_path / "s"), _final_model(config(3), tmp_path / "b")) <= 1e-4
+    assert max_diff(final_model(config(1), tmp_path / "s"), final_model(config(3), tmp_path / "b")) <= 1e-4
 
 
 def test_evaluation_several_chunks_a_pass_equals_chunk_by_chunk() -> None:

@@ -14,9 +14,9 @@ import fedskew.algorithms.fedaf as fedaf_module
 import fedskew.algorithms.feddm as feddm_module
 from fedskew.components import batched_condensation, batched_kip
 from fedskew.engine.round_loop import RoundLoop
-from tests.algorithms.test_all_algorithms import config_for
-from tests.conftest import spy_calls, tiny_config
-from tests.engine.test_batched_clients import _federation64, _final_model, _max_diff
+from tests.helpers.batched import federation64, final_model, max_diff
+from tests.helpers.configs import config_for, tiny_config
+from tests.helpers.spies import spy_calls
 
 TOL = 1e-9
 FAST: dict[str, Any] = {"condense_iterations": 3, "ipc": 2, "real_batch": 8, "clients_per_round": 4,
@@ -79,12 +79,12 @@ def test_batched_condensation_equals_sequential_in_float64(
 ) -> None:
     algorithm = {**algorithm, **NO_SERVER}
     seq_cfg = _config(algorithm, norm)
-    fed = _federation64(seq_cfg)
-    _final_model(seq_cfg, tmp_path / "seq", fed)
+    fed = federation64(seq_cfg)
+    final_model(seq_cfg, tmp_path / "seq", fed)
     sequential = list(matched)
     matched.clear()
     assert not condensed and len(sequential) == 8  # 2 rounds of 4 clients
-    _final_model(_config(algorithm, norm, clients_in_parallel=4), tmp_path / "bat", fed)
+    final_model(_config(algorithm, norm, clients_in_parallel=4), tmp_path / "bat", fed)
     assert len(condensed) == 2 and all(len(c) == 4 for c in condensed)  # each round's four clients together
     assert len(matched) == 8
     if algorithm["name"] == "fedaf":  # round 1 without the CDC term, round 2 with it
@@ -101,10 +101,10 @@ def test_batched_condensation_runs_as_sequential_in_float32(
 ) -> None:
     """The whole run with the server's training (BatchNorm ConvNet, as the FedAF configs): the global model
     of the sequential runner up to float32 rounding (and 8-bit uploads)."""
-    sequential = _final_model(_config(algorithm, "batchnorm"), tmp_path / "seq")
-    together = _final_model(_config(algorithm, "batchnorm", clients_in_parallel=4), tmp_path / "bat")
+    sequential = final_model(_config(algorithm, "batchnorm"), tmp_path / "seq")
+    together = final_model(_config(algorithm, "batchnorm", clients_in_parallel=4), tmp_path / "bat")
     assert len(condensed) == 2
-    assert _max_diff(sequential, together) <= 1e-4
+    assert max_diff(sequential, together) <= 1e-4
 
 
 def test_fallback_condenses_as_the_sequential_runner(
@@ -114,10 +114,10 @@ def test_fallback_condenses_as_the_sequential_runner(
     """A condensation that cannot batch runs in its job, bit for bit as alone, and the runner says so once."""
     monkeypatch.setattr("fedskew.components.batching.why_dm_sequential", lambda request: "a test's reason")
     cfg = _config({"name": "feddm"}, "instancenorm")
-    sequential = _final_model(cfg, tmp_path / "seq")
+    sequential = final_model(cfg, tmp_path / "seq")
     with caplog.at_level(logging.WARNING, logger="fedskew.engine.batched_runner"):
-        fallback = _final_model(_config({"name": "feddm"}, "instancenorm", clients_in_parallel=4), tmp_path / "bat")
-    assert _max_diff(sequential, fallback) == 0.0
+        fallback = final_model(_config({"name": "feddm"}, "instancenorm", clients_in_parallel=4), tmp_path / "bat")
+    assert max_diff(sequential, fallback) == 0.0
     assert not condensed
     said = [r.message for r in caplog.records if "clients_in_parallel" in r.message]
     assert len(said) == 1 and "condensation one at a time: a test's reason" in said[0]
@@ -133,11 +133,11 @@ def test_hfldd_distils_its_clients_together(tmp_path: Path, monkeypatch: pytest.
         cfg["model"] = {"name": "cnn"}
         return cfg
 
-    sequential = _final_model(config(1), tmp_path / "s")
+    sequential = final_model(config(1), tmp_path / "s")
     assert not calls
-    together = _final_model(config(3), tmp_path / "b")
+    together = final_model(config(3), tmp_path / "b")
     assert calls and max(calls) >= 2  # several clients' KIP in one batch
-    assert _max_diff(sequential, together) <= 1e-4
+    assert max_diff(sequential, together) <= 1e-4
 
 
 @pytest.mark.parametrize(("name", "over", "words"), [

@@ -18,7 +18,7 @@ from fedskew.engine.experiment import resume_run
 from fedskew.engine.federation import build_federation
 from fedskew.engine.round_loop import RoundLoop
 from fedskew.metrics import client_distribution
-from tests.conftest import tiny_config
+from tests.helpers.configs import tiny_config
 
 BN_MODEL = {"name": "convnet", "net_width": 8, "net_depth": 1, "net_norm": "batchnorm"}
 
@@ -191,7 +191,7 @@ def test_an_impossible_evaluation_reply_is_rejected(tmp_path: Path) -> None:
 
 def test_clients_that_never_trained_are_counted_every_evaluated_round(tmp_path: Path) -> None:
     """Issue 37, point 2: every client is evaluated, and the record says how many never trained yet."""
-    from tests.conftest import tiny_config
+    from tests.helpers.configs import tiny_config
 
     cfg = tiny_config(rounds=3, partition={"client_test_fraction": 0.2},
                       algorithm={"name": "ditto", "clients_per_round": 2})

@@ -19,9 +19,9 @@ from fedskew.engine.flower.app import SUPERLINK_HOST, superlink_command
 from fedskew.engine.flower.client_app import load_shard, node_dataset
 from fedskew.engine.flower.messages import HEADER
 from fedskew.runs import locked_run_folder
-from tests.cli_process import fedskew, snapshot
-from tests.conftest import tiny_config
-from tests.engine.test_flower import FakeGrid, _deploy, probe  # noqa: F401  (probe: a fixture)
+from tests.helpers.cli import fedskew, snapshot
+from tests.helpers.configs import tiny_config
+from tests.helpers.flower import FakeGrid, deploy_on
 
 
 def test_the_superlink_command_binds_to_localhost() -> None:
@@ -62,7 +62,7 @@ def test_a_node_refuses_a_server_named_path_before_reading_anything(tmp_path: Pa
         load_shard(0, run, None, {"partition-id": 0})  # type: ignore[arg-type]  # refused before info is used
 
 
-def test_the_server_sends_the_nodes_no_path(probe: str, tmp_path: Path) -> None:  # noqa: F811
+def test_the_server_sends_the_nodes_no_path(probe: str, tmp_path: Path) -> None:
     cfg = tiny_config(rounds=1, dataset={"data_dir": "/srv/server-only"})
     grid = FakeGrid([{"partition-id": "0,1,2,3,4,5"}])
     sent: list[dict[str, Any]] = []
@@ -73,17 +73,17 @@ def test_the_server_sends_the_nodes_no_path(probe: str, tmp_path: Path) -> None:
         return original(messages)
 
     grid.push_messages = push  # type: ignore[method-assign]
-    _deploy(grid, tmp_path, cfg)
+    deploy_on(grid, tmp_path, cfg)
     assert sent and all("data_dir" not in run["dataset"] for run in sent)
 
 
-def test_a_deployment_holds_its_run_folder_and_refuses_a_shortened_resume(probe: str, tmp_path: Path) -> None:  # noqa: F811
+def test_a_deployment_holds_its_run_folder_and_refuses_a_shortened_resume(probe: str, tmp_path: Path) -> None:
     cfg = tiny_config(rounds=2)
     grid = FakeGrid([{"partition-id": "0,1,2,3,4,5"}])
-    run_dir = _deploy(grid, tmp_path, cfg)
+    run_dir = deploy_on(grid, tmp_path, cfg)
     before = snapshot(run_dir)
     with pytest.raises(FedskewError, match="is at round 2, beyond the run's rounds = 1"):
-        _deploy(grid, tmp_path, cfg, resume=True, overrides="rounds=1")
+        deploy_on(grid, tmp_path, cfg, resume=True, overrides="rounds=1")
     with locked_run_folder(run_dir), pytest.raises(FedskewError, match="in use by another fedskew process"):
-        _deploy(grid, tmp_path, cfg, resume=True)
+        deploy_on(grid, tmp_path, cfg, resume=True)
     assert snapshot(run_dir) == before

@@ -29,7 +29,7 @@ from fedskew.core.errors import ConfigError
 from fedskew.engine import pool_size as pool_module
 from fedskew.engine.pool_size import default_workers, usable_cores
 from fedskew.engine.round_loop import RoundLoop
-from tests.conftest import tiny_config
+from tests.helpers.configs import tiny_config
 
 NO_CUDA = not torch.cuda.is_available()
 

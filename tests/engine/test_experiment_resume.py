@@ -9,7 +9,7 @@ import pytest
 
 from fedskew.cli import main
 from fedskew.config import dump
-from tests.conftest import tiny_config
+from tests.helpers.configs import tiny_config
 
 
 def _config(tmp_path: Path) -> Path:

@@ -33,20 +33,24 @@ from fedskew.core.message import Message
 from fedskew.engine.checkpoint import load_checkpoint, save_checkpoint
 from fedskew.engine.replies import Undecodable, check_reply, decode_reply, encode_reply
 from fedskew.runs import LOCK_FILE
-from tests.cli_process import fedskew, one_error, small_disk, snapshot, write_config
-from tests.conftest import tiny_config
-from tests.engine.test_run_folders import LONG, alive, children, rounds_of, start, started, wait_for  # noqa: F401
+from tests.helpers.cli import (
+    LONG,
+    alive,
+    children,
+    fedskew,
+    one_error,
+    rounds_of,
+    small_disk,
+    snapshot,
+    start,
+    wait_for,
+    write_config,
+)
+from tests.helpers.configs import tiny_config
+from tests.helpers.plugins import BAD_REPLY
 
 TRIALS = int(os.environ.get("FEDSKEW_SIGTERM_TRIALS", "3"))
 """SIGTERM trials of rule 9 (``benchmarks/integrity.py`` runs 20)."""
-
-
-@pytest.fixture
-def two_rounds(tmp_path: Path, finished_run: Callable[[int], Path]) -> Path:
-    """This test's copy (``tmp_path/o/fedavg-seed0``) of a finished 2-round run of the tiny config."""
-    run = tmp_path / "o" / "fedavg-seed0"
-    shutil.copytree(finished_run(2).parent, run.parent, symlinks=True)
-    return run
 
 
 # ---- 1. a write that fails part-way ----------------------------------------------------------------
@@ -133,37 +137,6 @@ def test_save_checkpoint_reports_a_failed_write_as_an_os_error(tmp_path: Path,
 
 
 # ---- 2. one client's reply never ends a run -----------------------------------------------------------
-BAD_REPLY = '''
-from dataclasses import dataclass
-
-from fedskew import FedAvg, register_algorithm
-
-
-@register_algorithm("bad_reply")
-class BadReply(FedAvg):
-    """FedAvg whose client 0 sends a broken reply of one kind."""
-
-    @dataclass
-    class Params(FedAvg.Params):
-        kind: str = "string"
-
-    def client_step(self, task, msg, client):
-        reply = super().client_step(task, msg, client)
-        if task != "train" or client.cid != 0:
-            return reply
-        kind = self.params.kind
-        if kind == "string":
-            reply.metrics["num_samples"] = "12"
-        elif kind == "bool":
-            reply.metrics["num_samples"] = True
-        elif kind == "unencodable":
-            reply.metrics["loss"] = object()
-        elif kind == "not_message":
-            return {"arrays": reply.arrays}
-        return reply
-'''
-
-
 BAD_KINDS = ["string", "bool", "unencodable", "not_message"]
 
 
@@ -401,7 +374,7 @@ def test_a_plugin_parameter_class_is_bounded_by_the_same_names() -> None:
 
 
 # ---- 9. a stop request ends a run within seconds, every time ----------------------------------------------
-def test_sigterm_ends_a_pooled_run_within_seconds_every_time(tmp_path: Path, started: list) -> None:  # noqa: F811
+def test_sigterm_ends_a_pooled_run_within_seconds_every_time(tmp_path: Path, started: list) -> None:
     """``FEDSKEW_SIGTERM_TRIALS`` trials (3 here, 20 in benchmarks/integrity.py) of a run with two workers,
     each stopped at a random moment after round 3: exit 143 within the grace period, no worker left, and the
     last finished round's metrics and checkpoint kept and readable."""
@@ -439,7 +412,7 @@ atexit.register(time.sleep, 120)  # winding down never ends: the watchdog must e
 
 
 def test_a_run_whose_wind_down_hangs_still_ends_within_the_grace_period(tmp_path: Path,
-                                                                      started: list) -> None:  # noqa: F811
+                                                                      started: list) -> None:
     """A stop whose clean-up never finishes (here an exit handler that sleeps two minutes, as a pool stuck on
     a dead worker's lock once did): the watchdog ends the process with 143 after STOP_GRACE_S seconds."""
     from fedskew.cli.process import STOP_GRACE_S

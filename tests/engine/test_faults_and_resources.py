@@ -31,8 +31,19 @@ import pytest
 
 from fedskew.engine.checkpoint import load_checkpoint
 from fedskew.runs import LOCK_FILE
-from tests.cli_process import SRC, environment, fedskew, one_error, small_disk, snapshot, write_config
-from tests.engine.test_run_folders import LONG, rounds_of, start, started, wait_for  # noqa: F401
+from tests.helpers.cli import (
+    LONG,
+    SRC,
+    environment,
+    fedskew,
+    one_error,
+    rounds_of,
+    small_disk,
+    snapshot,
+    start,
+    wait_for,
+    write_config,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,11 +54,11 @@ TRIALS = int(os.environ.get("FEDSKEW_SIGTERM_TRIALS", "5"))
 # ---- 15. a stop never waits on a half-sent reply --------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["stop", "crash"])
 def test_a_worker_that_dies_mid_reply_never_holds_up_the_pool(kind: str) -> None:
-    """A worker stops in the middle of sending its result (tests/engine/pool_faults.py): the pool still ends in
+    """A worker stops in the middle of sending its result (tests/helpers/pool_faults.py): the pool still ends in
     seconds, stopped (its workers terminated, then closed) or crashed (the other worker alive: the wait for the
     result ends in the one-line BROKEN error), with no semaphore leaked."""
     env = environment(PYTHONPATH=f"{SRC}{os.pathsep}{ROOT}")
-    res = subprocess.run([sys.executable, "-m", "tests.engine.pool_faults", kind], cwd=ROOT, env=env,
+    res = subprocess.run([sys.executable, "-m", "tests.helpers.pool_faults", kind], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     seconds = float(res.stdout.split("ended in ")[1].split()[0])
@@ -69,7 +80,7 @@ if multiprocessing.parent_process() is not None:  # in a pool worker: from round
 
     def _client_task(args):
         if args[1].round >= 3 and Path(__file__).with_suffix(".on").exists():
-            frame = sys._getframe(1)  # as tests/engine/pool_faults.py's half_a_reply
+            frame = sys._getframe(1)  # as tests/helpers/pool_faults.py's half_a_reply
             while "result_queue" not in frame.f_locals:
                 frame = frame.f_back
             frame.f_locals["result_queue"]._writer._send(struct.pack("!i", 1 << 20) + b"half a reply")
@@ -109,7 +120,7 @@ def _resumes(run: Path, cwd: Path) -> None:
 
 
 def test_sigterm_while_a_reply_is_half_sent_never_waits_for_the_watchdog(tmp_path: Path,
-                                                                         started: list) -> None:  # noqa: F811
+                                                                         started: list) -> None:
     """The red team's hang, made certain: a worker of a two-worker run has sent half its round-3 reply when SIGTERM
     comes (the executor's thread waits for the rest): exit 143 well within the grace period, without the watchdog,
     no leaked semaphore, no lock left, and the run resumes."""
@@ -130,7 +141,7 @@ def test_sigterm_while_a_reply_is_half_sent_never_waits_for_the_watchdog(tmp_pat
     _resumes(run, tmp_path)
 
 
-def test_sigterm_at_random_moments_of_a_two_worker_run(tmp_path: Path, started: list) -> None:  # noqa: F811
+def test_sigterm_at_random_moments_of_a_two_worker_run(tmp_path: Path, started: list) -> None:
     """``FEDSKEW_SIGTERM_TRIALS`` (5; 20 in benchmarks/integrity.py) SIGTERMs at random moments after round 2 of a
     two-worker run with larger replies (more of each round is spent sending them): each as above, and the last
     run resumes."""
@@ -186,7 +197,7 @@ def test_wandb_writes_its_files_into_the_run_folder(tmp_path: Path, monkeypatch:
     import tempfile
 
     import fedskew
-    from tests.conftest import tiny_config
+    from tests.helpers.configs import tiny_config
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -392,7 +403,7 @@ def test_the_estimate_counts_what_a_run_holds() -> None:
     process that trains; a dataset known only once it is read counts nothing."""
     from fedskew.config.schema import typed_config
     from fedskew.engine.memory import estimate, total_ram
-    from tests.conftest import tiny_config
+    from tests.helpers.configs import tiny_config
 
     est = estimate(typed_config(tiny_config()))
     params = 64 * 32 + 32 + 32 * 4 + 4

@@ -22,21 +22,14 @@ import torch
 
 pytest.importorskip("flwr", reason="Flower is optional: pip install -e '.[flower]'")
 
-from flwr.app import ArrayRecord, ConfigRecord, Context, Error, RecordDict
+from flwr.app import ArrayRecord, RecordDict
 from flwr.app import Message as FlowerMessage
-from flwr.common.constant import ErrorCode
-from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
-from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
-from flwr.supercore.task_identity import TaskIdentity
 
-from fedskew.algorithms.base import ALGORITHMS, ClientContext, ServerContext
-from fedskew.algorithms.fedavg import FedAvg
 from fedskew.config import dump
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.core.message import Message
 from fedskew.engine.federation import build_federation
 from fedskew.engine.flower.app import write_app, write_shards
-from fedskew.engine.flower.client_app import app as client_app
 from fedskew.engine.flower.client_app import node_partitions
 from fedskew.engine.flower.messages import (
     from_records,
@@ -46,22 +39,14 @@ from fedskew.engine.flower.messages import (
     put_state,
     to_records,
 )
-from fedskew.engine.flower.server_app import DeploySettings, deploy
 from fedskew.engine.round_loop import RoundLoop
-from tests.conftest import tiny_config
-from tests.engine.flower_federation import LocalFederation
-from tests.plugin_module import ALGORITHM, MODEL, fresh_registries, write_plugin
+from tests.helpers.configs import tiny_config
+from tests.helpers.flower import FakeGrid, app_folder, deploy_on, over_the_wire
+from tests.helpers.flower_federation import LocalFederation
+from tests.helpers.plugins import ALGORITHM, MODEL, fresh_registries, write_plugin
 
 NODES = 3
 RECEIVING_TRAIN = "Receiving: train message"  # a SuperNode's log line when a train request arrives
-
-
-def _over_the_wire(records: RecordDict) -> RecordDict:
-    """``records`` after Flower's own serialisation (deflate every object, inflate from the bytes)."""
-    contents = {oid: obj.deflate() for oid, obj in get_all_nested_objects(records).items()}
-    out = inflate_object_from_contents(records.object_id, contents)
-    assert isinstance(out, RecordDict)
-    return out
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -83,7 +68,7 @@ def test_message_round_trip_is_lossless() -> None:
         "special": torch.tensor([float("nan"), float("inf"), -0.0]),
     }
     msg = Message(arrays=arrays, config={"lr": 0.1, "k": 3, "name": "x", "flag": True}, metrics={"n": 12.0, "c": 3})
-    back = from_records(_over_the_wire(to_records(msg)))
+    back = from_records(over_the_wire(to_records(msg)))
     assert list(back.arrays) == list(arrays)  # names and their order
     for name, t in arrays.items():
         b = back.arrays[name]
@@ -112,7 +97,7 @@ def test_federation_info_and_client_state_round_trip() -> None:
     assert get_state(store, 4) == {}
     state = {"c": torch.ones(3), "step": 7, "hist": [1.0, 2.0], "nested": {"x": torch.zeros(2, dtype=torch.uint8)}}
     put_state(store, 4, state)
-    got = get_state(_over_the_wire(store), 4)
+    got = get_state(over_the_wire(store), 4)
     assert torch.equal(got["c"], state["c"]) and got["step"] == 7 and got["hist"] == [1.0, 2.0]
     assert torch.equal(got["nested"]["x"], state["nested"]["x"])
 
@@ -149,96 +134,6 @@ def test_app_folder_and_shards(tmp_path: Path) -> None:
 
 
 # ---- the ServerApp and ClientApp in one process: a stand-in SuperLink ----------------------------------
-class Probe(FedAvg):
-    """FedAvg plus what richer methods need over Flower: a census before round 1 and client state."""
-
-    def setup(self, server: ServerContext) -> None:
-        replies = server.exchange("census", [(cid, Message()) for cid in range(self.fed.num_clients)])
-        server.state["counts"] = torch.stack([m.arrays["counts"] for _, m in replies])
-
-    def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
-        if task == "census":
-            client.state["rounds"] = 0
-            return Message(arrays={"counts": client.class_counts()})
-        client.state["rounds"] += 1  # a KeyError here if the node lost the state the census left
-        return super().client_step(task, msg, client)
-
-
-class FakeGrid:
-    """A SuperLink in this process: a push runs the ClientApp on the destination node at once.
-
-    Contents go through Flower's serialisation both ways. ``dead`` nodes never answer; ``unavailable``
-    nodes get Flower's NODE_UNAVAILABLE error; ``garbled`` nodes answer train requests with records that
-    are not a fedskew message.
-    """
-
-    def __init__(self, node_configs: list[dict[str, Any]]) -> None:
-        self.contexts = {
-            100 + i: Context(run_id=1, node_id=100 + i, node_config=c, state=RecordDict(), run_config={})
-            for i, c in enumerate(node_configs)
-        }
-        self.dead: set[int] = set()
-        self.unavailable: set[int] = set()
-        self.garbled: set[int] = set()
-        self._replies: dict[str, FlowerMessage] = {}
-
-    def get_node_ids(self) -> list[int]:
-        return list(self.contexts)
-
-    def push_messages(self, messages: list[FlowerMessage]) -> list[str]:
-        ids = []
-        for m in messages:
-            m.metadata.__dict__["_message_id"] = mid = m.object_id
-            node = m.metadata.dst_node_id
-            if node in self.unavailable:
-                self._replies[mid] = FlowerMessage(Error(ErrorCode.NODE_UNAVAILABLE, "gone"), reply_to=m)
-            elif node in self.garbled and m.metadata.message_type == "train":
-                self._replies[mid] = FlowerMessage(RecordDict({"arrays": ConfigRecord({"w": [1, 2]})}), reply_to=m)
-            elif node not in self.dead:
-                m.content = _over_the_wire(m.content)
-                reply = client_app(m, self.contexts[node])
-                if reply.has_content():
-                    reply.content = _over_the_wire(reply.content)
-                self._replies[mid] = reply
-            ids.append(mid)
-        return ids
-
-    def pull_messages(self, ids: list[str]) -> list[FlowerMessage]:
-        return [self._replies.pop(i) for i in ids if i in self._replies]
-
-    def node_of(self, cid: int) -> int:
-        return next(n for n, c in self.contexts.items() if cid in node_partitions(c.node_config))
-
-
-def register_for_flower(monkeypatch: pytest.MonkeyPatch, name: str, cls: type) -> str:
-    """Register ``cls`` as algorithm ``name`` for one test, and set the task identity Flower messages
-    are stamped with (the in-process SuperLink has no real task)."""
-    for attr in ("_task_id", "_run_id", "_node_id"):
-        monkeypatch.setattr(TaskIdentity, attr, 1)
-    monkeypatch.setitem(ALGORITHMS._items, name, cls)
-    return name
-
-
-@pytest.fixture
-def probe(monkeypatch: pytest.MonkeyPatch) -> str:
-    """Register :class:`Probe` for one test."""
-    return register_for_flower(monkeypatch, "flower_probe", Probe)
-
-
-def _app(tmp_path: Path, cfg: dict[str, Any]) -> Path:
-    """A Flower App folder running ``cfg``."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    (tmp_path / "exp.toml").write_text(dump(cfg))
-    return write_app(tmp_path / "app", str(tmp_path / "exp.toml"), [], force=True)
-
-
-def _deploy(grid: FakeGrid, tmp_path: Path, cfg: dict[str, Any], **settings: Any) -> Path:
-    app = _app(tmp_path, cfg)
-    settings = {"out": str(tmp_path / "out"), "node_wait": 5.0, **settings}
-    deploy(grid, DeploySettings(**settings), app)
-    return tmp_path / "out" / f"{cfg['label']}-seed{cfg['seed']}"
-
-
 def _simulate(cfg: dict[str, Any], path: Path) -> Path:
     RoundLoop(cfg, path, progress=False).run()
     return path
@@ -262,7 +157,7 @@ def _deploy_on_two_nodes(cfg: dict[str, Any], tmp_path: Path) -> tuple[Path, Fak
         {"partition-id": "0,2,4", "data-path": str(tmp_path / "shards")},
         {"partition-id": "1,3,5"},
     ])
-    run_dir = _deploy(grid, tmp_path, cfg)
+    run_dir = deploy_on(grid, tmp_path, cfg)
     sim = _simulate(cfg, tmp_path / "sim")
     assert (run_dir / "metrics.jsonl").read_bytes() == (sim / "metrics.jsonl").read_bytes()
     return run_dir, grid
@@ -299,7 +194,7 @@ def test_silent_node_times_out_and_is_not_asked_again(probe: str, tmp_path: Path
     grid = FakeGrid([{"partition-id": "0,1,2,3,4"}, {"partition-id": 5}])
     grid.dead.add(grid.node_of(5))
     with pytest.raises(FedskewError, match="no SuperNode serves partitions \\[5\\]"):
-        _deploy(grid, tmp_path, cfg, reply_timeout=0.3, node_wait=0.5)
+        deploy_on(grid, tmp_path, cfg, reply_timeout=0.3, node_wait=0.5)
     grid.contexts[grid.node_of(5)].node_config["partition-id"] = 5  # it answers the census, then goes silent
     grid.dead.clear()
     original = grid.push_messages
@@ -310,7 +205,7 @@ def test_silent_node_times_out_and_is_not_asked_again(probe: str, tmp_path: Path
         return original(messages)
 
     grid.push_messages = push  # type: ignore[method-assign]
-    records = _records(_deploy(grid, tmp_path / "b", cfg, reply_timeout=0.3))
+    records = _records(deploy_on(grid, tmp_path / "b", cfg, reply_timeout=0.3))
     assert records[0]["failed"] == [[5, "no reply within 0.3 s"]]
     assert records[1]["failed"] == [[5, "node lost earlier: no reply within 0.3 s"]]
     assert all(r["clients"] == [c for c in r["clients"] if c != 5] for r in records)
@@ -320,7 +215,7 @@ def test_garbled_reply_fails_its_client_not_the_run(probe: str, tmp_path: Path) 
     cfg = tiny_config(algorithm={"name": "fedavg", "clients_per_round": 6}, rounds=1)
     grid = FakeGrid([{"partition-id": "0,1,2,3,4"}, {"partition-id": 5}])
     grid.garbled.add(grid.node_of(5))
-    [record] = _records(_deploy(grid, tmp_path, cfg))
+    [record] = _records(deploy_on(grid, tmp_path, cfg))
     assert record["clients"] == [0, 1, 2, 3, 4]
     assert record["failed"] == [[5, "unreadable reply: not a fedskew message: it needs records 'arrays', 'config' "
                                     "and 'metrics'"]]
@@ -342,10 +237,10 @@ def test_too_few_replies_stop_the_run_resumably(probe: str, tmp_path: Path) -> N
 
     grid.push_messages = push  # type: ignore[method-assign]
     with pytest.raises(FedskewError, match="holds the checkpoint of round 1") as err:
-        _deploy(grid, tmp_path, cfg, min_reply_fraction=1.0)
+        deploy_on(grid, tmp_path, cfg, min_reply_fraction=1.0)
     assert "node unavailable" in str(err.value)
     grid.unavailable.clear()
-    run_dir = _deploy(grid, tmp_path, cfg, min_reply_fraction=1.0, resume=True)
+    run_dir = deploy_on(grid, tmp_path, cfg, min_reply_fraction=1.0, resume=True)
     sim = _simulate(cfg, tmp_path / "sim")
     assert (run_dir / "metrics.jsonl").read_bytes() == (sim / "metrics.jsonl").read_bytes()
 
@@ -353,13 +248,13 @@ def test_too_few_replies_stop_the_run_resumably(probe: str, tmp_path: Path) -> N
 def test_a_run_folder_is_not_overwritten(probe: str, tmp_path: Path) -> None:
     cfg = tiny_config(rounds=1)
     grid = FakeGrid([{"partition-id": "0,1,2,3,4,5"}])
-    _deploy(grid, tmp_path, cfg)
+    deploy_on(grid, tmp_path, cfg)
     with pytest.raises(ConfigError, match="already holds a run"):
-        _deploy(grid, tmp_path, cfg)
+        deploy_on(grid, tmp_path, cfg)
     with pytest.raises(ConfigError, match="differs"):
-        _deploy(grid, tmp_path, tiny_config(rounds=1, seed=0, partition={"alpha": 0.3}), resume=True)
+        deploy_on(grid, tmp_path, tiny_config(rounds=1, seed=0, partition={"alpha": 0.3}), resume=True)
     # what `fedskew run --resume` may change, a resumed deployment may too: here its length and precision
-    run_dir = _deploy(grid, tmp_path, tiny_config(rounds=2, amp="bf16"), resume=True)
+    run_dir = deploy_on(grid, tmp_path, tiny_config(rounds=2, amp="bf16"), resume=True)
     assert [json.loads(line)["round"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 
@@ -390,7 +285,7 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFedera
 
 
 def _submit(fed: LocalFederation, tmp_path: Path, cfg: dict[str, Any], **settings: Any) -> str:
-    app = _app(tmp_path, cfg)
+    app = app_folder(tmp_path, cfg)
     run_config = tmp_path / "run-config.toml"
     settings = {"out": str(tmp_path / "out"), "node_wait": 60.0, **settings}
     run_config.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items()))
@@ -449,7 +344,7 @@ def test_a_plugin_runs_over_flower(federation: LocalFederation, tmp_path: Path) 
     cfg["model"] = {"name": MODEL, "hidden": 12}
     cfg["algorithm"] = {**cfg["algorithm"], "name": ALGORITHM, "damping": 0.5}
     with fresh_registries():  # deploy init imports it here to check the config
-        app = _app(tmp_path, cfg)
+        app = app_folder(tmp_path, cfg)
     plugin.unlink()
     run_config = tmp_path / "run-config.toml"
     run_config.write_text(f'out = "{tmp_path / "out"}"\nnode_wait = 60.0\n')

@@ -1,7 +1,7 @@
 """Hostile and broken clients: the server survives, and no single client decides the model.
 
 Every case runs through the real round loop, and the reply cases also through Flower's message path
-(the in-process SuperLink of tests/engine/test_flower.py: contents serialised both ways, the real
+(the in-process SuperLink of tests/helpers/flower.py: contents serialised both ways, the real
 ClientApp on the node).
 """
 
@@ -23,8 +23,8 @@ from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message
 from fedskew.engine.faults import model_replacement
 from fedskew.engine.round_loop import RoundLoop
-from tests.conftest import tiny_config
-from tests.engine.test_flower import FakeGrid, _deploy, register_for_flower
+from tests.helpers.configs import tiny_config
+from tests.helpers.flower import FakeGrid, deploy_on, register_for_flower
 
 HOSTILE = 0  # the client that misbehaves
 TWO = (0, 1)  # the clients of the two-reply overflow case
@@ -81,7 +81,7 @@ def _simulate(cfg: dict[str, Any], path: Path) -> list[dict[str, Any]]:
 
 def _over_flower(cfg: dict[str, Any], path: Path) -> list[dict[str, Any]]:
     grid = FakeGrid([{"partition-id": "0,2,4"}, {"partition-id": "1,3,5"}])
-    run_dir = _deploy(grid, path, cfg)
+    run_dir = deploy_on(grid, path, cfg)
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 

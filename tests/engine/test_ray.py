@@ -1,19 +1,30 @@
-"""The Ray engine (``engine = "ray"``): the same metrics as the inline engine, on a real two-node cluster.
+"""The Ray engine (``engine = "ray"``): the same metrics as the inline engine, on a real two-node cluster; and
+Flower's local simulation, which runs its clients on Ray.
 
-A module fixture starts a head node and a second node on this machine (:mod:`tests.engine.ray_cluster`,
+A module fixture starts a head node and a second node on this machine (:mod:`tests.helpers.ray_cluster`,
 one CPU each, so a round's jobs must spread over both), and runs join it through ``ray.address``; one
 test lets the engine start and stop its own local instance. The tests skip only where Ray is not
 installed (``pip install -e '.[ray]'``; scripts/test.sh installs it); the missing-Ray error is tested
 everywhere.
+
+Flower's local simulation (docs/deploy.md's first recipe) starts a local Ray instance, which would join a
+cluster it finds: its tests are in this file, before the cluster's, so that they never run beside the cluster.
+pytest runs a file's tests in order, and pytest-xdist (``--dist loadfile``, scripts/test.sh) keeps a file on
+one worker; the cluster starts with the first test that asks for it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
 import os
+import signal
+import subprocess
 import sys
+import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,13 +36,18 @@ from fedskew.config import dump
 from fedskew.core.errors import FedskewError
 from fedskew.engine.ray_workers import MISSING_RAY
 from fedskew.engine.round_loop import RoundLoop
-from tests.algorithms.resume import assert_resumes_exactly
-from tests.conftest import tiny_config
-from tests.engine.ray_cluster import LocalRayCluster, auth_env, free_port
-from tests.plugin_module import fresh_registries, plugin_config, write_plugin
+from tests.helpers.configs import tiny_config
+from tests.helpers.plugins import BAD_REPLY, fresh_registries, plugin_config, write_plugin
+from tests.helpers.ray_cluster import LocalRayCluster, auth_env, free_port
+from tests.helpers.runs import assert_resumes_exactly
+
+ROOT = Path(__file__).resolve().parents[2]
 
 needs_ray = pytest.mark.skipif(
     importlib.util.find_spec("ray") is None, reason="Ray is optional: pip install -e '.[ray]'"
+)
+needs_flower = pytest.mark.skipif(
+    importlib.util.find_spec("flwr") is None, reason="Flower is optional: pip install -e '.[flower]'"
 )
 
 # FedAvg, SCAFFOLD: its clients keep a control variate c_i in their state between rounds, and Ditto:
@@ -39,6 +55,77 @@ needs_ray = pytest.mark.skipif(
 ALGORITHMS = [{"name": "fedavg"}, {"name": "scaffold"}, {"name": "ditto"}]
 
 
+# ---- Flower's local simulation (issue 36, point 4), before the cluster starts ------------------------------
+def _pids_with(text: str) -> list[int]:
+    """Processes whose command line contains ``text`` (the managed SuperLink is detached: no parent to ask)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    pids.append(int(entry.name))
+    return pids
+
+
+@needs_flower
+def test_the_flower_extra_brings_the_simulation() -> None:
+    """``flwr run`` on a local connection simulates the clients on Ray: ``flwr`` alone cannot run it."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(req.startswith("flwr[simulation]") for req in extras["flower"])
+
+
+@needs_flower
+def test_local_simulation_recipe_runs_one_round(tmp_path: Path) -> None:
+    """``fedskew deploy init``, then ``flwr run APP --stream --federation-config num-supernodes=N`` with the
+    environment's commands on ``PATH`` (``flwr run`` starts ``flower-superlink`` by name) and nothing else set
+    up: no certificates, no SuperNodes, no Flower configuration file. Flower's simulation runs the clients on
+    Ray, which the ``flower`` extra brings (``flwr[simulation]``); this test does not skip without Ray."""
+    from tests.helpers.flower_federation import BIN, descendants
+
+    home = tmp_path / "flwr-home"
+    port, control = free_port(), free_port()
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",  # docs/deploy.md: the venv's commands
+        "FLWR_HOME": str(home),  # a first-time user's: no configuration yet
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(port),  # not the fixed default ports, which may be taken
+        "FLWR_LOCAL_CONTROL_API_PORT": str(control),
+        "FLWR_TELEMETRY_ENABLED": "0",
+        # the fedskew this test imports, in every process (the app's too), whatever the working directory
+        "PYTHONPATH": os.pathsep.join([str(Path(fedskew.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+    }
+    init = subprocess.run(
+        [sys.executable, "-m", "fedskew.cli", "deploy", "init", "my-app", "--label", "FedAvg", "rounds=1"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert init.returncode == 0, init.stderr
+    assert "flwr run my-app --stream --federation-config 'num-supernodes=10'" in init.stdout  # the local recipe
+    try:
+        res = subprocess.run(
+            [str(BIN / "flwr"), "run", "my-app", "--stream", "--federation-config", "num-supernodes=10"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
+        )
+    finally:
+        superlinks = _pids_with(f"--port {port}")
+        victims = [*superlinks, *(d for p in superlinks for d in descendants(p))]
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        time.sleep(1)
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    log = res.stdout + res.stderr
+    assert res.returncode == 0, log
+    assert "ray is not available" not in log.lower()
+    run = tmp_path / "runs" / "deploy" / "FedAvg-seed0"  # the ServerApp writes where the SuperLink started
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in records] == [1]
+    assert sorted(records[0]["clients"]) == list(range(10))
+    assert json.loads((run / "summary.json").read_text())["rounds"] == 1
+
+
+# ---- the Ray engine --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ray_env() -> Iterator[dict[str, str]]:
     """A fresh Ray token for this module's clusters and drivers (Ray writes none to ~/.ray then)."""
@@ -134,8 +221,6 @@ def test_a_broken_reply_on_the_cluster_is_that_clients_rejection(tmp_path: Path,
                                                                  kind: str) -> None:
     """Issue 35, rule 2, on the Ray path: a client whose ``num_samples`` is ``"12"`` or ``True`` once ended the run
     ("undecodable message"); it is rejected with the inline engine's reason and the records are identical."""
-    from tests.engine.test_failure_rules import BAD_REPLY
-
     plugin = tmp_path / "bad_reply.py"
     plugin.write_text(BAD_REPLY)
     with fresh_registries():

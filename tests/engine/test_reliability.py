@@ -26,7 +26,7 @@ from fedskew.core.message import Message
 from fedskew.engine.faults import corrupt_reply
 from fedskew.engine.replies import check_reply
 from fedskew.engine.round_loop import RoundLoop
-from tests.conftest import tiny_config
+from tests.helpers.configs import tiny_config
 
 SPEC = {"w": ((2, 2), torch.float32), "b": ((2,), torch.float32)}
 

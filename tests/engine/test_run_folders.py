@@ -7,13 +7,10 @@ The cases run ``fedskew`` as a separate process, as a user does, and kill it for
 from __future__ import annotations
 
 import errno
-import json
 import os
-import shutil
 import signal
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,67 +19,19 @@ import torch
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.engine.checkpoint import load_checkpoint
 from fedskew.runs import LOCK_FILE, check_folder_name, describe_os_error, locked_run_folder
-from tests.cli_process import command, environment, fedskew, one_error, small_disk, snapshot, write_config
-
-LONG = 100_000
-"""Rounds of a run that is stopped (killed, terminated) long before it ends."""
-
-
-def rounds_of(run: Path) -> list[int]:
-    return [json.loads(line)["round"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
-def wait_for(condition: object, timeout: float = 120.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
-def children(pid: int) -> list[int]:
-    """Live processes whose parent is ``pid`` (from /proc)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.append(int(stat.parent.name))
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"  # a zombie has ended; only its exit status waits to be collected
-
-
-@pytest.fixture
-def started(tmp_path: Path) -> Iterator[list[subprocess.Popen[str]]]:
-    """Processes a test starts; any still running at the end is killed."""
-    procs: list[subprocess.Popen[str]] = []
-    yield procs
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-
-
-def _default_sigint() -> None:
-    """Ctrl-C's default action in the child: a test started as a background job (CI from a script) inherits
-    SIGINT ignored, and Python then installs no KeyboardInterrupt handler, so the run would not stop."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def start(procs: list[subprocess.Popen[str]], cwd: Path, *args: str) -> subprocess.Popen[str]:
-    p = subprocess.Popen(command(*args), cwd=cwd, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, preexec_fn=_default_sigint)
-    procs.append(p)
-    return p
+from tests.helpers.cli import (
+    LONG,
+    alive,
+    children,
+    fedskew,
+    one_error,
+    rounds_of,
+    small_disk,
+    snapshot,
+    start,
+    wait_for,
+    write_config,
+)
 
 
 def checkpointed(run: Path, at_least: int = 1) -> bool:
@@ -159,14 +108,6 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_it_resumes_exactly(tmp_path: Pat
 
 
 # ---- a full disk --------------------------------------------------------------------------------------
-@pytest.fixture
-def two_rounds(tmp_path: Path, finished_run: Callable[[int], Path]) -> Path:
-    """This test's copy (``tmp_path/o/fedavg-seed0``) of a finished 2-round run of the tiny config."""
-    run = tmp_path / "o" / "fedavg-seed0"
-    shutil.copytree(finished_run(2).parent, run.parent, symlinks=True)
-    return run
-
-
 def _full(path: Path) -> None:
     """Make writes to ``path`` fail as on a full disk: a link to /dev/full (the kernel answers ENOSPC)."""
     if not Path("/dev/full").exists():

@@ -11,7 +11,7 @@ import torch
 from fedskew.config import dump
 from fedskew.engine.experiment import resume_run
 from fedskew.engine.round_loop import RoundLoop
-from tests.conftest import tiny_config
+from tests.helpers.configs import tiny_config
 
 
 def _run(cfg: dict, path: Path) -> Path:

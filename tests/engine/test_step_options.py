@@ -5,7 +5,6 @@ training. CUDA-only effects run in tests/gpu/test_lean_steps_gpu.py.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,18 +18,8 @@ from fedskew.config.schema import full_config
 from fedskew.core.device import Compute, tf32_matmul, use_compute
 from fedskew.core.errors import ConfigError
 from fedskew.engine.round_loop import RoundLoop
-from tests.conftest import tiny_config
-
-
-def run_metrics(tmp_path: Path, **over: Any) -> list[dict[str, Any]]:
-    """Two rounds of the tiny config (a ConvNet, so convolutions and batch norm are in the step) with ``over``."""
-    cfg = tiny_config(rounds=2, **over)
-    cfg["model"] = {"name": "convnet", "net_width": 8, "net_depth": 2}
-    path = tmp_path / "_".join(f"{k}-{v}" for k, v in over.items()) or "plain"
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.toml").write_text(dump(cfg))
-    RoundLoop(cfg, path, progress=False).run()
-    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+from tests.helpers.configs import tiny_config
+from tests.helpers.runs import run_metrics
 
 
 @pytest.mark.parametrize(("key", "value", "message"), [

@@ -25,7 +25,7 @@ from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.engine.experiment import resume_run
 from fedskew.engine.round_loop import RoundLoop
 from fedskew.engine.tensorboard import TENSORBOARD_DIR, image_grid, tensorboard_tag
-from tests.conftest import tiny_config
+from tests.helpers.configs import tiny_config
 
 FEDDM: dict[str, Any] = {"name": "feddm", "condense_iterations": 3, "ipc": 2,
                          "server": {"epochs": 2, "batch_size": 16, "lr": 0.1}}

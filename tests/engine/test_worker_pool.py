@@ -26,7 +26,8 @@ from fedskew.engine.pool_size import WORKER_BYTES, pool_size
 from fedskew.engine.round_loop import RoundLoop
 from fedskew.engine.runner import ClientJob, EngineCache, EngineContext
 from fedskew.engine.workers import WorkerPool, Workers
-from tests.conftest import spy_pools, tiny_config
+from tests.helpers.configs import tiny_config
+from tests.helpers.spies import spy_pools
 
 GB = 2**30
 

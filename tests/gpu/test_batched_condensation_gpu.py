@@ -10,7 +10,7 @@ import torch
 
 from fedskew.components.batched_condensation import condense_batched
 from fedskew.condense.distribution_matching import DMConfig
-from tests.components.test_batched_condensation import requests_and_sequential
+from tests.helpers.batched import kip_clients, requests_and_sequential
 
 pytestmark = pytest.mark.gpu
 
@@ -41,10 +41,9 @@ def test_batched_matching_on_cuda_equals_each_client_alone(
 def test_batched_kip_on_cuda_equals_each_client_alone() -> None:
     from fedskew.components.batched_kip import kip_batched
     from fedskew.condense.kip import KIPConfig, kip, prepare_kip
-    from tests.components.test_batched_kip import _clients
 
     cfg = KIPConfig(iterations=5, ipc=3, lr=0.05, target_batch=16, init="real")
-    clients = [(x.cuda(), y.cuda()) for x, y in _clients()]
+    clients = [(x.cuda(), y.cuda()) for x, y in kip_clients()]
     alone = [kip(x, y, 4, cfg, torch.Generator().manual_seed(10 + k)) for k, (x, y) in enumerate(clients)]
     requests = [prepare_kip(x, y, 4, cfg, torch.Generator().manual_seed(10 + k)) for k, (x, y) in enumerate(clients)]
     for a, b in zip(alone, kip_batched(requests), strict=True):

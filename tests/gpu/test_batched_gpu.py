@@ -16,7 +16,8 @@ from fedskew.components import batched
 from fedskew.config.schema import typed_config
 from fedskew.engine.federation import Federation, build_federation
 from fedskew.engine.round_loop import RoundLoop
-from tests.conftest import spy_calls, tiny_config
+from tests.helpers.configs import tiny_config
+from tests.helpers.spies import spy_calls
 
 pytestmark = pytest.mark.gpu
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fedskew.condense as cd
-from tests.condense.device_draws import assert_same, computed, draws, tiny3, toy_data
+from tests.helpers.device_draws import assert_same, computed, draws, tiny3, toy_data
 
 pytestmark = pytest.mark.gpu
 

@@ -12,8 +12,8 @@ import torch
 
 from fedskew.algorithms.base import ALGORITHMS
 from fedskew.engine.experiment import resume_run
-from tests.algorithms.test_all_algorithms import config_for, runnable_config
-from tests.conftest import run_records
+from tests.helpers.configs import config_for, runnable_config
+from tests.helpers.runs import run_records
 
 pytestmark = pytest.mark.gpu
 

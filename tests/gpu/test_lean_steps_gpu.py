@@ -24,7 +24,7 @@ from fedskew.algorithms.base import ModelSpec
 from fedskew.components.trainer import LocalConfig, train_local
 from fedskew.core.device import Compute, use_compute
 from fedskew.models.layout import use_channels_last
-from tests.condense.device_draws import tiny3, toy_data
+from tests.helpers.device_draws import tiny3, toy_data
 
 pytestmark = pytest.mark.gpu
 
@@ -119,7 +119,7 @@ def test_launch_cutting_switches_train_close_to_the_plain_step(options: dict[str
 
 
 def test_a_run_with_every_switch_on_cuda(tmp_path: Path) -> None:
-    from tests.engine.test_step_options import run_metrics
+    from tests.helpers.runs import run_metrics
 
     records = run_metrics(tmp_path, device="cuda:0", sgd_impl="fused", compile="reduce-overhead", tf32=True)
     assert len(records) == 2 and all(0.0 <= r["accuracy"] <= 1.0 for r in records)

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.algorithms.test_all_algorithms import config_for
-from tests.conftest import run_records, spy_pools
+from tests.helpers.configs import config_for
+from tests.helpers.runs import run_records
+from tests.helpers.spies import spy_pools
 
 pytestmark = pytest.mark.gpu
 

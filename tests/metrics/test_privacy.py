@@ -15,7 +15,7 @@ from fedskew.config import dump
 from fedskew.core.errors import FedskewError
 from fedskew.engine.round_loop import RoundLoop
 from fedskew.metrics.privacy import auc, nearest_neighbours, ssim
-from tests.conftest import tiny_config
+from tests.helpers.configs import tiny_config
 
 
 def test_nearest_neighbours_by_hand() -> None:

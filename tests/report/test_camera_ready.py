@@ -26,13 +26,13 @@ from fedskew.report import FigureStyle, find_runs, load_run, report, write_repor
 from fedskew.report.plots import experiment_title, plot_curves
 from fedskew.report.tables import differing_settings
 from fedskew.runs import report_folder
-from tests.conftest import tiny_config
-from tests.report.test_report import _experiment_run, _write_run
+from tests.helpers.configs import tiny_config
+from tests.helpers.report_runs import experiment_run, write_run
 
 
 def test_pdf_figures_embed_truetype_fonts_not_type3(tmp_path: Path) -> None:
     """Submission checks refuse Type 3 fonts, matplotlib's default in a PDF."""
-    _experiment_run(tmp_path / "exp" / "a", "fashion_mnist", 0, [0.2, 0.3, 0.4])
+    experiment_run(tmp_path / "exp" / "a", "fashion_mnist", 0, [0.2, 0.3, 0.4])
     report(tmp_path / "exp", tmp_path / "pdf", format="pdf")
     pdfs = sorted((tmp_path / "pdf").glob("*.pdf"))
     assert {p.stem for p in pdfs} >= {"accuracy", "bytes", "class_variance", "per_class_fedavg"}
@@ -75,7 +75,7 @@ def test_partition_plot_and_condensed_grids_share_the_style(tmp_path: Path, monk
 
 
 def test_size_font_titles_and_presets_from_the_command_line(tmp_path: Path, figures: dict[str, Figure]) -> None:
-    _experiment_run(tmp_path / "exp" / "a", "fashion_mnist", 0, [0.2, 0.3, 0.4])
+    experiment_run(tmp_path / "exp" / "a", "fashion_mnist", 0, [0.2, 0.3, 0.4])
     assert main(["report", str(tmp_path / "exp"), "--preset", "single", "--no-titles", "--no-progress"]) == 0
     acc = figures["accuracy"]
     assert acc.get_size_inches() == pytest.approx((3.3, 4.5 * 3.3 / 7))
@@ -94,7 +94,7 @@ def test_size_font_titles_and_presets_from_the_command_line(tmp_path: Path, figu
 
 def test_the_config_table_and_python_set_the_look(tmp_path: Path, figures: dict[str, Figure]) -> None:
     run = tmp_path / "exp" / "a"
-    _experiment_run(run, "digits", 0, [0.2, 0.3, 0.4])
+    experiment_run(run, "digits", 0, [0.2, 0.3, 0.4])
     with (run / "config.toml").open("a") as f:  # what a run of a config with a [report] table records
         f.write('[report]\npreset = "double"\ntitles = false\nformat = "pdf"\n')
     write_report([tmp_path / "exp"])
@@ -127,7 +127,7 @@ def test_a_config_report_table_is_checked_and_recorded_only_when_set(tmp_path: P
 
 
 def test_titles_name_the_partition_without_internal_keys(tmp_path: Path) -> None:
-    _experiment_run(tmp_path / "a", "fashion_mnist", 0, [0.2, 0.3])
+    experiment_run(tmp_path / "a", "fashion_mnist", 0, [0.2, 0.3])
     text = (tmp_path / "a" / "config.toml").read_text()
     (tmp_path / "a" / "config.toml").write_text(text.replace(
         "alpha = 0.1\n", "alpha = 0.1\nmin_size = 10\nmax_retries = 1000\nnum_clients = 100\nseed = 3\n"))
@@ -140,7 +140,7 @@ def test_long_labels_put_the_legend_below_and_heat_maps_show_class_0_on_top(tmp_
     """A legend beside the axes squeezed them to half the figure's width."""
     for i, name in enumerate(("FedAvg (partition.alpha=0.1, algorithm.lr=0.05)",
                               "FedProx (partition.alpha=0.1, algorithm.lr=0.05)")):
-        _write_run(tmp_path / str(i), "fedavg", 0, [0.1, 0.2, 0.3])
+        write_run(tmp_path / str(i), "fedavg", 0, [0.1, 0.2, 0.3])
         summary = json.loads((tmp_path / str(i) / "summary.json").read_text())
         (tmp_path / str(i) / "summary.json").write_text(json.dumps({**summary, "label": name}))
     plot_curves([load_run(p) for p in find_runs([tmp_path])], tmp_path / "plots")
@@ -154,8 +154,8 @@ def test_long_labels_put_the_legend_below_and_heat_maps_show_class_0_on_top(tmp_
 
 def test_a_report_says_in_one_line_which_keys_its_experiments_differ_in(tmp_path: Path,
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    _experiment_run(tmp_path / "big" / "cnn", "digits", 0, [0.5, 0.6])
-    _experiment_run(tmp_path / "small" / "convnet", "fashion_mnist", 0, [0.7, 0.8])
+    experiment_run(tmp_path / "big" / "cnn", "digits", 0, [0.5, 0.6])
+    experiment_run(tmp_path / "small" / "convnet", "fashion_mnist", 0, [0.7, 0.8])
     for folder, label, model, rounds in (("big/cnn", "CNN", "cnn", 5), ("small/convnet", "ConvNet", "convnet", 2)):
         path = tmp_path / folder
         summary = json.loads((path / "summary.json").read_text())
@@ -170,8 +170,8 @@ def test_a_report_says_in_one_line_which_keys_its_experiments_differ_in(tmp_path
     page = (tmp_path / "report" / "report.html").read_text()
     assert "they differ in dataset.name, model.name, rounds" in page
     assert "<td><b>" not in page  # no best value marked across experiments
-    _experiment_run(tmp_path / "same" / "s1", "digits", 1, [0.5, 0.7])
-    _experiment_run(tmp_path / "same" / "s2", "digits", 2, [0.5, 0.8])  # seeds: one experiment
+    experiment_run(tmp_path / "same" / "s1", "digits", 1, [0.5, 0.7])
+    experiment_run(tmp_path / "same" / "s2", "digits", 2, [0.5, 0.8])  # seeds: one experiment
     assert differing_settings([load_run(p) for p in find_runs([tmp_path / "same"])]) == []
 
 
@@ -179,13 +179,13 @@ def test_a_one_run_experiment_has_one_report_folder(tmp_path: Path) -> None:
     """``fedskew report EXP`` of a one-run experiment updates EXP/report/ (the one ``fedskew run`` printed), not
     EXP/<run>/report/; a report of one run of several stays in the run's folder (the experiment's is kept)."""
     exp = tmp_path / "exp"
-    _experiment_run(exp / "FedAvg-seed0", "digits", 0, [0.2, 0.3])
+    experiment_run(exp / "FedAvg-seed0", "digits", 0, [0.2, 0.3])
     assert main(["report", str(exp), "--no-progress"]) == 0
     assert (exp / "report" / "report.html").is_file() and not (exp / "FedAvg-seed0" / "report").exists()
     page = (exp / "report" / "report.html").read_text()
     assert f"1 run(s) under <code>{exp.resolve()}</code>" in page and "<td>FedAvg-seed0</td>" in page
     assert report_folder([exp / "FedAvg-seed0"]) == (exp / "report").resolve()
-    _experiment_run(exp / "FedAvg-seed1", "digits", 1, [0.2, 0.4])
+    experiment_run(exp / "FedAvg-seed1", "digits", 1, [0.2, 0.4])
     assert report_folder([exp / "FedAvg-seed1"]) == (exp / "FedAvg-seed1" / "report").resolve()
     assert report_folder(find_runs([exp])) == (exp / "report").resolve()
 

@@ -20,7 +20,7 @@ from fedskew.cli import main
 from fedskew.core.errors import FedskewError
 from fedskew.report import find_runs, load_run, report, write_report
 from fedskew.report.plots import line_styles, plot_curves, synthetic_grids
-from tests.report.test_report import _experiment_run, _write_run
+from tests.helpers.report_runs import experiment_run, write_run
 
 
 def _relabel(folder: Path, label: str, **config: Any) -> None:
@@ -39,7 +39,7 @@ def test_identical_curves_are_both_visible(tmp_path: Path, figures: dict[str, Fi
     in where their markers sit."""
     acc = [min(0.9, 0.1 + 0.03 * r) for r in range(30)]
     for name in ("FedAvg", "FedProx", "SCAFFOLD"):
-        _write_run(tmp_path / name, "fedavg", 0, acc)
+        write_run(tmp_path / name, "fedavg", 0, acc)
         _relabel(tmp_path / name, name)
     plot_curves([load_run(p) for p in find_runs([tmp_path])], tmp_path / "plots")
     lines = [line for line in figures["accuracy"].axes[0].get_lines() if line.get_label()[0] != "_"]
@@ -57,7 +57,7 @@ def test_group_by_gives_colour_to_the_method_and_line_style_to_the_setting(tmp_p
     for method in ("FedAvg", "FedProx"):
         for i, alpha in enumerate((0.1, 0.5)):
             folder = tmp_path / f"{method}-a{alpha}"
-            _experiment_run(folder, "digits", 0, [0.2 + i / 10, 0.4, 0.5])
+            experiment_run(folder, "digits", 0, [0.2 + i / 10, 0.4, 0.5])
             (folder / "config.toml").write_text((folder / "config.toml").read_text().replace(
                 "alpha = 0.1", f"alpha = {alpha}"))
             _relabel(folder, method)
@@ -72,7 +72,7 @@ def test_group_by_gives_colour_to_the_method_and_line_style_to_the_setting(tmp_p
 
 
 def test_formats_and_dpi(tmp_path: Path) -> None:
-    _write_run(tmp_path / "runs" / "a", "fedavg", 0, [0.1, 0.2, 0.3])
+    write_run(tmp_path / "runs" / "a", "fedavg", 0, [0.1, 0.2, 0.3])
     page = write_report([tmp_path / "runs"], tmp_path / "svg", fmt="svg").read_text()
     assert (tmp_path / "svg" / "accuracy.svg").is_file() and not (tmp_path / "svg" / "accuracy.png").exists()
     assert "data:image/svg+xml;base64," in page
@@ -93,7 +93,7 @@ def test_formats_and_dpi(tmp_path: Path) -> None:
 def test_long_titles_are_wrapped_inside_the_figure(tmp_path: Path, figures: dict[str, Figure]) -> None:
     """The per-class heat map's title (label and experiment on one line) ran past both edges."""
     label = "FedAF, mean KL, lambda_glob=0.01, lambda_loc=0.02, server fine-tuning for ten epochs"
-    _experiment_run(tmp_path / "r", "fashion_mnist", 0, [0.2, 0.3, 0.4])
+    experiment_run(tmp_path / "r", "fashion_mnist", 0, [0.2, 0.3, 0.4])
     _relabel(tmp_path / "r", label)
     plot_curves([load_run(tmp_path / "r")], tmp_path / "plots")
     (name,) = [n for n in figures if n.startswith("per_class_")]
@@ -108,7 +108,7 @@ def test_long_titles_are_wrapped_inside_the_figure(tmp_path: Path, figures: dict
 
 
 def _synthetic_run(folder: Path, classes: list[int], names: list[str]) -> None:
-    _write_run(folder, "feddc", 0, [0.1, 0.2])
+    write_run(folder, "feddc", 0, [0.1, 0.2])
     summary = json.loads((folder / "summary.json").read_text())
     (folder / "summary.json").write_text(json.dumps({**summary, "class_names": names}))
     syn = folder / "artifacts" / "synthetic"
@@ -136,7 +136,7 @@ def test_runs_are_reported_in_the_config_order(tmp_path: Path) -> None:
     the alphabet: Zeta ran first."""
     for i, name in enumerate(("Zeta", "Alpha", "Mid")):
         folder = tmp_path / name
-        _write_run(folder, "fedavg", 0, [0.1 * (i + 1), 0.5])
+        write_run(folder, "fedavg", 0, [0.1 * (i + 1), 0.5])
         _relabel(folder, name)
         os.utime(folder / "config.toml", ns=(1_000_000_000 * (i + 1), 1_000_000_000 * (i + 1)))
     write_report([tmp_path], tmp_path / "report")
@@ -150,7 +150,7 @@ def test_fedskew_report_shows_its_progress_in_plain_lines(tmp_path: Path, capsys
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 36, point 8: stderr is no terminal here, so one plain line when the figures are done."""
     monkeypatch.delenv("FEDSKEW_PROGRESS", raising=False)
-    _write_run(tmp_path / "runs" / "a", "fedavg", 0, [0.1, 0.2, 0.3])
+    write_run(tmp_path / "runs" / "a", "fedavg", 0, [0.1, 0.2, 0.3])
     assert main(["report", str(tmp_path / "runs")]) == 0
     err = capsys.readouterr().err
     assert err.startswith("report of 1 run(s): 3/3 step, image grids (") and "\r" not in err

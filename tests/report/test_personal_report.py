@@ -15,7 +15,7 @@ import pytest
 from fedskew.report import comparison_table, load_run
 from fedskew.report.plots import _own_label, plot_clients
 from fedskew.runs import RunData
-from tests.report.test_report import _write_run
+from tests.helpers.report_runs import write_run
 
 
 def _runs(tmp_path: Path, methods: dict[str, list[list[float | None]]]) -> list[RunData]:
@@ -24,7 +24,7 @@ def _runs(tmp_path: Path, methods: dict[str, list[list[float | None]]]) -> list[
     for name, vectors in methods.items():
         for seed, vec in enumerate(vectors):
             folder = tmp_path / f"{name}-seed{seed}"
-            _write_run(folder, name, seed, [0.3, 0.5])
+            write_run(folder, name, seed, [0.3, 0.5])
             run = load_run(folder)
             for rec in run.records:
                 rec.update(personal_accuracy=vec, untrained_clients=1 if name == "ditto" else 0)

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from fedskew.core.errors import FedskewError
-from fedskew.metrics import class_variance, summarize_run
 from fedskew.report import (
     comparison_table,
     find_runs,
@@ -19,6 +18,7 @@ from fedskew.report import (
     write_table,
 )
 from fedskew.report.tables import table_cells
+from tests.helpers.report_runs import experiment_run, write_run
 
 CURVES = {
     ("fedavg", 0): [0.10, 0.30, 0.20, 0.45, 0.50],
@@ -28,41 +28,11 @@ CURVES = {
 }
 
 
-def _write_run(folder: Path, algorithm: str, seed: int, acc: list[float]) -> None:
-    """A run folder shaped like the engine's: config.toml, metrics.jsonl, summary.json."""
-    folder.mkdir(parents=True)
-    records = []
-    for r, a in enumerate(acc, start=1):
-        per_class = [min(1.0, a + 0.1), max(0.0, a - 0.1), a if r > 1 else None]
-        records.append(
-            {
-                "round": r,
-                "accuracy": a,
-                "loss": 2.0 - a,
-                "per_class_accuracy": per_class,
-                "class_variance": class_variance(per_class),
-                "bytes_server_to_client": 1_000_000,
-                "bytes_client_to_server": 500_000,
-                "bytes_client_to_client": 0,
-                "clients": [0, 3],
-                "samples": 128,
-            }
-        )
-    (folder / "metrics.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in records))
-    summary = summarize_run(records, target=0.3, at_rounds=[3])
-    summary.update(algorithm=algorithm, label=algorithm, seed=seed)
-    (folder / "summary.json").write_text(json.dumps(summary))
-    (folder / "config.toml").write_text(
-        f'algorithm = "{algorithm}"\nseed = {seed}\nrounds = 5\nlr = {0.01 if algorithm == "fedavg" else 0.05}\n'
-        "\n[data]\nalpha = 0.05\nclients = 50\n"
-    )
-
-
 @pytest.fixture
 def experiment(tmp_path: Path) -> Path:
     root = tmp_path / "exp"
     for (algorithm, seed), acc in CURVES.items():
-        _write_run(root / f"{algorithm}_s{seed}", algorithm, seed, acc)
+        write_run(root / f"{algorithm}_s{seed}", algorithm, seed, acc)
     return root
 
 
@@ -168,21 +138,12 @@ def test_write_report(experiment: Path) -> None:
 
 
 # ---- runs of different experiments under one label -------------------------------------------------------
-def _experiment_run(folder: Path, dataset: str, seed: int, acc: list[float], tau: float = 1.0) -> None:
-    _write_run(folder, "fedavg", seed, acc)
-    (folder / "config.toml").write_text(
-        f'seed = {seed}\n[dataset]\nname = "{dataset}"\ndata_dir = "/data/{seed}"\n'
-        '[partition]\nname = "dirichlet"\nalpha = 0.1\n[model]\nname = "cnn"\n'
-        f'[algorithm]\nname = "fedavg"\ntau = {tau}\n'
-    )
-
-
 def test_one_label_over_two_datasets_is_refused_and_group_by_shows_them_apart(tmp_path: Path) -> None:
     from fedskew.report import separate_experiments
 
-    _experiment_run(tmp_path / "digits" / "s0", "digits", 0, [0.8, 0.9])
-    _experiment_run(tmp_path / "fmnist" / "s1", "fashion_mnist", 1, [0.1, 0.2])
-    _experiment_run(tmp_path / "fmnist" / "s2", "fashion_mnist", 2, [0.2, 0.3], tau=2.0)  # data_dir differs too
+    experiment_run(tmp_path / "digits" / "s0", "digits", 0, [0.8, 0.9])
+    experiment_run(tmp_path / "fmnist" / "s1", "fashion_mnist", 1, [0.1, 0.2])
+    experiment_run(tmp_path / "fmnist" / "s2", "fashion_mnist", 2, [0.2, 0.3], tau=2.0)  # data_dir differs too
     runs = [load_run(p) for p in find_runs([tmp_path])]
     with pytest.raises(FedskewError, match=r"runs labelled 'fedavg' come from different experiments \(dataset.name: "
                        r"'digits' vs 'fashion_mnist'; .*--group-by dataset.name$"):
@@ -199,8 +160,8 @@ def test_one_label_over_two_datasets_is_refused_and_group_by_shows_them_apart(tm
 def test_group_by_shows_an_unset_option_at_its_default_and_an_absent_one_as_a_dash(tmp_path: Path) -> None:
     from fedskew.report import separate_experiments
 
-    _experiment_run(tmp_path / "avg" / "s0", "digits", 0, [0.8, 0.9])
-    _write_run(tmp_path / "af" / "s0", "fedaf", 0, [0.5, 0.6])
+    experiment_run(tmp_path / "avg" / "s0", "digits", 0, [0.8, 0.9])
+    write_run(tmp_path / "af" / "s0", "fedaf", 0, [0.5, 0.6])
     (tmp_path / "af" / "s0" / "config.toml").write_text(
         'seed = 0\n[dataset]\nname = "digits"\n[partition]\nname = "dirichlet"\nalpha = 0.1\n'
         '[model]\nname = "cnn"\n[algorithm]\nname = "fedaf"\nkl_reduction = "mean"\n')
@@ -214,10 +175,10 @@ def test_group_by_shows_an_unset_option_at_its_default_and_an_absent_one_as_a_da
 
 def test_report_label_template_relabels_runs_and_a_bad_key_is_one_line(tmp_path: Path) -> None:
     from fedskew.report import separate_experiments
-    from tests.cli_process import fedskew, one_error
+    from tests.helpers.cli import fedskew, one_error
 
-    _experiment_run(tmp_path / "t1" / "s0", "digits", 0, [0.8, 0.9], tau=1.0)
-    _experiment_run(tmp_path / "t2" / "s0", "digits", 0, [0.1, 0.2], tau=2.0)
+    experiment_run(tmp_path / "t1" / "s0", "digits", 0, [0.8, 0.9], tau=1.0)
+    experiment_run(tmp_path / "t2" / "s0", "digits", 0, [0.1, 0.2], tau=2.0)
     rows = comparison_table(separate_experiments([load_run(p) for p in find_runs([tmp_path])],
                                                  label="{label} tau={algorithm.tau}"))
     assert {r["label"]: r["final_acc"] for r in rows} == {"fedavg tau=1.0": 90.0, "fedavg tau=2.0": 20.0}
@@ -230,10 +191,10 @@ def test_report_label_template_relabels_runs_and_a_bad_key_is_one_line(tmp_path:
 
 
 def test_the_mixed_report_is_one_line_on_the_command_line(tmp_path: Path) -> None:
-    from tests.cli_process import fedskew, one_error
+    from tests.helpers.cli import fedskew, one_error
 
-    _experiment_run(tmp_path / "a" / "s0", "digits", 0, [0.8, 0.9])
-    _experiment_run(tmp_path / "b" / "s1", "fashion_mnist", 1, [0.1, 0.2])
+    experiment_run(tmp_path / "a" / "s0", "digits", 0, [0.8, 0.9])
+    experiment_run(tmp_path / "b" / "s1", "fashion_mnist", 1, [0.1, 0.2])
     line = one_error(fedskew("report", "a", "b", cwd=tmp_path))
     assert "come from different experiments" in line and "--group-by dataset.name" in line
     res = fedskew("report", "a", "b", "--group-by", "dataset.name", cwd=tmp_path)
@@ -267,15 +228,15 @@ def test_the_best_value_of_each_column_is_bold_and_figures_have_captions(experim
 def test_plot_titles_name_the_experiment_and_centralised_is_a_reference_line(tmp_path: Path) -> None:
     from fedskew.report.plots import experiment_title, plot_curves
 
-    _experiment_run(tmp_path / "a", "fashion_mnist", 0, [0.3, 0.4])
-    _experiment_run(tmp_path / "b", "fashion_mnist", 1, [0.5, 0.6])
+    experiment_run(tmp_path / "a", "fashion_mnist", 0, [0.3, 0.4])
+    experiment_run(tmp_path / "b", "fashion_mnist", 1, [0.5, 0.6])
     summary = json.loads((tmp_path / "b" / "summary.json").read_text())
     (tmp_path / "b" / "summary.json").write_text(json.dumps({**summary, "algorithm": "centralized", "label": "C"}))
     runs = [load_run(p) for p in find_runs([tmp_path])]
     assert experiment_title(runs) == "Fashion-MNIST, Dirichlet α=0.1"  # built-in datasets by their title
-    _experiment_run(tmp_path / "p", "my_plugin_data", 0, [0.3, 0.4])
+    experiment_run(tmp_path / "p", "my_plugin_data", 0, [0.3, 0.4])
     assert experiment_title([load_run(tmp_path / "p")]) == "my_plugin_data, Dirichlet α=0.1"
-    _experiment_run(tmp_path / "c", "digits", 0, [0.3, 0.4])
+    experiment_run(tmp_path / "c", "digits", 0, [0.3, 0.4])
     assert experiment_title([load_run(p) for p in find_runs([tmp_path])]).startswith("several datasets")
 
     import matplotlib.axes

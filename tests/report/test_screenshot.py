@@ -14,7 +14,7 @@ from PIL import Image
 
 from benchmarks import screenshot_report
 from fedskew.report import write_report
-from tests.report.test_report import _write_run
+from tests.helpers.report_runs import write_run
 
 
 def test_without_chromium_the_script_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -29,7 +29,7 @@ def test_without_chromium_the_script_says_so(tmp_path: Path, monkeypatch: pytest
 
 @pytest.mark.skipif(screenshot_report.find_browser() is None, reason="no Chromium: apt-get install -y chromium")
 def test_the_report_page_is_drawn_and_trimmed(tmp_path: Path) -> None:
-    _write_run(tmp_path / "runs" / "a", "fedavg", 0, [0.1, 0.3, 0.5])
+    write_run(tmp_path / "runs" / "a", "fedavg", 0, [0.1, 0.3, 0.5])
     page = write_report([tmp_path / "runs"])
     out = screenshot_report.screenshot(page, tmp_path / "shot.png", width=1000, height=4000)
     with Image.open(out) as im:

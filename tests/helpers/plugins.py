@@ -2,7 +2,7 @@
 
 :func:`write_plugin` writes it into a test's ``tmp_path``; :func:`plugin_config` is the tiny federation
 run with them; :func:`fresh_registries` undoes, after a test, what importing the plug-in into the test
-process registered.
+process registered. :data:`BAD_REPLY` is a plug-in algorithm whose client 0 sends a broken reply.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import tiny_config
+from tests.helpers.configs import tiny_config
 
 ALGORITHM = "plugin_fedavg"
 MODEL = "plugin_mlp"
@@ -116,3 +116,35 @@ def fresh_registries() -> Iterator[None]:
         for name in set(sys.modules) - modules:
             if name.startswith("fedskew_plugin_"):
                 del sys.modules[name]
+
+
+BAD_REPLY = '''
+from dataclasses import dataclass
+
+from fedskew import FedAvg, register_algorithm
+
+
+@register_algorithm("bad_reply")
+class BadReply(FedAvg):
+    """FedAvg whose client 0 sends a broken reply of one kind."""
+
+    @dataclass
+    class Params(FedAvg.Params):
+        kind: str = "string"
+
+    def client_step(self, task, msg, client):
+        reply = super().client_step(task, msg, client)
+        if task != "train" or client.cid != 0:
+            return reply
+        kind = self.params.kind
+        if kind == "string":
+            reply.metrics["num_samples"] = "12"
+        elif kind == "bool":
+            reply.metrics["num_samples"] = True
+        elif kind == "unencodable":
+            reply.metrics["loss"] = object()
+        elif kind == "not_message":
+            return {"arrays": reply.arrays}
+        return reply
+'''
+"""A plug-in: algorithm ``bad_reply``, FedAvg whose client 0 sends a broken reply of the kind its ``kind`` names."""

@@ -1,7 +1,7 @@
 """A worker stopped in the middle of sending its result back, as SIGTERM, Ctrl-C or the out-of-memory killer
 leave one: the worker pool must still end in seconds (issue 44, item 15; :class:`fedskew.engine.workers.WorkerPool`).
 
-``python -m tests.engine.pool_faults stop|crash`` (from the repository root, ``src`` on the path) starts a
+``python -m tests.helpers.pool_faults stop|crash`` (from the repository root, ``src`` on the path) starts a
 pool of two workers and has one of them write the first bytes of a result message, then
 
 - ``stop``: stay (the message never ends); the workers get SIGTERM as ``fedskew.cli.process``'s stop sends it and the
@@ -49,7 +49,7 @@ def main(kind: str) -> int:
     from fedskew.core.errors import FedskewError
     from fedskew.engine.federation import build_federation
     from fedskew.engine.workers import WorkerPool
-    from tests.conftest import tiny_config
+    from tests.helpers.configs import tiny_config
 
     cfg = tiny_config()
     fed = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], seed=0)

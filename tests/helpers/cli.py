@@ -1,10 +1,14 @@
-"""A helper of the command-line tests: ``fedskew`` run as a separate process, as a user runs it."""
+"""``fedskew`` run as a separate process, as a user runs it: to its end (:func:`fedskew`), or started and left
+running to be stopped or killed (:func:`start`), and the processes it leaves."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +17,7 @@ from typing import Any
 import fedskew
 from fedskew.config import dump
 from fedskew.runs import LOCK_FILE
-from tests.conftest import tiny_config
+from tests.helpers.configs import tiny_config
 
 SRC = Path(fedskew.__file__).resolve().parents[1]
 """The ``src`` folder of the fedskew under test, put on the child's ``PYTHONPATH``."""
@@ -103,3 +107,54 @@ def small_disk(tmp_path: Path, size: str) -> Path:
                       capture_output=True).returncode != 0:
         pytest.skip("cannot mount a file system here")
     return disk
+
+
+# ---- a run left running, to be stopped or killed ---------------------------------------------------
+LONG = 100_000
+"""Rounds of a run that is stopped (killed, terminated) long before it ends."""
+
+
+def rounds_of(run: Path) -> list[int]:
+    return [json.loads(line)["round"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def wait_for(condition: object, timeout: float = 120.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def children(pid: int) -> list[int]:
+    """Live processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has ended; only its exit status waits to be collected
+
+
+def _default_sigint() -> None:
+    """Ctrl-C's default action in the child: a test started as a background job (CI from a script) inherits
+    SIGINT ignored, and Python then installs no KeyboardInterrupt handler, so the run would not stop."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def start(procs: list[subprocess.Popen[str]], cwd: Path, *args: str) -> subprocess.Popen[str]:
+    p = subprocess.Popen(command(*args), cwd=cwd, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, preexec_fn=_default_sigint)
+    procs.append(p)
+    return p

@@ -95,7 +95,7 @@ def make_node_keys(folder: Path, name: str) -> tuple[Path, Path]:
     return private, public
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     """All live descendants of ``pid`` (read from /proc; Flower's helpers start new sessions)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
@@ -225,7 +225,7 @@ class LocalFederation:
         victims = []
         for name in names:
             pid = self.procs[name].pid
-            victims += [pid, *_descendants(pid)]  # collected first: killing a parent orphans its children
+            victims += [pid, *descendants(pid)]  # collected first: killing a parent orphans its children
         for pid in victims:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
@@ -250,7 +250,7 @@ class LocalFederation:
         for p in self.procs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        for pid in [*victims, *(d for v in victims for d in _descendants(v))]:  # and any spawned meanwhile
+        for pid in [*victims, *(d for v in victims for d in descendants(v))]:  # and any spawned meanwhile
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         for p in self.procs.values():

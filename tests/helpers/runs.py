@@ -1,7 +1,9 @@
-"""A helper of the algorithm tests: a run stopped and resumed equals one run uninterrupted."""
+"""Runs in the test's process (a round loop, its config written first) and what they record; a run stopped
+and resumed equals one run uninterrupted."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -9,6 +11,26 @@ from typing import Any
 from fedskew.config import dump
 from fedskew.engine.experiment import resume_run
 from fedskew.engine.round_loop import RoundLoop
+from tests.helpers.configs import tiny_config
+
+
+def run_records(cfg: dict[str, Any], path: Path) -> list[dict[str, Any]]:
+    """Run ``cfg`` alone (a round loop, its config written first) into ``path``; its metrics.jsonl records."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.toml").write_text(dump(cfg))
+    RoundLoop(cfg, path, progress=False).run()
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def run_metrics(tmp_path: Path, **over: Any) -> list[dict[str, Any]]:
+    """Two rounds of the tiny config (a ConvNet, so convolutions and batch norm are in the step) with ``over``."""
+    cfg = tiny_config(rounds=2, **over)
+    cfg["model"] = {"name": "convnet", "net_width": 8, "net_depth": 2}
+    path = tmp_path / "_".join(f"{k}-{v}" for k, v in over.items()) or "plain"
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.toml").write_text(dump(cfg))
+    RoundLoop(cfg, path, progress=False).run()
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
 
 
 def _run(cfg: dict[str, Any], path: Path) -> Path:

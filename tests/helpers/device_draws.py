@@ -9,10 +9,7 @@ of arithmetic on the draws (sampled networks, a few condensation steps): equal u
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import ModuleType
-from typing import Any
 
-import pytest
 import torch
 from torch import nn
 
@@ -36,7 +33,7 @@ from fedskew.condense import (
 )
 from fedskew.condense.synthetic import sample_indices
 from fedskew.core.threads import num_threads
-from tests.condense.conftest import TinyNet
+from tests.helpers.tiny_net import TinyNet
 
 Factory = Callable[[], nn.Module]
 
@@ -114,17 +111,3 @@ def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], rtol: fl
             assert torch.equal(a[k], b[k]), k
         else:
             assert torch.allclose(a[k].double(), b[k].double(), rtol=rtol, atol=atol), k
-
-
-def record_amps(monkeypatch: pytest.MonkeyPatch, module: ModuleType, name: str) -> list[str]:
-    """Wrap ``module.name`` (a condensation called as ``f(x, y, sampler_or_factory, cfg, ...)``) so each
-    call's ``cfg.amp`` is recorded in the returned list: which precision a method condensed in."""
-    amps: list[str] = []
-    real = getattr(module, name)
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        amps.append(args[3].amp)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, spy)
-    return amps
