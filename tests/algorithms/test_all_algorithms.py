@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from fedskew.algorithms.base import ALGORITHMS
-from fedskew.config import dump, validate
+from fedskew.config import dump, typed_config, validate
 from fedskew.core.errors import ConfigError
 from fedskew.engine.experiment import resume_run
 from fedskew.engine.round_loop import RoundLoop
@@ -25,7 +25,7 @@ from tests.helpers.configs import config_for, runnable_config
 def _run(cfg: dict[str, Any], path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.toml").write_text(dump(cfg))
-    RoundLoop(cfg, path, progress=False).run()
+    RoundLoop(typed_config(cfg), path, progress=False).run()
     return path
 
 
@@ -34,9 +34,9 @@ def test_every_algorithm_runs_changes_the_model_and_is_counted(tmp_path: Path, n
     cfg = config_for(name, rounds=2)
     if not ALGORITHMS.get(name).has_global_model:  # `local`: the clients' own models change, nothing is sent
         with pytest.raises(ConfigError, match="has no global model"):
-            RoundLoop(cfg, tmp_path / "refused", progress=False)
+            RoundLoop(typed_config(cfg), tmp_path / "refused", progress=False)
         cfg = runnable_config(name, rounds=2)
-        sim = RoundLoop(cfg, tmp_path / name, progress=False)
+        sim = RoundLoop(typed_config(cfg), tmp_path / name, progress=False)
         initial = sim.algorithm.init_model().state_dict()
         recs = sim.run().records
         assert all(r["personal_accuracy_mean"] is not None and r["accuracy"] is None for r in recs)
@@ -44,7 +44,7 @@ def test_every_algorithm_runs_changes_the_model_and_is_counted(tmp_path: Path, n
         own = [s["model"] for s in sim.client_states.values()]
         assert own and all(any(not torch.equal(m[k], initial[k]) for k in initial) for m in own)
         return
-    sim = RoundLoop(cfg, tmp_path / name, progress=False)
+    sim = RoundLoop(typed_config(cfg), tmp_path / name, progress=False)
     before = {k: v.clone() for k, v in sim.server.model.state_dict().items()}
     sim.run()
     after = sim.server.model.state_dict()
@@ -84,7 +84,7 @@ def test_every_averaging_method_takes_the_robust_rules(tmp_path: Path, name: str
     for label, aggregation in {"mean": {}, **ROBUST}.items():
         cfg = config_for(name, rounds=1)
         cfg["algorithm"].update(MANY_REPLIES.get(name, {}), aggregation=aggregation)
-        sim = RoundLoop(cfg, tmp_path / label, progress=False)
+        sim = RoundLoop(typed_config(cfg), tmp_path / label, progress=False)
         [record] = sim.run().records
         assert record["rejected"] == [] and len(record["clients"]) >= 2, record
         models[label] = sim.server.model.state_dict()

@@ -15,6 +15,7 @@ from fedskew.algorithms.fedbn import norm_keys
 from fedskew.algorithms.fedgen import FedGen, diversity_loss
 from fedskew.algorithms.fednova import normalizing_coefficient
 from fedskew.components.trainer import LocalConfig, train_local
+from fedskew.config import typed_config
 from fedskew.core.errors import ConfigError
 from fedskew.engine.round_loop import RoundLoop
 from fedskew.models.layout import shuffled_batches
@@ -29,7 +30,7 @@ def params_equal(server: ServerContext, value: float) -> bool:
 
 
 def run(cfg: dict[str, Any], path: Path) -> list[dict[str, Any]]:
-    RoundLoop(cfg, path, progress=False).run()
+    RoundLoop(typed_config(cfg), path, progress=False).run()
     return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
 
 

@@ -14,6 +14,7 @@ import torch
 from fedskew.algorithms.base import ClientContext, FederationInfo, ModelSpec
 from fedskew.algorithms.cim import CIM
 from fedskew.components.cim_selection import next_delta, oversampled_counts, oversampled_fraction, select_clients
+from fedskew.config import typed_config
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.seeding import numpy_rng
 from fedskew.engine.round_loop import RoundLoop
@@ -26,7 +27,7 @@ L = 4  # classes of the tiny config
 def _run(tmp_path: Path, rounds: int = 3, **algo: Any) -> tuple[RoundLoop, list[dict[str, Any]]]:
     cfg = tiny_config(rounds=rounds)  # seed 0
     cfg["algorithm"] = {"name": "cim", **algo}
-    sim = RoundLoop(cfg, tmp_path, progress=False)
+    sim = RoundLoop(typed_config(cfg), tmp_path, progress=False)
     sim.run()
     recs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     return sim, recs

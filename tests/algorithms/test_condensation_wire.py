@@ -22,6 +22,7 @@ from fedskew.algorithms.condensation.wire import (
     synthetic_upload,
 )
 from fedskew.condense import SyntheticSet
+from fedskew.config import typed_config
 from fedskew.core.message import Message
 from fedskew.engine.replies import check_reply
 from tests.helpers.configs import tiny_config
@@ -111,7 +112,7 @@ def test_the_reply_schema_takes_only_the_configured_dtype(wire: str) -> None:
 def test_a_train_reply_must_carry_its_clamp_fraction_in_0_1(name: str) -> None:
     from fedskew.engine.round_loop import RoundLoop
 
-    sim = RoundLoop(tiny_config(algorithm={"name": name}), Path("/nonexistent"))
+    sim = RoundLoop(typed_config(tiny_config(algorithm={"name": name})), Path("/nonexistent"))
     assert sim.algorithm.reply_scalars("train", sim.server) == {"num_samples": (0.0, None), WIRE_CLAMPED: (0.0, 1.0)}
     assert WIRE_CLAMPED not in sim.algorithm.reply_scalars("evaluate", sim.server)
 

@@ -23,6 +23,7 @@ from fedskew.condense import (
     interpolated_model_sampler,
     sliced_wasserstein,
 )
+from fedskew.config import typed_config
 from fedskew.core.errors import ConfigError
 from fedskew.core.params import build_params
 from fedskew.core.seeding import seeded_init
@@ -152,7 +153,7 @@ def test_sets_persist_on_clients_and_uploads_are_counted(tmp_path: Path, monkeyp
         return out
 
     monkeypatch.setattr(fedaf_module, "distribution_matching", spy)
-    sim = RoundLoop(fedaf_config(), tmp_path / "r", progress=False)
+    sim = RoundLoop(typed_config(fedaf_config()), tmp_path / "r", progress=False)
     res = sim.run()
     n = sim.fed.info.num_clients
     assert len(calls) == 2 * n  # every client, both rounds, in client order
@@ -178,7 +179,7 @@ def test_sets_persist_on_clients_and_uploads_are_counted(tmp_path: Path, monkeyp
 
 
 def test_ablation_switches(tmp_path: Path) -> None:
-    sim = RoundLoop(fedaf_config(use_cdc=False, use_lgkm=False), tmp_path / "r", progress=False)
+    sim = RoundLoop(typed_config(fedaf_config(use_cdc=False, use_lgkm=False)), tmp_path / "r", progress=False)
     res = sim.run()
     model_bytes = sum(t.numel() * t.element_size() for t in sim.server.model.state_dict().values())
     assert res.records[1]["bytes_server_to_client"] == sim.fed.info.num_clients * model_bytes  # no V sent
@@ -225,7 +226,7 @@ def test_the_mean_kl_reading_is_batchmean_divided_by_the_class_count() -> None:
 
 
 def _final_sets(tmp_path: Path, name: str, **algo: Any) -> tuple[list[dict[str, Any]], dict[int, torch.Tensor]]:
-    sim = RoundLoop(fedaf_config(rounds=2, **algo), tmp_path / name, progress=False)
+    sim = RoundLoop(typed_config(fedaf_config(rounds=2, **algo)), tmp_path / name, progress=False)
     records = sim.run().records
     return records, {cid: s["syn_images"] for cid, s in sim.client_states.items() if "syn_images" in s}
 

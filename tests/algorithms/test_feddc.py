@@ -17,6 +17,7 @@ import fedskew.algorithms.feddc as feddc_module
 from fedskew.algorithms.feddc import FedDC, FedDCPlus
 from fedskew.condense import SyntheticSet, UInt8Set
 from fedskew.condense.grids import image_grid, save_image_grid
+from fedskew.config import typed_config
 from fedskew.core.message import Message
 from fedskew.core.params import build_params
 from fedskew.engine.replies import check_reply
@@ -72,7 +73,7 @@ def test_feddc_plus_differs_only_in_the_condensation_optimiser() -> None:
     differ = {k for k in base if base[k] != plus[k]}
     assert differ == {"image_momentum", "image_weight_decay"}
     assert (plus["image_momentum"], plus["image_weight_decay"]) == (0.9, 4e-5)
-    fed = RoundLoop(feddc_config(), Path("/nonexistent")).fed.info
+    fed = RoundLoop(typed_config(feddc_config()), Path("/nonexistent")).fed.info
     gm = dataclasses.asdict(FedDC(build_params(FedDC.Params, {}), fed).gm_config())
     gm_plus = dataclasses.asdict(FedDCPlus(build_params(FedDCPlus.Params, {}), fed).gm_config())
     assert {k for k in gm if gm[k] != gm_plus[k]} == {"momentum", "weight_decay"}
@@ -117,7 +118,7 @@ def test_finetunes_on_this_rounds_sets_only_and_counts_uint8_uploads(
 
 
 def test_no_reply_keeps_the_model(tmp_path: Path) -> None:
-    sim = RoundLoop(feddc_config(), tmp_path / "r", progress=False)
+    sim = RoundLoop(typed_config(feddc_config()), tmp_path / "r", progress=False)
     before = {k: v.clone() for k, v in sim.server.model.state_dict().items()}
     sim.algorithm.aggregate(sim.server, [])
     assert all(torch.equal(before[k], v) for k, v in sim.server.model.state_dict().items())
@@ -150,9 +151,9 @@ def test_bf16_condenses_in_bf16_and_keeps_uint8_uploads(tmp_path: Path, monkeypa
 
 def test_feddc_averages_through_the_aggregation_table(tmp_path: Path) -> None:
     """FedDC's model average follows [algorithm.aggregation], as every model-averaging method's does."""
-    mean = RoundLoop(feddc_config(), tmp_path / "mean", progress=False)
+    mean = RoundLoop(typed_config(feddc_config()), tmp_path / "mean", progress=False)
     mean.run()
-    median = RoundLoop(feddc_config(aggregation={"rule": "median"}), tmp_path / "median", progress=False)
+    median = RoundLoop(typed_config(feddc_config(aggregation={"rule": "median"})), tmp_path / "median", progress=False)
     median.run()
     a, b = mean.server.model.state_dict(), median.server.model.state_dict()
     assert any(not torch.equal(a[k], b[k]) for k in a if a[k].is_floating_point())
@@ -191,7 +192,7 @@ def test_float_wires_carry_the_clients_images_to_the_server(
 def test_the_ledger_counts_1_2_or_4_bytes_per_uploaded_value(tmp_path: Path) -> None:
     records = {}
     for wire in ("uint8", "float16", "float32"):
-        sim = RoundLoop(feddc_config(wire_dtype=wire), tmp_path / wire, progress=False)
+        sim = RoundLoop(typed_config(feddc_config(wire_dtype=wire)), tmp_path / wire, progress=False)
         records[wire] = sim.run().records
     c, h, w = sim.fed.info.image_shape
     images = [r["synthetic_images"] for r in records["uint8"]]
@@ -213,7 +214,7 @@ def test_clamp_fraction_per_round_and_identical_for_one_and_two_workers(tmp_path
         path.mkdir()
         cfg = {**feddc_config(), "workers": workers}
         (path / "config.toml").write_text(dump(cfg))
-        RoundLoop(cfg, path, progress=False).run()
+        RoundLoop(typed_config(cfg), path, progress=False).run()
         out.append((path / "metrics.jsonl").read_bytes())
     assert out[0] == out[1]
     records = [json.loads(line) for line in out[0].decode().splitlines()]

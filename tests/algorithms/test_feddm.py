@@ -13,6 +13,7 @@ import fedskew.algorithms.feddm as feddm_module
 from fedskew.algorithms.condensation.pool import OWNER, update_pool, uploads_artifact
 from fedskew.algorithms.feddm import FedDM
 from fedskew.condense import SyntheticSet
+from fedskew.config import typed_config
 from fedskew.core.seeding import seeded_init
 from fedskew.engine.round_loop import RoundLoop
 from tests.helpers.configs import tiny_config
@@ -62,7 +63,7 @@ def test_uploads_only_uint8_sets_and_trains_on_every_clients_latest_set(
         return real_dm(*args, **kwargs)
 
     monkeypatch.setattr(feddm_module, "distribution_matching", spy)
-    sim = RoundLoop(feddm_config(rounds=3), tmp_path / "r", progress=False)
+    sim = RoundLoop(typed_config(feddm_config(rounds=3)), tmp_path / "r", progress=False)
     res = sim.run()
     c, h, w = sim.fed.info.image_shape
     model_bytes = sum(t.numel() * t.element_size() for t in sim.server.model.state_dict().values())
@@ -87,7 +88,7 @@ def test_uploads_only_uint8_sets_and_trains_on_every_clients_latest_set(
 
 def test_restart_model_trains_from_a_fresh_initialisation(tmp_path: Path) -> None:
     cfg = feddm_config(rounds=1, restart_model=True, server={"epochs": 1, "lr": 1e-12, "momentum": 0.0})
-    sim = RoundLoop(cfg, tmp_path / "r", progress=False)
+    sim = RoundLoop(typed_config(cfg), tmp_path / "r", progress=False)
     sim.run()
     fresh = seeded_init(sim.fed.info.model.build, sim.fed.info.seed, "restart", 1).state_dict()
     for k, v in sim.server.model.state_dict().items():
@@ -100,7 +101,7 @@ def test_bf16_condenses_in_bf16_and_keeps_the_wire_and_the_model_float32(
     amps = record_amps(monkeypatch, feddm_module, "distribution_matching")
     mixed = RoundLoop({**feddm_config(rounds=2), "amp": "bf16"}, tmp_path / "bf16", progress=False).run().records
     assert amps and set(amps) == {"bf16"}  # the run's amp reaches the clients' condensation
-    plain = RoundLoop(feddm_config(rounds=2), tmp_path / "fp32", progress=False).run().records
+    plain = RoundLoop(typed_config(feddm_config(rounds=2)), tmp_path / "fp32", progress=False).run().records
     assert [r["bytes_client_to_server"] for r in mixed] == [r["bytes_client_to_server"] for r in plain]
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in mixed)
     model = torch.load(tmp_path / "bf16" / "model.pt", weights_only=True)

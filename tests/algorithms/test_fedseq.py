@@ -10,6 +10,7 @@ import torch
 
 from fedskew.algorithms.base import FederationInfo, ModelSpec, ServerContext
 from fedskew.algorithms.fedseq import FedSeq
+from fedskew.config import typed_config
 from fedskew.core.message import Message
 from fedskew.engine.round_loop import RoundLoop
 from tests.helpers.configs import tiny_config
@@ -69,7 +70,7 @@ def _records(path: Path) -> list[dict[str, Any]]:
 
 def test_fedseq_runs_and_counts_handoffs_client_to_client(tmp_path: Path) -> None:
     cfg = tiny_config(rounds=2, algorithm={"name": "fedseq", "num_clusters": 2, "clients_per_round": 3})
-    sim = RoundLoop(cfg, tmp_path, progress=False)
+    sim = RoundLoop(typed_config(cfg), tmp_path, progress=False)
     model_bytes = sum(t.numel() * t.element_size() for t in sim.server.model.state_dict().values())
     sim.run()
     recs = _records(tmp_path)

@@ -16,7 +16,7 @@ import fedskew.algorithms.hfldd as hfldd_module
 from fedskew.algorithms.hfldd import auto_public_dataset, public_set
 from fedskew.audit import audit_run, load_synthetic
 from fedskew.condense import KIPConfig, SyntheticSet, UInt8Set, kip
-from fedskew.config import dump
+from fedskew.config import dump, typed_config
 from fedskew.config.schema import validate
 from fedskew.core.errors import ConfigError, DataError
 from fedskew.core.seeding import torch_generator
@@ -60,7 +60,7 @@ def test_one_class_clients_cluster_by_class_on_fashion_mnist(tmp_path: Path, sha
     cfg["partition"] = {"name": "classes_per_client", "num_clients": 40, "classes": 1}
     cfg["model"] = {"name": "cnn"}
     cfg["algorithm"] = {"name": "hfldd", "pretrain_epochs": 1, "pretrain_lr": 0.05, "kip_iterations": 5, "kip_ipc": 2}
-    sim = RoundLoop(cfg, tmp_path, progress=False, data_dir=str(shared_datasets))
+    sim = RoundLoop(typed_config(cfg), tmp_path, progress=False, data_dir=str(shared_datasets))
     sim.run()
     true = sim.fed.counts.argmax(axis=1)
     label = {c: k for k, g in enumerate(sim.server.state["homogeneous"]) for c in g}
@@ -82,7 +82,7 @@ def _tiny_c1(rounds: int, **algo: Any) -> dict[str, Any]:
 
 
 def test_headers_get_every_class_and_the_ledger_counts_kip_data_client_to_client(tmp_path: Path) -> None:
-    sim = RoundLoop(_tiny_c1(2), tmp_path, progress=False)
+    sim = RoundLoop(typed_config(_tiny_c1(2)), tmp_path, progress=False)
     model_bytes = sum(t.numel() * t.element_size() for t in sim.server.model.state_dict().values())
     sim.run()
     recs = _records(tmp_path)
@@ -124,7 +124,7 @@ def test_members_distil_kip_images_split_over_the_classes_they_hold(
     del cfg["algorithm"]["kip_ipc"]
     cfg["algorithm"].update(algo)
     cfg["partition"]["classes"] = classes
-    sim = RoundLoop(cfg, tmp_path, progress=False)
+    sim = RoundLoop(typed_config(cfg), tmp_path, progress=False)
     sim.run()
     members = 8 - len(sim.server.state["headers"])
     assert members > 0
@@ -150,7 +150,7 @@ def test_public_set_is_converted_to_the_federation_shape() -> None:
 def test_members_distil_in_the_runs_mixed_precision(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     amps = record_amps(monkeypatch, hfldd_module, "kip")
     cfg = _tiny_c1(1, kip_kernel="rf_convnet") | {"amp": "bf16"}
-    records = RoundLoop(cfg, tmp_path / "bf16", progress=False).run().records
+    records = RoundLoop(typed_config(cfg), tmp_path / "bf16", progress=False).run().records
     assert amps and set(amps) == {"bf16"}
     assert 0.0 <= records[-1]["accuracy"] <= 1.0
 
@@ -160,7 +160,7 @@ def _relay_run(tmp_path: Path, **algo: Any) -> RoundLoop:
     cfg = _tiny_c1(1, **algo)
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "config.toml").write_text(dump(cfg))
-    sim = RoundLoop(cfg, tmp_path, progress=False)
+    sim = RoundLoop(typed_config(cfg), tmp_path, progress=False)
     sim.run()
     return sim
 
@@ -232,7 +232,7 @@ def test_kip_init_sets_where_kip_starts_and_kip_init_cosine_says_how_close_it_st
 
 
 def test_kip_init_cosine_is_recorded_in_the_relay_round_and_falls_as_kip_moves_the_images(tmp_path: Path) -> None:
-    moved = RoundLoop(_tiny_c1(2, kip_lr=1.0), tmp_path / "lr1", progress=False).run().records
+    moved = RoundLoop(typed_config(_tiny_c1(2, kip_lr=1.0)), tmp_path / "lr1", progress=False).run().records
     default = _records(_relay_run(tmp_path / "default").run_dir)
     assert "kip_init_cosine" not in moved[1]
     # Ten steps at KIP's lr 0.01 leave the images where they started; at lr 1 they leave it.

@@ -18,6 +18,7 @@ from fedskew.algorithms.perfedavg import meta_step
 from fedskew.algorithms.pfedme import moreau_pull, moreau_steps
 from fedskew.components.personal import head_keys, parameter_layers
 from fedskew.components.trainer import LocalConfig, train_local
+from fedskew.config import typed_config
 from fedskew.core.errors import ConfigError
 from fedskew.core.message import Message
 from fedskew.engine.round_loop import RoundLoop
@@ -37,7 +38,7 @@ def personal_config(**over: Any) -> dict[str, Any]:
 
 def simulate(cfg: dict[str, Any], path: Path) -> RoundLoop:
     """Run ``cfg``; the loop keeps the final global model and the clients' states (``records``: its metrics)."""
-    sim = RoundLoop(cfg, path, progress=False)
+    sim = RoundLoop(typed_config(cfg), path, progress=False)
     sim.records = sim.run().records  # type: ignore[attr-defined]
     return sim
 

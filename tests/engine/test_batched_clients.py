@@ -101,7 +101,7 @@ def test_what_cannot_batch_runs_as_sequential(
 def _context(**over: Any) -> EngineContext:
     cfg = tiny_config(**over)
     config = typed_config(cfg)
-    fed = build_federation(config.table("dataset"), config.table("partition"), config.table("model"), 0)
+    fed = build_federation(config.dataset, config.partition, config.model, 0)
     return EngineContext(fed, config.algorithm.name, config.algorithm.params, config, Compute("cpu"))
 
 
@@ -189,7 +189,7 @@ def test_a_resume_may_switch_to_batched_clients(tmp_path: Path, spy: list[list[i
     cfg = {**_config(), "checkpoint_every": 1}  # 2 rounds
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "config.toml").write_text(dump(cfg))
-    RoundLoop(cfg, tmp_path / "r", progress=False).run()
+    RoundLoop(typed_config(cfg), tmp_path / "r", progress=False).run()
     assert not spy
     res = resume_run(tmp_path / "r", {"rounds": 3, "clients_in_parallel": 4}, data_dir=None, progress=False)
     assert [r["round"] for r in res.records] == [1, 2, 3]

@@ -13,6 +13,7 @@ import torch
 import fedskew.algorithms.fedaf as fedaf_module
 import fedskew.algorithms.feddm as feddm_module
 from fedskew.components import batched_condensation, batched_kip
+from fedskew.config import typed_config
 from fedskew.engine.round_loop import RoundLoop
 from tests.helpers.batched import federation64, final_model, max_diff
 from tests.helpers.configs import config_for, tiny_config
@@ -151,6 +152,6 @@ def test_what_does_not_batch_says_once_it_runs_one_client_at_a_time(
     cfg["algorithm"].update(over)
     cfg["model"] = {"name": "cnn"}
     with caplog.at_level(logging.WARNING, logger="fedskew.engine.batched_runner"):
-        RoundLoop(cfg, tmp_path / name, progress=False).run()
+        RoundLoop(typed_config(cfg), tmp_path / name, progress=False).run()
     said = [r.message for r in caplog.records if words in r.message]
     assert len(said) == 1 and "condensation one at a time" in said[0]

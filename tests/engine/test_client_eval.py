@@ -9,16 +9,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedskew.config import dump
+from fedskew.config import dump, typed_config
 from fedskew.config.schema import validate
 from fedskew.core.errors import ConfigError
 from fedskew.core.message import Message
 from fedskew.data.partition import hold_out
 from fedskew.engine.experiment import resume_run
-from fedskew.engine.federation import build_federation
 from fedskew.engine.round_loop import RoundLoop
 from fedskew.metrics import client_distribution
-from tests.helpers.configs import tiny_config
+from tests.helpers.configs import federation_from, tiny_config
 
 BN_MODEL = {"name": "convnet", "net_width": 8, "net_depth": 1, "net_norm": "batchnorm"}
 
@@ -38,7 +37,7 @@ def _cfg(**over: Any) -> dict[str, Any]:
 def _run(cfg: dict[str, Any], path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.toml").write_text(dump(cfg))
-    RoundLoop(cfg, path, progress=False).run()
+    RoundLoop(typed_config(cfg), path, progress=False).run()
     recs = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
     return recs, json.loads((path / "summary.json").read_text())
 
@@ -67,9 +66,9 @@ def test_hold_out_is_a_stratified_seeded_split_of_each_client() -> None:
 
 
 def test_the_federation_trains_on_the_rest_and_keeps_the_global_test_set() -> None:
-    plain = build_federation(*(tiny_config()[k] for k in ("dataset", "partition", "model")), 0)
+    plain = federation_from(tiny_config(), 0)
     cfg = _cfg()
-    fed = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], 0)
+    fed = federation_from(cfg, 0)
     assert fed.has_client_test and not plain.has_client_test
     sizes = fed.client_test_sizes()
     for cid in range(fed.info.num_clients):
@@ -179,7 +178,7 @@ def test_bad_settings_are_refused_in_one_line(over: dict[str, Any], words: str) 
 
 
 def test_an_impossible_evaluation_reply_is_rejected(tmp_path: Path) -> None:
-    loop = RoundLoop(_cfg(), tmp_path, progress=False)
+    loop = RoundLoop(typed_config(_cfg()), tmp_path, progress=False)
     n = loop.fed.client_test_sizes()[0]
     good = {"num_test": float(n), "global_correct": 1.0, "personal_correct": 0.0}
     assert loop.client_eval.check(Message(metrics=good), n) is None
@@ -198,7 +197,7 @@ def test_clients_that_never_trained_are_counted_every_evaluated_round(tmp_path: 
     run = tmp_path / "r"
     run.mkdir()
     (run / "config.toml").write_text(dump(cfg))
-    records = RoundLoop(cfg, run, progress=False).run().records
+    records = RoundLoop(typed_config(cfg), run, progress=False).run().records
     seen: set[int] = set()
     for rec in records:
         seen.update(rec["clients"])

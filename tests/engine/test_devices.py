@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedskew.config import dump, resolve
+from fedskew.config import dump, resolve, typed_config
 from fedskew.core.device import (
     Compute,
     Precision,
@@ -37,7 +37,7 @@ NO_CUDA = not torch.cuda.is_available()
 def _run(cfg: dict, path: Path) -> list[dict]:
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.toml").write_text(dump(cfg))
-    RoundLoop(cfg, path, progress=False).run()
+    RoundLoop(typed_config(cfg), path, progress=False).run()
     return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
 
 

@@ -25,10 +25,9 @@ pytest.importorskip("flwr", reason="Flower is optional: pip install -e '.[flower
 from flwr.app import ArrayRecord, RecordDict
 from flwr.app import Message as FlowerMessage
 
-from fedskew.config import dump
+from fedskew.config import dump, typed_config
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.core.message import Message
-from fedskew.engine.federation import build_federation
 from fedskew.engine.flower.app import write_app, write_shards
 from fedskew.engine.flower.client_app import node_partitions
 from fedskew.engine.flower.messages import (
@@ -40,7 +39,7 @@ from fedskew.engine.flower.messages import (
     to_records,
 )
 from fedskew.engine.round_loop import RoundLoop
-from tests.helpers.configs import tiny_config
+from tests.helpers.configs import federation_from, tiny_config
 from tests.helpers.flower import FakeGrid, app_folder, deploy_on, over_the_wire
 from tests.helpers.flower_federation import LocalFederation
 from tests.helpers.plugins import ALGORITHM, MODEL, fresh_registries, write_plugin
@@ -90,7 +89,7 @@ def test_records_are_standard_flower_arrays() -> None:
 
 def test_federation_info_and_client_state_round_trip() -> None:
     cfg = tiny_config()
-    fed = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], 0)
+    fed = federation_from(cfg, 0)
     assert info_from_json(info_to_json(fed.info)) == fed.info
     assert hash(info_from_json(info_to_json(fed.info)).model) == hash(fed.info.model)
     store = RecordDict()
@@ -126,7 +125,7 @@ def test_app_folder_and_shards(tmp_path: Path) -> None:
         write_app(tmp_path / "app2", None, [])
     assert write_app(tmp_path / "app2", None, ["rounds=1"], label="FedAvg")
     paths = write_shards(cfg, tmp_path / "shards", None)
-    fed = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], 0)
+    fed = federation_from(cfg, 0)
     assert len(paths) == fed.info.num_clients
     shard = torch.load(paths[2], weights_only=True)
     x, y = fed.client_data(2)
@@ -135,7 +134,7 @@ def test_app_folder_and_shards(tmp_path: Path) -> None:
 
 # ---- the ServerApp and ClientApp in one process: a stand-in SuperLink ----------------------------------
 def _simulate(cfg: dict[str, Any], path: Path) -> Path:
-    RoundLoop(cfg, path, progress=False).run()
+    RoundLoop(typed_config(cfg), path, progress=False).run()
     return path
 
 

@@ -18,7 +18,7 @@ import torch
 from fedskew.algorithms.base import ClientContext
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.aggregate import Aggregation, robust_average, update_norms
-from fedskew.config import dump
+from fedskew.config import dump, typed_config
 from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message
 from fedskew.engine.faults import model_replacement
@@ -75,7 +75,7 @@ def _config(attack: str, rounds: int = 2, **algo: Any) -> dict[str, Any]:
 def _simulate(cfg: dict[str, Any], path: Path) -> list[dict[str, Any]]:
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.toml").write_text(dump(cfg))
-    RoundLoop(cfg, path, progress=False).run()
+    RoundLoop(typed_config(cfg), path, progress=False).run()
     return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 import fedskew
-from fedskew.config import dump
+from fedskew.config import dump, typed_config
 from fedskew.core.errors import FedskewError
 from fedskew.engine.ray_workers import MISSING_RAY
 from fedskew.engine.round_loop import RoundLoop
@@ -152,7 +152,7 @@ def cluster(ray_env: dict[str, str]) -> Iterator[LocalRayCluster]:
 def _run(cfg: dict[str, Any], path: Path) -> bytes:
     path.mkdir(parents=True)
     (path / "config.toml").write_text(dump(cfg))
-    RoundLoop(cfg, path, progress=False).run()
+    RoundLoop(typed_config(cfg), path, progress=False).run()
     return (path / "metrics.jsonl").read_bytes()
 
 
@@ -201,14 +201,15 @@ def test_a_local_instance_is_started_and_stopped_by_the_run(tmp_path: Path, ray_
 @needs_ray
 def test_an_address_where_no_cluster_answers_is_one_line(tmp_path: Path) -> None:
     address = f"127.0.0.1:{free_port()}"
-    loop = RoundLoop(tiny_config(engine="ray", ray={"address": address}), tmp_path / "run", progress=False)
+    config = typed_config(tiny_config(engine="ray", ray={"address": address}))
+    loop = RoundLoop(config, tmp_path / "run", progress=False)
     with pytest.raises(FedskewError, match=f"ray.address '{address}': nothing answers there"):
         loop.run()
 
 
 def test_missing_ray_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails, as where it is not installed
-    loop = RoundLoop(tiny_config(engine="ray"), tmp_path / "run", progress=False)
+    loop = RoundLoop(typed_config(tiny_config(engine="ray")), tmp_path / "run", progress=False)
     with pytest.raises(FedskewError) as e:
         loop.run()
     assert str(e.value) == MISSING_RAY == ("engine 'ray' needs Ray: pip install ray (from a clone: "

@@ -19,7 +19,7 @@ import torch
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from fedskew.config import dump, resolve, validate
+from fedskew.config import dump, resolve, typed_config, validate
 from fedskew.config.grid import takes_list
 from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message
@@ -88,7 +88,7 @@ def _records(path: Path) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("attack", ["nan", "inf", "shape", "dtype", "missing", "extra", "oversized", "not_message"])
 def test_engine_survives_hostile_replies(tmp_path: Path, attack: str) -> None:
     cfg = tiny_config(rounds=3, faults={"corrupt": 0.5, "attack": attack, "max_reply_mb": 1.0})
-    RoundLoop(cfg, tmp_path, progress=False).run()
+    RoundLoop(typed_config(cfg), tmp_path, progress=False).run()
     recs = _records(tmp_path)
     rejected = [r for rec in recs for r in rec["rejected"]]
     assert rejected, "the fault injection should have hit at least one reply"
@@ -100,7 +100,7 @@ def test_engine_survives_hostile_replies(tmp_path: Path, attack: str) -> None:
 
 def test_dropout_run_goes_on_and_records_who_failed(tmp_path: Path) -> None:
     cfg = tiny_config(rounds=10, faults={"dropout": 0.3, "straggler": 0.1})
-    RoundLoop(cfg, tmp_path, progress=False).run()
+    RoundLoop(typed_config(cfg), tmp_path, progress=False).run()
     recs = _records(tmp_path)
     assert len(recs) == 10
     failed = [f for rec in recs for f in rec["failed"]]
@@ -113,7 +113,7 @@ def test_dropout_run_goes_on_and_records_who_failed(tmp_path: Path) -> None:
 
 def test_all_clients_failing_keeps_the_model(tmp_path: Path) -> None:
     cfg = tiny_config(rounds=2, faults={"dropout": 0.99})
-    sim = RoundLoop(cfg, tmp_path, progress=False)
+    sim = RoundLoop(typed_config(cfg), tmp_path, progress=False)
     before = {k: v.clone() for k, v in sim.server.model.state_dict().items()}
     sim.run()
     recs = _records(tmp_path)
@@ -216,7 +216,7 @@ def test_fuzzed_configs_end_in_a_clear_error_or_a_valid_run(tmp_path_factory: py
     assume(not any(isinstance(v, list) and not takes_list(k, merged) for k, v in given_values.items()))
     try:
         runs = resolve(raw, given_values)
-        RoundLoop(runs[0].config, tmp_path_factory.mktemp("fuzz"), progress=False)
+        RoundLoop(runs[0].typed, tmp_path_factory.mktemp("fuzz"), progress=False)
     except FedskewError as e:
         msg = str(e)
         assert msg and "\n" not in msg and "Traceback" not in msg
@@ -245,8 +245,9 @@ def test_script_without_main_guard_fails_fast_with_advice(tmp_path: Path) -> Non
     script = tmp_path / "noguard.py"
     script.write_text(
         "from pathlib import Path\n"
+        "from fedskew.config import typed_config\n"
         "from fedskew.engine.round_loop import RoundLoop\n"
-        f"RoundLoop({cfg!r}, Path({str(tmp_path / 'run')!r}), progress=False).run()\n"
+        f"RoundLoop(typed_config({cfg!r}), Path({str(tmp_path / 'run')!r}), progress=False).run()\n"
     )
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240)
     assert proc.returncode != 0

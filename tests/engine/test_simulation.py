@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedskew.config import dump
+from fedskew.config import dump, typed_config
 from fedskew.engine.experiment import resume_run
 from fedskew.engine.round_loop import RoundLoop
-from tests.helpers.configs import tiny_config
+from tests.helpers.configs import federation_from, tiny_config
 
 
 def _run(cfg: dict, path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.toml").write_text(dump(cfg))
-    RoundLoop(cfg, path, progress=False).run()
+    RoundLoop(typed_config(cfg), path, progress=False).run()
     return path
 
 
@@ -43,7 +43,7 @@ def test_run_folder_and_schema(tmp_path: Path) -> None:
 def test_fedavg_ledger_counts_one_model_each_way(tmp_path: Path) -> None:
     cfg = tiny_config()
     d = _run(cfg, tmp_path / "r")
-    sim = RoundLoop(cfg, tmp_path / "x", progress=False)
+    sim = RoundLoop(typed_config(cfg), tmp_path / "x", progress=False)
     model_bytes = sum(t.numel() * t.element_size() for t in sim.server.model.state_dict().values())
     for line in (d / "metrics.jsonl").read_text().splitlines():
         r = json.loads(line)
@@ -84,15 +84,14 @@ def test_resume_equals_uninterrupted(tmp_path: Path, algo: dict) -> None:
 
 
 def test_train_fraction_shrinks_every_client_and_keeps_the_test_set(tmp_path: Path) -> None:
-    from fedskew.engine.federation import build_federation
 
     cfg = tiny_config()
-    full = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], 0)
-    half = build_federation({**cfg["dataset"], "train_fraction": 0.5}, cfg["partition"], cfg["model"], 0)
+    full = federation_from(cfg, 0)
+    half = federation_from({**cfg, "dataset": {**cfg["dataset"], "train_fraction": 0.5}}, 0)
     assert len(half.y) == len(full.y) // 2
     assert half.counts.sum() == len(half.y) and half.counts.shape == full.counts.shape
     assert torch.equal(half.x_test, full.x_test)
-    sim = RoundLoop(tiny_config(dataset={"train_fraction": 0.5}, rounds=1), tmp_path / "run")
+    sim = RoundLoop(typed_config(tiny_config(dataset={"train_fraction": 0.5}, rounds=1)), tmp_path / "run")
     sim.run()
     assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])["samples"] <= len(half.y)
 

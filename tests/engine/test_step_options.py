@@ -13,7 +13,7 @@ import torch
 
 import fedskew.core.device as device_module
 from fedskew.components.trainer import LocalConfig, train_local
-from fedskew.config import dump, resolve
+from fedskew.config import dump, resolve, typed_config
 from fedskew.config.schema import full_config
 from fedskew.core.device import Compute, tf32_matmul, use_compute
 from fedskew.core.errors import ConfigError
@@ -41,7 +41,7 @@ def test_bad_words_are_refused_in_one_line(key: str, value: Any, message: str) -
 def test_cuda_only_switches_are_refused_on_the_cpu_before_a_round(tmp_path: Path, over: dict[str, Any],
                                                                   message: str) -> None:
     with pytest.raises(ConfigError, match=message) as err:
-        RoundLoop(tiny_config(rounds=1, device="cpu", **over), tmp_path / "r", progress=False)
+        RoundLoop(typed_config(tiny_config(rounds=1, device="cpu", **over)), tmp_path / "r", progress=False)
     assert "\n" not in str(err.value) and not (tmp_path / "r" / "metrics.jsonl").exists()
 
 
@@ -151,7 +151,7 @@ def test_a_resume_may_turn_the_switches_on_or_off(tmp_path: Path) -> None:
     path = tmp_path / "r"
     path.mkdir()
     (path / "config.toml").write_text(dump(cfg))
-    RoundLoop(cfg, path, progress=False).run()
+    RoundLoop(typed_config(cfg), path, progress=False).run()
     res = resume_run(path, {"rounds": 3, "sgd_impl": "foreach", "compile": "off"}, data_dir=None, progress=False)
     assert [r["round"] for r in res.records] == [1, 2, 3]
     assert "sgd_impl = \"foreach\"" in (path / "config.toml").read_text()

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from fedskew.cli import main
-from fedskew.config import dump, parse_overrides, set_dotted, validate
+from fedskew.config import dump, parse_overrides, set_dotted, typed_config, validate
 from fedskew.config.schema import DEFAULTS
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.engine.experiment import resume_run
@@ -42,7 +42,7 @@ def _config(tensorboard: bool, **over: Any) -> dict[str, Any]:
 def _run(cfg: dict[str, Any], path: Path, **kwargs: Any) -> RoundLoop:
     path.mkdir(parents=True)
     (path / "config.toml").write_text(dump(cfg))
-    sim = RoundLoop(cfg, path, progress=False, **kwargs)
+    sim = RoundLoop(typed_config(cfg), path, progress=False, **kwargs)
     sim.run()
     return sim
 
@@ -146,7 +146,7 @@ def test_a_fresh_run_drops_the_event_files_of_an_earlier_one(tmp_path: Path) -> 
     old.mkdir(parents=True)
     (old / "events.out.tfevents.1.old").write_bytes(b"")
     (old / "notes.txt").write_text("mine")
-    RoundLoop(tiny_config(rounds=1, logging={"tensorboard": True}), tmp_path / "r", progress=False).run()
+    RoundLoop(typed_config(tiny_config(rounds=1, logging={"tensorboard": True})), tmp_path / "r", progress=False).run()
     assert not (old / "events.out.tfevents.1.old").exists() and (old / "notes.txt").exists()
     assert [s for s, _ in _scalars(_events(tmp_path / "r"), "eval/accuracy")] == [1]
 
@@ -177,7 +177,7 @@ def test_without_tensorboard_a_run_asking_for_it_is_refused_before_it_starts(
         validate(tiny_config(logging={"tensorboard": True}))
     assert str(e.value) == MISSING
     with pytest.raises(ConfigError, match=re.escape("pip install -e '.[tensorboard]'")):
-        RoundLoop(tiny_config(logging={"tensorboard": True}), tmp_path / "direct", progress=False).run()
+        RoundLoop(typed_config(tiny_config(logging={"tensorboard": True})), tmp_path / "direct", progress=False).run()
     cfg = tiny_config(rounds=1)
     cfg.pop("label")
     (tmp_path / "tiny.toml").write_text(dump(cfg))
@@ -194,7 +194,7 @@ def test_a_resume_may_turn_tensorboard_on(tmp_path: Path) -> None:
     part = tmp_path / "part"
     part.mkdir()
     (part / "config.toml").write_text(dump(cfg))
-    RoundLoop(cfg, part, progress=False).run()
+    RoundLoop(typed_config(cfg), part, progress=False).run()
     resume_run(part, {"rounds": 3, "logging.tensorboard": True}, data_dir=None, progress=False)
     assert any((part / "tensorboard").glob("events.out.tfevents.*"))
     assert tomllib.loads((part / "config.toml").read_text())["logging"]["tensorboard"] is True

@@ -26,7 +26,7 @@ from fedskew.engine.pool_size import WORKER_BYTES, pool_size
 from fedskew.engine.round_loop import RoundLoop
 from fedskew.engine.runner import ClientJob, EngineCache, EngineContext
 from fedskew.engine.workers import WorkerPool, Workers
-from tests.helpers.configs import tiny_config
+from tests.helpers.configs import federation_from, tiny_config
 from tests.helpers.spies import spy_pools
 
 GB = 2**30
@@ -82,7 +82,7 @@ def test_available_memory_is_the_smaller_of_the_kernels_and_the_containers(
 
 
 def test_round_jobs_is_clients_per_round_at_most_every_client() -> None:
-    fed = build_federation(*(tiny_config()[k] for k in ("dataset", "partition", "model")), seed=0)
+    fed = federation_from(tiny_config(), 0)
     for per_round in (3, 6):
         config = typed_config(tiny_config(algorithm={"clients_per_round": per_round}))
         ctx = EngineContext(fed, "fedavg", config.algorithm.params, config, Compute())
@@ -99,7 +99,7 @@ def test_workers_per_device_is_checked_in_one_line() -> None:
 def _metrics(cfg: dict[str, Any], path: Path) -> bytes:
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.toml").write_text(dump(cfg))
-    RoundLoop(cfg, path, progress=False).run()
+    RoundLoop(typed_config(cfg), path, progress=False).run()
     return (path / "metrics.jsonl").read_bytes()
 
 
@@ -123,7 +123,7 @@ def test_workers_per_device_does_not_change_metrics(tmp_path: Path, monkeypatch:
 
 
 def test_the_pool_starts_every_worker_before_the_first_job() -> None:
-    fed = build_federation(*(tiny_config()[k] for k in ("dataset", "partition", "model")), seed=0)
+    fed = federation_from(tiny_config(), 0)
     pool = WorkerPool(fed, 2, Compute(), ["cpu"])
     try:
         assert len(set(pool.pids)) == 2 and os.getpid() not in pool.pids
@@ -177,8 +177,8 @@ def test_runs_on_other_data_get_their_own_pool_and_runs_on_the_same_data_run_tog
 def test_a_dead_worker_is_reported_and_the_next_run_gets_a_fresh_pool(tmp_path: Path) -> None:
     cfg = tiny_config()
     config = typed_config(cfg)
-    fed = build_federation(config.table("dataset"), config.table("partition"), config.table("model"), 0)
-    loop = RoundLoop(cfg, tmp_path / "r", progress=False, federation=fed)
+    fed = build_federation(config.dataset, config.partition, config.model, 0)
+    loop = RoundLoop(typed_config(cfg), tmp_path / "r", progress=False, federation=fed)
     cache = EngineCache()
     try:
         def make() -> WorkerPool:

@@ -37,7 +37,7 @@ def _config(name: str, **over: Any) -> dict[str, Any]:
 
 
 def _final(cfg: dict[str, Any], path: Path, fed: Federation | None = None) -> dict[str, torch.Tensor]:
-    loop = RoundLoop(cfg, path, progress=False, federation=fed)
+    loop = RoundLoop(typed_config(cfg), path, progress=False, federation=fed)
     loop.run()
     return {k: v.detach().double().cpu() for k, v in loop.server.model.state_dict().items()}
 
@@ -66,7 +66,7 @@ def test_batched_equals_sequential_on_cuda_float64(
     try:
         cfg = _config("fedavg")
         config = typed_config(cfg)
-        fed = build_federation(config.table("dataset"), config.table("partition"), config.table("model"), 0)
+        fed = build_federation(config.dataset, config.partition, config.model, 0)
         fed = dataclasses.replace(fed, x=fed.x.double(), x_test=fed.x_test.double())
         sequential = _final(cfg, tmp_path / "s", fed)
         together = _final(_config("fedavg", clients_in_parallel=4), tmp_path / "b", fed)

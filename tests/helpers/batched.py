@@ -30,12 +30,12 @@ from fedskew.models import create_model
 # ---- whole runs (tests/engine/test_batched_clients.py, test_batched_condensation_runs.py) -----------------
 def federation64(cfg: dict[str, Any]) -> Federation:
     config = typed_config(cfg)
-    fed = build_federation(config.table("dataset"), config.table("partition"), config.table("model"), 0)
+    fed = build_federation(config.dataset, config.partition, config.model, 0)
     return dataclasses.replace(fed, x=fed.x.double(), x_test=fed.x_test.double())
 
 
 def final_model(cfg: dict[str, Any], path: Path, fed: Federation | None = None) -> dict[str, torch.Tensor]:
-    loop = RoundLoop(cfg, path, progress=False, federation=fed)
+    loop = RoundLoop(typed_config(cfg), path, progress=False, federation=fed)
     loop.run()
     return {k: v.detach().clone() for k, v in loop.server.model.state_dict().items()}
 

@@ -6,6 +6,8 @@ import dataclasses
 from typing import Any
 
 from fedskew.algorithms.base import ALGORITHMS
+from fedskew.config import typed_config
+from fedskew.engine.federation import Federation, build_federation
 
 
 def tiny_config(**over: Any) -> dict[str, Any]:
@@ -74,3 +76,9 @@ def runnable_config(name: str, **over: Any) -> dict[str, Any]:
     if not ALGORITHMS.get(name).has_global_model:
         cfg["partition"]["client_test_fraction"] = 0.25
     return cfg
+
+
+def federation_from(cfg: dict[str, Any], seed: int = 0) -> Federation:
+    """The federation of config ``cfg`` (its dataset, partition and model, typed) with root seed ``seed``."""
+    typed = typed_config(cfg)
+    return build_federation(typed.dataset, typed.partition, typed.model, seed)

@@ -11,6 +11,7 @@ import torch
 
 import fedskew.algorithms.feddc as feddc_module
 from fedskew.condense import SyntheticSet
+from fedskew.config import typed_config
 from fedskew.core.message import Message
 from fedskew.engine.round_loop import RoundLoop
 from tests.helpers.configs import tiny_config
@@ -42,7 +43,7 @@ def run_recording(
 
     monkeypatch.setattr(feddc_module, "gradient_matching", gm_spy)
     monkeypatch.setattr(feddc_module, "train_global_on_synthetic", train_spy)
-    sim = RoundLoop(cfg, path, progress=False)
+    sim = RoundLoop(typed_config(cfg), path, progress=False)
     uploads: list[list[tuple[int, Message]]] = []
     exchange = sim.exchange
 

@@ -47,12 +47,11 @@ def half_a_reply(then: str) -> None:
 def main(kind: str) -> int:
     from fedskew.core.device import Compute
     from fedskew.core.errors import FedskewError
-    from fedskew.engine.federation import build_federation
     from fedskew.engine.workers import WorkerPool
-    from tests.helpers.configs import tiny_config
+    from tests.helpers.configs import federation_from, tiny_config
 
     cfg = tiny_config()
-    fed = build_federation(cfg["dataset"], cfg["partition"], cfg["model"], seed=0)
+    fed = federation_from(cfg, 0)
     pool = WorkerPool(fed, 2, Compute(), ["cpu"])
     future = pool.submit(half_a_reply, "stay" if kind == "stop" else "die")
     time.sleep(2.0)  # the half message is in the pipe; the executor's thread reads it and waits for the rest

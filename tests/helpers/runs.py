@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fedskew.config import dump
+from fedskew.config import dump, typed_config
 from fedskew.engine.experiment import resume_run
 from fedskew.engine.round_loop import RoundLoop
 from tests.helpers.configs import tiny_config
@@ -18,7 +18,7 @@ def run_records(cfg: dict[str, Any], path: Path) -> list[dict[str, Any]]:
     """Run ``cfg`` alone (a round loop, its config written first) into ``path``; its metrics.jsonl records."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.toml").write_text(dump(cfg))
-    RoundLoop(cfg, path, progress=False).run()
+    RoundLoop(typed_config(cfg), path, progress=False).run()
     return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -29,14 +29,14 @@ def run_metrics(tmp_path: Path, **over: Any) -> list[dict[str, Any]]:
     path = tmp_path / "_".join(f"{k}-{v}" for k, v in over.items()) or "plain"
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.toml").write_text(dump(cfg))
-    RoundLoop(cfg, path, progress=False).run()
+    RoundLoop(typed_config(cfg), path, progress=False).run()
     return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
 
 
 def _run(cfg: dict[str, Any], path: Path) -> Path:
     path.mkdir(parents=True)
     (path / "config.toml").write_text(dump(cfg))
-    RoundLoop(cfg, path, progress=False).run()
+    RoundLoop(typed_config(cfg), path, progress=False).run()
     return path
 
 

@@ -11,7 +11,7 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from fedskew.audit import audit_run
-from fedskew.config import dump
+from fedskew.config import dump, typed_config
 from fedskew.core.errors import FedskewError
 from fedskew.engine.round_loop import RoundLoop
 from fedskew.metrics.privacy import auc, nearest_neighbours, ssim
@@ -52,7 +52,7 @@ def _run_with_synthetic(tmp_path: Path, kind: str) -> Path:
     run = tmp_path / kind
     run.mkdir()
     (run / "config.toml").write_text(dump(cfg))
-    sim = RoundLoop(cfg, run, progress=False)
+    sim = RoundLoop(typed_config(cfg), run, progress=False)
     sim.run()
     fed = sim.fed
     mean = torch.tensor(fed.info.mean).view(1, -1, 1, 1)
@@ -85,7 +85,7 @@ def test_audit_flags_copies_and_not_noise(tmp_path: Path) -> None:
 def test_audit_of_a_run_without_synthetic_data(tmp_path: Path) -> None:
     cfg = tiny_config(rounds=1)
     (tmp_path / "config.toml").write_text(dump(cfg))
-    RoundLoop(cfg, tmp_path, progress=False).run()
+    RoundLoop(typed_config(cfg), tmp_path, progress=False).run()
     with pytest.raises(FedskewError, match="holds no synthetic images"):
         audit_run(tmp_path)
     assert json.loads((tmp_path / "summary.json").read_text())["rounds"] == 1
