@@ -196,7 +196,7 @@ def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
 
 def test_bf16_condenses_in_bf16_and_uploads_float32_knowledge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     amps = record_amps(monkeypatch, fedaf_module, "distribution_matching")
-    sim = RoundLoop({**fedaf_config(rounds=2), "amp": "bf16"}, tmp_path / "bf16", progress=False)
+    sim = RoundLoop(typed_config({**fedaf_config(rounds=2), "amp": "bf16"}), tmp_path / "bf16", progress=False)
     records = sim.run().records
     assert amps and set(amps) == {"bf16"}
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in records)

@@ -142,7 +142,7 @@ def test_image_grid_one_row_per_class(tmp_path: Path) -> None:
 
 def test_bf16_condenses_in_bf16_and_keeps_uint8_uploads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     amps = record_amps(monkeypatch, feddc_module, "gradient_matching")
-    sim = RoundLoop({**feddc_config(), "amp": "bf16"}, tmp_path / "bf16", progress=False)
+    sim = RoundLoop(typed_config({**feddc_config(), "amp": "bf16"}), tmp_path / "bf16", progress=False)
     records = sim.run().records
     assert amps and set(amps) == {"bf16"}
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in records)

@@ -99,7 +99,8 @@ def test_bf16_condenses_in_bf16_and_keeps_the_wire_and_the_model_float32(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     amps = record_amps(monkeypatch, feddm_module, "distribution_matching")
-    mixed = RoundLoop({**feddm_config(rounds=2), "amp": "bf16"}, tmp_path / "bf16", progress=False).run().records
+    bf16 = typed_config({**feddm_config(rounds=2), "amp": "bf16"})
+    mixed = RoundLoop(bf16, tmp_path / "bf16", progress=False).run().records
     assert amps and set(amps) == {"bf16"}  # the run's amp reaches the clients' condensation
     plain = RoundLoop(typed_config(feddm_config(rounds=2)), tmp_path / "fp32", progress=False).run().records
     assert [r["bytes_client_to_server"] for r in mixed] == [r["bytes_client_to_server"] for r in plain]

@@ -357,7 +357,7 @@ def test_sizes_beyond_memory_are_one_line_before_anything_runs(tmp_path: Path, i
 
 
 def test_condense_bounds_its_sizes(inline: Any) -> None:
-    assert "--ipc must be at most 10_000" in one_error(inline("condense", "--ipc", "100000000"))
+    assert "--ipc must be an integer in [1, 10_000]" in one_error(inline("condense", "--ipc", "100000000"))
 
 
 def test_a_plugin_parameter_class_is_bounded_by_the_same_names() -> None:

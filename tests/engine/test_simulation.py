@@ -100,7 +100,7 @@ def test_train_fraction_out_of_range_is_a_config_error() -> None:
     from fedskew.config import validate
     from fedskew.core.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"dataset.train_fraction must be a number in \(0, 1\], got 2"):
+    with pytest.raises(ConfigError, match=r"dataset.train_fraction must be <= 1, got 2"):
         validate(tiny_config(dataset={"train_fraction": 2}))
 
 

@@ -1,7 +1,7 @@
 """fedskew's ServerApp and ClientApp in the test's process, against a stand-in SuperLink (:class:`FakeGrid`).
 
 Fast, and able to silence or drop nodes at will; every message goes through Flower's own serialisation both
-ways. Import it only after ``pytest.importorskip("flwr")``: it needs Flower.
+ways. It needs Flower: a test module that imports it is skipped where Flower is not installed.
 """
 
 from __future__ import annotations
@@ -11,6 +11,9 @@ from typing import Any
 
 import pytest
 import torch
+
+pytest.importorskip("flwr", reason="Flower is optional: pip install -e '.[flower]'")
+
 from flwr.app import ConfigRecord, Context, Error, RecordDict
 from flwr.app import Message as FlowerMessage
 from flwr.common.constant import ErrorCode
