@@ -307,7 +307,7 @@ def child_paper(spec: dict[str, Any]) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        loop = Timed(run.config, Path(tmp), data_dir=spec.get("data_dir"), progress=False)
+        loop = Timed(run.typed, Path(tmp), data_dir=spec.get("data_dir"), progress=False)
         setup = time.perf_counter() - t0
         progress(setup=round(setup, 2))
         res = loop.run()
@@ -316,7 +316,7 @@ def child_paper(spec: dict[str, Any]) -> dict[str, Any]:
             "server_s": round(timing["seconds"] - sum(clients) - timing["eval_seconds"], 2),
             "eval_s": round(timing["eval_seconds"], 2), "setup_s": round(setup, 2),
             "accuracy": res.records[-1]["accuracy"], "runner": spec["runner"],
-            "scale": {k: run.config["algorithm"].get(k) for k in ("condense_iterations", "ipc", "real_batch")}}
+            "scale": {k: getattr(run.typed.algorithm.params, k) for k in ("condense_iterations", "ipc", "real_batch")}}
 
 
 def child_steps(spec: dict[str, Any]) -> dict[str, Any]:
