@@ -45,7 +45,7 @@ from fedskew.algorithms.base import ClientContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.personal import batch_loss, parameter_layers, trainable
 from fedskew.core.message import Message
-from fedskew.core.params import check, minimums
+from fedskew.core.params import maximums, minimums
 
 
 @register_algorithm("fedala")
@@ -62,12 +62,9 @@ class FedALA(FedAvg):
         num_pre_loss: int = 10  # ... over the losses of this many last passes (authors' ALA.py, line 20)
         max_init_epochs: int = 100  # fedskew's bound on the start phase (the code has none)
 
-        at_least = minimums(layers=0, threshold=0, num_pre_loss=1, max_init_epochs=1)
+        at_least = minimums(layers=0, threshold=0, num_pre_loss=1, max_init_epochs=1, rand_percent=1)
+        at_most = maximums(rand_percent=100)
         positive = ("eta",)
-
-        def __post_init__(self) -> None:
-            super().__post_init__()
-            check(1 <= self.rand_percent <= 100, "rand_percent", self.rand_percent, "in [1, 100]")
 
     params: Params
 

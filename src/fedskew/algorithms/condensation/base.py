@@ -8,7 +8,7 @@ averaging, the server trains the global model on the union of the clients' lates
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -32,15 +32,14 @@ from fedskew.components.trainer import LossTerm
 from fedskew.condense import DMConfig, SyntheticSet
 from fedskew.core.device import current_compute
 from fedskew.core.message import Message, state_to_arrays
-from fedskew.core.params import check, next_checks
+from fedskew.core.params import Options, minimums
 from fedskew.core.seeding import seeded_init
 
 SERVER_KEYS = ("epochs", "batch_size", "lr", "momentum", "weight_decay")
 """The server-training settings that used to be top-level keys of these methods."""
 
 
-@dataclass
-class CondensationParams:
+class CondensationParams(Options):
     """Parameters every condensation-based method has (each gives its own defaults).
 
     ``server`` is the nested ``[algorithm.server]`` table (:class:`ServerTraining`). ``wire_dtype`` is
@@ -56,13 +55,9 @@ class CondensationParams:
     wire_dtype: WireDtype = "uint8"  # how the condensed images are uploaded: uint8, float16 or float32
     server: ServerTraining = field(default_factory=ServerTraining)
 
-    def __post_init__(self) -> None:
-        check(self.ipc >= 1, "ipc", self.ipc, "at least 1")
-        check(self.condense_iterations >= 0, "condense_iterations", self.condense_iterations, ">= 0")
-        check(self.image_lr > 0, "image_lr", self.image_lr, "> 0")
-        check(0 <= self.image_momentum < 1, "image_momentum", self.image_momentum, "in [0, 1)")
-        check(self.real_batch >= 1, "real_batch", self.real_batch, "at least 1")
-        next_checks(super())
+    at_least = minimums(ipc=1, condense_iterations=0, real_batch=1)
+    positive: ClassVar[tuple[str, ...]] = ("image_lr",)
+    fractions: ClassVar[tuple[str, ...]] = ("image_momentum",)
 
 
 class AggregationFree(Algorithm):

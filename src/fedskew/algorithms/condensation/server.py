@@ -18,7 +18,7 @@ from torch import nn
 
 from fedskew.components.trainer import LocalResult, LossTerm, SGDParams, train_local
 from fedskew.condense import SyntheticSet
-from fedskew.core.params import check
+from fedskew.core.params import minimums
 from fedskew.models.layout import use_channels_last
 
 
@@ -32,9 +32,7 @@ class ServerTraining(SGDParams):
     epochs: int = 10  # and SGD's batch_size, lr, momentum, weight_decay (SGDParams)
     batch_size: int = 256
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check(self.epochs >= 0, "epochs", self.epochs, ">= 0")
+    at_least = minimums(epochs=0)
 
 
 
