@@ -41,6 +41,7 @@ def _docs_block(page: str, first_line: str) -> list[str]:
     raise AssertionError(f"{page} has no bash block starting {first_line!r}")
 
 
+@pytest.mark.slow
 def test_mlflow_records_read_back_as_documented(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``mlflow ui --backend-store-uri file:...`` crashed with the installed extra (mlflow-skinny has no UI), and
     the file store needs MLFLOW_ALLOW_FILE_STORE=true: the documented commands work with what is installed."""

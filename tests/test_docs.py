@@ -40,5 +40,6 @@ def run_page(page: str, folder: Path) -> str:
 
 
 @pytest.mark.parametrize("page", ["python-api.md", "extending.md", "architecture.md"])
+@pytest.mark.slow
 def test_the_examples_run(page: str, tmp_path: Path) -> None:
     run_page(page, tmp_path)

@@ -141,6 +141,7 @@ def test_paper_scale_is_not_run_unless_given(archive: Path) -> None:
     assert "Method A [a]: **91.0 ± 0.5** (3 seeds: 0, 1, 2; recorded)" in last and "**holds**" in last
 
 
+@pytest.mark.slow
 def test_check_detects_drift(archive: Path) -> None:
     (archive / "claims.toml").write_text(claim_text(), encoding="utf-8")
     doc = archive / "docs" / "fidelity.md"
@@ -157,6 +158,7 @@ def test_check_detects_drift(archive: Path) -> None:
     assert res.returncode == 1 and "out of date" in res.stderr and "84.00 ± 5.29" in res.stdout
 
 
+@pytest.mark.slow
 def test_docs_fidelity_is_up_to_date() -> None:
     """The page in the repository is what the manifest and results/ give: regenerate it after changing either."""
     res = subprocess.run([sys.executable, str(SCRIPT), "--check"], env=environment(), capture_output=True,

@@ -338,6 +338,7 @@ def test_each_run_is_the_grid_point_its_label_names(kind: str, where: str) -> No
 
 
 # ---- end to end: `fedskew` as a process ------------------------------------------------------------------------
+@pytest.mark.slow
 def test_the_cli_runs_each_method_of_a_grid_under_its_label(tmp_path: Path) -> None:
     """The reproducer of failure 1, run: two runs, each recording the method its folder names."""
     cfg = write_syn(tmp_path / "syn.toml")
@@ -352,6 +353,7 @@ def test_the_cli_runs_each_method_of_a_grid_under_its_label(tmp_path: Path) -> N
         assert json.loads((run / "summary.json").read_text())["algorithm"] == method
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_a_bad_grid_in_one_line_and_writes_nothing(tmp_path: Path, inline: Any) -> None:
     """Failures 3, 6, 11 (no longer refused), 12 and 13 from the command line: exit 2, one `fedskew: error:` line,
     nothing written. One real process; the others run the same `main` in this process."""

@@ -62,6 +62,7 @@ BAD_VALUES = {
 
 
 @pytest.mark.parametrize("override", list(BAD_VALUES))
+@pytest.mark.slow
 def test_bad_values_are_one_line_before_anything_runs(tmp_path: Path, cfg_file: Path, override: str,
                                                       monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
@@ -80,10 +81,12 @@ def test_bad_values_are_one_line_before_anything_runs(tmp_path: Path, cfg_file: 
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_an_empty_out_is_refused(tmp_path: Path, cfg_file: Path) -> None:
     refused(tmp_path, "run", str(cfg_file), "--out", "", "--no-progress", needle="--out must name a folder")
 
 
+@pytest.mark.slow
 def test_seed_on_the_command_line_sets_the_seeds(tmp_path: Path) -> None:
     cfg = write_config(tmp_path / "seeds.toml", rounds=1, seeds=[0, 1])
     res = fedskew("run", str(cfg), "seed=5", "--out", "o", "--no-progress", cwd=tmp_path)
@@ -92,6 +95,7 @@ def test_seed_on_the_command_line_sets_the_seeds(tmp_path: Path) -> None:
     refused(tmp_path, "run", str(cfg), "seed=5", "seeds=[1]", "--out", "p", needle="give seed=K or seeds=[...]")
 
 
+@pytest.mark.slow
 def test_duplicate_labels_and_per_variant_seeds_are_refused(tmp_path: Path, cfg_file: Path) -> None:
     base = cfg_file.read_text()
     twins = tmp_path / "twins.toml"
@@ -102,6 +106,7 @@ def test_duplicate_labels_and_per_variant_seeds_are_refused(tmp_path: Path, cfg_
     refused(tmp_path, "run", str(seeded), "--no-progress", needle="variant 'A' sets seed")
 
 
+@pytest.mark.slow
 def test_a_bad_second_variant_stops_everything_before_the_first_runs(tmp_path: Path, cfg_file: Path) -> None:
     two = tmp_path / "two.toml"
     two.write_text(cfg_file.read_text() + '\n[[variants]]\nlabel = "good"\n\n[[variants]]\nlabel = "bad"\n'
@@ -112,6 +117,7 @@ def test_a_bad_second_variant_stops_everything_before_the_first_runs(tmp_path: P
     assert not (tmp_path / "o").exists() and not (tmp_path / "app").exists()
 
 
+@pytest.mark.slow
 def test_faults_attack_takes_the_documented_words_unquoted(tmp_path: Path, cfg_file: Path) -> None:
     res = fedskew("run", str(cfg_file), "faults.attack=nan", "faults.corrupt=0.5", "rounds=3", "--out", "o",
                   "--no-progress", cwd=tmp_path)
@@ -125,6 +131,7 @@ def test_faults_attack_takes_the_documented_words_unquoted(tmp_path: Path, cfg_f
     assert res.code == 0, res.err
 
 
+@pytest.mark.slow
 def test_a_round_whose_every_reply_is_rejected_stops_the_run_in_one_error_line(tmp_path: Path, cfg_file: Path) -> None:
     """Every reply of round 1 corrupted: exit 2, one error line naming the round and the reasons (after the
     logged rejections), no traceback, no round recorded."""
@@ -138,6 +145,7 @@ def test_a_round_whose_every_reply_is_rejected_stops_the_run_in_one_error_line(t
     assert (tmp_path / "o" / "fedavg-seed0" / "metrics.jsonl").read_text() == ""
 
 
+@pytest.mark.slow
 def test_a_model_too_large_for_memory_is_one_line(tmp_path: Path, cfg_file: Path) -> None:
     # Within every size bound (a width of 65,536 is allowed), yet one 3x3 convolution of that width needs 154 GB.
     res = fedskew("run", str(cfg_file), "model.name=convnet", "model.net_width=65536", "--out", "o", "--no-progress",
@@ -146,6 +154,7 @@ def test_a_model_too_large_for_memory_is_one_line(tmp_path: Path, cfg_file: Path
 
 
 # ---- config files that cannot be read ---------------------------------------------------------------
+@pytest.mark.slow
 def test_a_config_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "latin1.toml"
     bad.write_bytes('name = "café"\n'.encode("latin-1"))
@@ -154,6 +163,7 @@ def test_a_config_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
     refused(tmp_path, "partition", str(bad), needle="is not UTF-8 text")
 
 
+@pytest.mark.slow
 def test_a_config_that_is_a_folder_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "cfg.toml").mkdir()
     refused(tmp_path, "run", "cfg.toml", needle="is a folder, not a TOML file")
@@ -183,6 +193,7 @@ def _unreadable_for_children(tmp_path: Path) -> Any:
     return hook
 
 
+@pytest.mark.slow
 def test_an_unreadable_config_is_one_line(tmp_path: Path, cfg_file: Path) -> None:
     hook = _unreadable_for_children(tmp_path)
     cfg_file.chmod(0)
@@ -194,12 +205,14 @@ def test_an_unreadable_config_is_one_line(tmp_path: Path, cfg_file: Path) -> Non
 
 
 # ---- where results go -------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_out_naming_an_existing_file_is_one_line_and_the_file_is_kept(tmp_path: Path, cfg_file: Path) -> None:
     (tmp_path / "results").write_text("mine")
     refused(tmp_path, "run", str(cfg_file), "--out", "results", "--no-progress", needle="--out results is a file")
     assert (tmp_path / "results").read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_out_in_an_unwritable_folder_is_one_line(tmp_path: Path, cfg_file: Path) -> None:
     hook = _unreadable_for_children(tmp_path)
     locked = tmp_path / "locked"
@@ -214,6 +227,7 @@ def test_out_in_an_unwritable_folder_is_one_line(tmp_path: Path, cfg_file: Path)
     assert list(locked.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_out_on_a_read_only_file_system_is_one_line(tmp_path: Path, cfg_file: Path) -> None:
     mount = tmp_path / "ro"
     mount.mkdir()
@@ -229,6 +243,7 @@ def test_out_on_a_read_only_file_system_is_one_line(tmp_path: Path, cfg_file: Pa
     assert f"{mount / 'o'}: read-only file system" in one_error(res)
 
 
+@pytest.mark.slow
 def test_deploy_init_into_a_file_is_one_line(tmp_path: Path, cfg_file: Path) -> None:
     (tmp_path / "app").write_text("mine")
     refused(tmp_path, "deploy", "init", "app", str(cfg_file), needle="app is a file, not a folder")
@@ -273,6 +288,7 @@ def resume_refused(run: Path, *overrides: str, needle: str, capsys: pytest.Captu
     assert snapshot(run) == before
 
 
+@pytest.mark.slow
 def test_resume_below_the_checkpoint_is_refused(stopped_run: Path) -> None:
     resume_refused(stopped_run, "rounds=2", needle="is at round 4, beyond the run's rounds = 2")
 
@@ -306,6 +322,7 @@ DAMAGE: dict[str, tuple[dict[str, Any], str]] = {
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
+@pytest.mark.slow
 def test_a_damaged_checkpoint_is_one_line_and_changes_nothing(stopped_run: Path, damage: str,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     """The first damage through a ``fedskew`` process, the others through the command's ``main`` in this process."""
@@ -314,6 +331,7 @@ def test_a_damaged_checkpoint_is_one_line_and_changes_nothing(stopped_run: Path,
     resume_refused(stopped_run, needle=needle, capsys=None if damage == next(iter(DAMAGE)) else capsys)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_that_is_not_one_is_one_line(stopped_run: Path) -> None:
     (stopped_run / "checkpoints" / "last.pt").write_bytes(b"\x00garbage" * 10)
     resume_refused(stopped_run, needle="cannot read checkpoint")
@@ -329,6 +347,7 @@ def test_a_checkpoint_that_is_not_one_is_one_line(stopped_run: Path) -> None:
         pytest.param("lr = 0.1", "lr = nan", "algorithm.lr must be a finite number", id="bad-value"),
     ],
 )
+@pytest.mark.slow
 def test_a_config_edited_after_the_run_is_one_line(stopped_run: Path, old: str, new: str, needle: str,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """The first edit through a ``fedskew`` process, the others through the command's ``main`` in this process."""
@@ -338,6 +357,7 @@ def test_a_config_edited_after_the_run_is_one_line(stopped_run: Path, old: str, 
     resume_refused(stopped_run, needle=needle, capsys=None if new == "lr = 0.2" else capsys)
 
 
+@pytest.mark.slow
 def test_the_resume_that_is_allowed_still_works(stopped_run: Path) -> None:
     res = fedskew("run", "--resume", str(stopped_run), "--no-progress", cwd=stopped_run.parent)
     assert res.code == 0, res.err

@@ -44,6 +44,7 @@ def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 
 # ---- running -------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_import_and_the_config_key_run_the_plugin_also_in_spawned_workers(tmp_path: Path) -> None:
     """``--import`` (relative to the current folder) in one process, the config's ``plugins`` (relative to the
     config's folder) with two spawned workers: both run, with identical metrics, and record the plug-in."""
@@ -60,6 +61,7 @@ def test_import_and_the_config_key_run_the_plugin_also_in_spawned_workers(tmp_pa
         assert read_config(run / "config.toml")["plugins"] == [str(plugin)]
 
 
+@pytest.mark.slow
 def test_resume_needs_no_import(tmp_path: Path) -> None:
     """The run's config.toml names the plug-in: ``--resume`` imports it again."""
     write_plugin(tmp_path / "code")
@@ -71,6 +73,7 @@ def test_resume_needs_no_import(tmp_path: Path) -> None:
     assert [r["round"] for r in records] == [1, 2]
 
 
+@pytest.mark.slow
 def test_list_and_partition_see_the_plugin(tmp_path: Path) -> None:
     write_plugin(tmp_path)
     res = fedskew("list", "--import", "my_plugin.py", cwd=tmp_path)
@@ -89,6 +92,7 @@ def test_list_and_partition_see_the_plugin(tmp_path: Path) -> None:
     assert len(rows) == 6 and all(1 <= sum(n > 0 for n in row) <= 2 for row in rows), res.out
 
 
+@pytest.mark.slow
 def test_a_module_name_is_found_in_the_current_folder(tmp_path: Path) -> None:
     """``--import my_plugin`` finds ``my_plugin.py`` in the current folder, as ``python -m`` would."""
     write_plugin(tmp_path)
@@ -97,6 +101,7 @@ def test_a_module_name_is_found_in_the_current_folder(tmp_path: Path) -> None:
     assert "plugins:      my_plugin" in res.out.splitlines()
 
 
+@pytest.mark.slow
 def test_an_installed_entry_point_is_loaded_in_every_process(tmp_path: Path) -> None:
     """A package's ``fedskew.plugins`` entry point registers its model in the command and in its workers."""
     site = tmp_path / "site"
@@ -191,6 +196,7 @@ def test_each_plugin_is_imported_once_under_a_stable_name(tmp_path: Path, monkey
 
 
 @pytest.mark.filterwarnings("ignore:GitWildMatchPattern:DeprecationWarning")  # inside Flower's app builder
+@pytest.mark.slow
 def test_deploy_init_packs_the_plugin_and_the_app_imports_it(tmp_path: Path) -> None:
     """The app holds a copy of each plug-in file and its fedskew_app module imports them: with the original files
     gone, the app's module registers the plug-in's entries and the ServerApp resolves the experiment with it."""

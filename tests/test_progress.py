@@ -89,6 +89,7 @@ def test_the_round_loops_calls_resumed_at_round_10() -> None:
         "FedAvg: 11/12 round, acc=50.0%", "FedAvg: 12/12 round, acc=62.5%"]
 
 
+@pytest.mark.slow
 def test_a_run_into_a_log_file_writes_plain_lines(tmp_path: Path) -> None:
     """``fedskew run ... 2> log``: no carriage returns or escape codes, a line per run's end and per 10 s."""
     from tests.helpers.cli import fedskew, write_config

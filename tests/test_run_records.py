@@ -25,6 +25,7 @@ def _records(run: Path) -> list[dict]:
 
 
 # ---- 3. shell-safe folders; a renumbered output folder is announced -----------------------------------
+@pytest.mark.slow
 def test_a_label_keeps_its_text_and_its_folder_is_a_safe_slug(tmp_path: Path) -> None:
     cfg = write_config(tmp_path / "c.toml", rounds=1)
     res = run_fedskew("run", str(cfg), "--label", "FedAvg, lr (0.1)", "--out", "o", "--no-progress", cwd=tmp_path)
@@ -34,6 +35,7 @@ def test_a_label_keeps_its_text_and_its_folder_is_a_safe_slug(tmp_path: Path) ->
     assert "FedAvg, lr (0.1)" in (tmp_path / "o" / "report" / "results.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_second_run_without_out_says_where_it_goes(tmp_path: Path) -> None:
     cfg = write_config(tmp_path / "c.toml", rounds=1, name="exp")
     first = run_fedskew("run", str(cfg), "--no-progress", cwd=tmp_path)
@@ -44,6 +46,7 @@ def test_a_second_run_without_out_says_where_it_goes(tmp_path: Path) -> None:
 
 
 # ---- 6. self-contained run records ---------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_run_records_its_full_config_and_environment_and_resume_warns_on_a_change(
     tmp_path: Path, finished_run: Callable[[int], Path]
 ) -> None:
@@ -68,6 +71,7 @@ def test_a_run_records_its_full_config_and_environment_and_resume_warns_on_a_cha
     assert json.loads((run / "environment.json").read_text())["torch"] == "0.0.1"  # the record is kept
 
 
+@pytest.mark.slow
 def test_a_record_written_without_defaults_still_resumes(
     tmp_path: Path, finished_run: Callable[[int], Path]
 ) -> None:
@@ -84,6 +88,7 @@ def test_a_record_written_without_defaults_still_resumes(
 
 
 # ---- 7. trackers, offline -------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_wandb_and_mlflow_get_every_round_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("wandb", reason="the tracker extra (pip install wandb) is not installed")
     pytest.importorskip("mlflow", reason="the tracker extra (pip install mlflow-skinny) is not installed")
@@ -122,6 +127,7 @@ def test_a_tracker_that_is_not_installed_is_refused_before_the_run(monkeypatch: 
         validate(tiny_config(logging={"wandb": True}))
 
 
+@pytest.mark.slow
 def test_a_tracker_that_fails_ends_the_run_in_one_line(tmp_path: Path) -> None:
     pytest.importorskip("mlflow", reason="the tracker extra (pip install mlflow-skinny) is not installed")
     (tmp_path / "file").write_text("not a folder")
@@ -158,6 +164,7 @@ def test_a_list_override_is_a_grid_and_a_list_option_is_not() -> None:
         resolve({"rounds": 1, "sweep": {"algorithm.lr": 0.1}})
 
 
+@pytest.mark.slow
 def test_a_grid_runs_reports_and_resumes_as_an_experiment(tmp_path: Path) -> None:
     cfg = write_config(tmp_path / "c.toml", rounds=1)
     res = run_fedskew("run", str(cfg), "algorithm.lr=[0.1,0.05]", "--out", "o", "--no-progress", cwd=tmp_path)

@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.cli import environment
+
+pytestmark = pytest.mark.slow  # each test starts an interpreter to see what it imports
 
 RUN_PATH = ("fedskew.cli", "fedskew.cli.run", "fedskew.api", "fedskew.config", "fedskew.engine.experiment",
             "fedskew.engine.session", "fedskew.engine.round_loop", "fedskew.engine.tensorboard",

@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
 
@@ -43,37 +45,31 @@ def _files_containing(text: str) -> list[str]:
                   if p != Path(__file__) and text in p.read_text())
 
 
-def test_the_suite_is_handed_out_by_file() -> None:
+def test_the_suite_is_handed_out_by_file_and_each_group_is_one_file_in_the_order_it_needs() -> None:
     script = (ROOT / "scripts" / "test.sh").read_text()
     assert "--dist loadfile" in script and "loadgroup" not in script
     readme = (ROOT / "README.md").read_text()
     assert "--dist loadfile" in readme and "loadgroup" not in readme
-
-
-def test_the_flower_federation_tests_are_one_file_in_the_order_they_need() -> None:
+    # The Flower federation: one file, its last test the one that kills a SuperNode.
     assert _files_whose_tests_take("federation") == ["tests/engine/test_flower.py"]
     users = [name for name, params in _tests(TESTS / "engine" / "test_flower.py") if "federation" in params]
     assert users == [
         "test_fedaf_over_flower",
         "test_a_plugin_runs_over_flower",
-        "test_fedavg_over_flower_equals_simulation_and_survives_a_killed_node",  # last: it kills a SuperNode
+        "test_fedavg_over_flower_equals_simulation_and_survives_a_killed_node",
     ]
-
-
-def test_flowers_local_simulation_runs_before_the_ray_cluster_in_its_file() -> None:
+    # The Ray cluster and Flower's local simulation (`flwr run` on Ray): one file, the simulation first.
     assert _files_whose_tests_take("cluster") == ["tests/engine/test_ray.py"]
-    assert _files_containing("num-supernodes") == ["tests/engine/test_ray.py"]  # `flwr run` on Ray, locally
-    names = [name for name, _ in _tests(TESTS / "engine" / "test_ray.py")]
-    first_on_the_cluster = min(i for i, (_, params) in enumerate(_tests(TESTS / "engine" / "test_ray.py"))
-                               if "cluster" in params)
-    assert names.index("test_local_simulation_recipe_runs_one_round") < first_on_the_cluster
-
-
-def test_the_gpu_check_dry_run_is_one_file() -> None:
+    assert _files_containing("num-supernodes") == ["tests/engine/test_ray.py"]
+    ray_tests = _tests(TESTS / "engine" / "test_ray.py")
+    first_on_the_cluster = min(i for i, (_, params) in enumerate(ray_tests) if "cluster" in params)
+    assert [name for name, _ in ray_tests].index("test_local_simulation_recipe_runs_one_round") < first_on_the_cluster
+    # The GPU check's dry run: one file, whose every test reads the module fixture's report.
     assert _files_containing("gpu_check.py") == ["tests/test_gpu_check.py"]
     assert all("report" in params for _, params in _tests(TESTS / "test_gpu_check.py"))
 
 
+@pytest.mark.slow
 def test_pytest_xdist_keeps_each_file_on_one_worker(tmp_path: Path) -> None:
     """Four files of three tests on two workers with ``--dist loadfile``: each file's tests run on one worker,
     in file order (the mechanism scripts/test.sh relies on, checked with the installed pytest and pytest-xdist)."""

@@ -19,7 +19,7 @@ from fedskew.config import dump, typed_config, validate
 from fedskew.core.errors import ConfigError
 from fedskew.engine.experiment import resume_run
 from fedskew.engine.round_loop import RoundLoop
-from tests.helpers.configs import config_for, runnable_config
+from tests.helpers.configs import config_for, methods, runnable_config
 
 
 def _run(cfg: dict[str, Any], path: Path) -> Path:
@@ -29,7 +29,7 @@ def _run(cfg: dict[str, Any], path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("name", ALGORITHMS.names())
+@pytest.mark.parametrize("name", methods(ALGORITHMS.names()))
 def test_every_algorithm_runs_changes_the_model_and_is_counted(tmp_path: Path, name: str) -> None:
     cfg = config_for(name, rounds=2)
     if not ALGORITHMS.get(name).has_global_model:  # `local`: the clients' own models change, nothing is sent
@@ -67,7 +67,7 @@ MANY_REPLIES: dict[str, dict[str, Any]] = {"hfldd": {"num_homogeneous": 1}}
 client heads a heterogeneous cluster of its own)."""
 
 
-@pytest.mark.parametrize("name", ALGORITHMS.names())
+@pytest.mark.parametrize("name", methods(ALGORITHMS.names()))
 def test_every_averaging_method_takes_the_robust_rules(tmp_path: Path, name: str) -> None:
     """Median, trimmed mean and norm clipping reach the model of every method that averages client models;
     the other methods refuse [algorithm.aggregation] with one line."""
@@ -99,7 +99,7 @@ PERSONAL = ["fedper", "fedrep", "fedbabu", "ditto", "apfl", "pfedme", "perfedavg
 """The personalised methods: their clients' own models are client state, measured on the clients' test splits."""
 
 
-@pytest.mark.parametrize("name", STATEFUL + PERSONAL)
+@pytest.mark.parametrize("name", methods(STATEFUL + PERSONAL))
 def test_stateful_baselines_resume_exactly(tmp_path: Path, name: str) -> None:
     """Server state (c, h, optimiser slots, generator) and client state survive a checkpoint; for the
     personalised methods the per-client accuracies of their own models are in the compared metrics."""

@@ -205,6 +205,7 @@ def test_the_ledger_counts_1_2_or_4_bytes_per_uploaded_value(tmp_path: Path) -> 
         ]
 
 
+@pytest.mark.slow
 def test_clamp_fraction_per_round_and_identical_for_one_and_two_workers(tmp_path: Path) -> None:
     from fedskew.config import dump
 

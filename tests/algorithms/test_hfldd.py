@@ -47,6 +47,7 @@ def _check_clusters(sim: RoundLoop) -> None:
         assert len({which[c] for c in cluster}) == len(cluster)  # one client per homogeneous cluster
 
 
+@pytest.mark.slow
 def test_one_class_clients_cluster_by_class_on_fashion_mnist(tmp_path: Path, shared_datasets: Path) -> None:
     """40 one-class clients: K-means on the soft-label divergences recovers the classes (ARI >= 0.8).
 

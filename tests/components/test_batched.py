@@ -191,6 +191,7 @@ def test_what_cannot_batch_says_why() -> None:
     assert why_sequential(_cnn(0), x, [], []) is None
 
 
+@pytest.mark.slow
 def test_importing_a_loss_term_loads_no_batching_module() -> None:
     """The batching code is loaded, and its hand-off installed, by the batched runner only (issue 45): a
     method's loss terms, its condensations and the methods themselves load none of it."""

@@ -44,6 +44,7 @@ def _probe(env_value: str | None) -> dict[str, object]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and mallinfo2")
+@pytest.mark.slow
 def test_large_blocks_come_from_the_heap_unless_switched_off() -> None:
     tuned, default = _probe(None), _probe("0")
     assert tuned["applied"] is True and tuned["again"] is True  # applied once, then remembered

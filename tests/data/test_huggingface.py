@@ -195,6 +195,7 @@ def test_data_files_in_a_folder_and_a_dataset_in_the_local_cache_by_name(
 # ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_two_round_run_with_a_dirichlet_partition(hf: Any, tmp_path: Path) -> None:
     folder = save_dict(hf, tmp_path / "tiny", n_train=60, n_test=30)
     cfg = tiny_config(
@@ -293,6 +294,7 @@ def test_without_datasets_validating_or_loading_says_how_to_install_it(
         load_dataset("huggingface", path=str(tmp_path))
 
 
+@pytest.mark.slow
 def test_importing_fedskew_data_does_not_import_datasets() -> None:
     probe = "import sys, fedskew.data; print('huggingface' in fedskew.data.DATASETS, 'datasets' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], env=environment(), capture_output=True, text=True, check=True)

@@ -462,6 +462,7 @@ def test_bubble_plot_rejects_bad_input(tmp_path: Path, counts: np.ndarray, names
         bubble_plot(counts, tmp_path / "x.png", class_names=names)
 
 
+@pytest.mark.slow
 def test_partition_plot_draws_a_heat_map_from_100_clients(tmp_path: Path) -> None:
     counts = partition("dirichlet", LABELS, 150, 0, alpha=0.1, min_size=0).class_counts(LABELS, 10)
     auto = partition_plot(counts, tmp_path / "auto.png", "Dir(0.1)")

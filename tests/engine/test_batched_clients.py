@@ -22,7 +22,7 @@ from fedskew.engine.round_loop import RoundLoop
 from fedskew.engine.runner import EngineContext
 from fedskew.engine.workers import Workers
 from tests.helpers.batched import federation64, final_model, max_diff
-from tests.helpers.configs import config_for, tiny_config
+from tests.helpers.configs import config_for, methods, tiny_config
 from tests.helpers.spies import spy_calls
 
 TOL = 1e-9
@@ -151,7 +151,7 @@ def test_bad_values_are_refused_in_one_line(over: dict[str, Any], words: str) ->
     assert words in message and "\n" not in message
 
 
-@pytest.mark.parametrize("name", ALGORITHMS.names())
+@pytest.mark.parametrize("name", methods(ALGORITHMS.names()))
 def test_every_method_under_the_batched_runner(tmp_path: Path, name: str) -> None:
     """Every method's client half under the batched runner (float32, a model without running statistics):
     the sequential runner's global model up to float rounding, whatever of it batches."""

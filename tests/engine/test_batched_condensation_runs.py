@@ -124,6 +124,7 @@ def test_fallback_condenses_as_the_sequential_runner(
     assert len(said) == 1 and "condensation one at a time: a test's reason" in said[0]
 
 
+@pytest.mark.slow
 def test_hfldd_distils_its_clients_together(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """HFLDD's KIP (NTK kernel) batched: float32, the sequential runner's global model up to rounding."""
     calls = spy_calls(monkeypatch, batched_kip, "kip_batched")

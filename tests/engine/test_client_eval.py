@@ -123,6 +123,7 @@ def test_evaluating_the_clients_changes_nothing_they_train(tmp_path: Path) -> No
     assert often[-1]["bytes_client_to_server"] == once[-1]["bytes_client_to_server"]
 
 
+@pytest.mark.slow
 def test_per_client_metrics_are_identical_for_any_worker_count(tmp_path: Path) -> None:
     cfg = _cfg(algorithm={"name": "fedbn"}, model=BN_MODEL, rounds=2, eval={"personalized_epochs": 1})
     one, _ = _run({**cfg, "workers": 1}, tmp_path / "w1")
@@ -146,6 +147,7 @@ def test_fine_tuning_gives_the_clients_their_own_models(tmp_path: Path) -> None:
     assert recs[-1]["personal_accuracy"] != recs[-1]["client_accuracy"]
 
 
+@pytest.mark.slow
 def test_local_trains_alone_and_is_measured_on_the_clients(tmp_path: Path) -> None:
     recs, summary = _run(_cfg(algorithm={"name": "local"}, rounds=3, workers=2), tmp_path / "r")
     assert all(r["bytes_server_to_client"] == r["bytes_client_to_server"] == 0 for r in recs)

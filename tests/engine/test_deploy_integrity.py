@@ -31,6 +31,7 @@ def test_the_superlink_command_binds_to_localhost() -> None:
     assert "--insecure" not in cmd
 
 
+@pytest.mark.slow
 def test_deploy_init_tells_to_start_the_superlink_on_localhost(tmp_path: Path) -> None:
     res = fedskew("deploy", "init", "app", "default", "rounds=2", "--label", "FedAvg", cwd=tmp_path)
     assert res.code == 0, res.err

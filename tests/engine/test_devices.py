@@ -51,6 +51,7 @@ def test_cpu_auto_and_default_give_the_same_metrics(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not NO_CUDA, reason="this machine has CUDA: the refusal is for machines without it")
 @pytest.mark.parametrize("device", ["cuda", "cuda:1", "mps"])
+@pytest.mark.slow
 def test_an_absent_device_is_refused_in_one_line_before_any_folder(tmp_path: Path, device: str) -> None:
     if device == "mps" and "mps" in available_devices():
         pytest.skip("this machine has MPS")

@@ -23,6 +23,7 @@ def _config(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_an_interrupted_experiment_resumes_to_the_uninterrupted_result(tmp_path: Path) -> None:
     config = _config(tmp_path)
     assert main(["run", str(config), "--out", str(tmp_path / "full"), "--no-progress"]) == 0
@@ -42,6 +43,7 @@ def test_an_interrupted_experiment_resumes_to_the_uninterrupted_result(tmp_path:
     assert (out / "report" / "report.html").exists()
 
 
+@pytest.mark.slow
 def test_a_run_continues_from_its_checkpoint(tmp_path: Path) -> None:
     config = _config(tmp_path)
     assert main(["run", str(config), "--out", str(tmp_path / "full"), "--no-progress"]) == 0

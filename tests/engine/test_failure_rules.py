@@ -62,6 +62,7 @@ def _file_size_limit(limit: int) -> Any:
     return limit_writes
 
 
+@pytest.mark.slow
 def test_a_checkpoint_write_cut_off_part_way_is_one_line_and_the_run_resumes(
     two_rounds: Path, tmp_path: Path, finished_run: Callable[[int], Path]
 ) -> None:
@@ -79,6 +80,7 @@ def test_a_checkpoint_write_cut_off_part_way_is_one_line_and_the_run_resumes(
     assert (two_rounds / "metrics.jsonl").read_bytes() == (finished_run(4) / "metrics.jsonl").read_bytes()
 
 
+@pytest.mark.slow
 def test_a_disk_that_fills_in_the_middle_of_a_checkpoint_is_one_line(two_rounds: Path, tmp_path: Path) -> None:
     """A real small tmpfs, filled until 8 KiB are free: the next checkpoint (12 KiB) runs out of space part-way,
     and so does the resume that is tried while the disk is still full."""
@@ -140,6 +142,7 @@ def test_save_checkpoint_reports_a_failed_write_as_an_os_error(tmp_path: Path,
 BAD_KINDS = ["string", "bool", "unencodable", "not_message"]
 
 
+@pytest.mark.slow
 def test_a_broken_reply_is_that_clients_rejection_with_any_number_of_workers(tmp_path: Path) -> None:
     """With workers >= 2 a reply whose ``num_samples`` was ``"12"`` once ended the run ("undecodable
     message"); it is rejected like with workers = 1, and the records are byte-identical across worker counts
@@ -234,6 +237,7 @@ def test_a_bad_label_in_the_config_file_is_refused_too(tmp_path: Path, inline: A
     ("dataset", "--group-by 'dataset' is a table, not a single value"),
     ("at_rounds", "--group-by 'at_rounds' is a list"),
 ])
+@pytest.mark.slow
 def test_report_group_by_refuses_what_label_refuses(two_rounds: Path, inline: Any, key: str, needle: str) -> None:
     before = snapshot(two_rounds.parent)
     assert needle in one_error(inline("report", str(two_rounds.parent), "--group-by", key))
@@ -241,6 +245,7 @@ def test_report_group_by_refuses_what_label_refuses(two_rounds: Path, inline: An
 
 
 # ---- 5. a recorded config equals itself ---------------------------------------------------------------
+@pytest.mark.slow
 def test_a_run_recorded_with_nan_resumes(tmp_path: Path) -> None:
     cfg = write_config(tmp_path / "c.toml", rounds=1, faults={"corrupt": 0.2})
     res = fedskew("run", str(cfg), "faults.attack=nan", "--out", "o", "--no-progress", cwd=tmp_path)
@@ -256,6 +261,7 @@ def test_a_run_recorded_with_nan_resumes(tmp_path: Path) -> None:
 
 
 # ---- 6. damaged or hostile files ----------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_truncated_metrics_file_of_a_finished_run_is_one_line_under_resume(two_rounds: Path,
                                                                             tmp_path: Path) -> None:
     metrics = two_rounds / "metrics.jsonl"
@@ -267,6 +273,7 @@ def test_a_truncated_metrics_file_of_a_finished_run_is_one_line_under_resume(two
     assert len(errors) == 1 and "o/fedavg-seed0/metrics.jsonl, line 2: not valid JSON" in errors[0], res.err
 
 
+@pytest.mark.slow
 def test_a_run_folder_that_is_a_link_is_refused_and_nothing_is_written_through_it(tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -279,6 +286,7 @@ def test_a_run_folder_that_is_a_link_is_refused_and_nothing_is_written_through_i
     assert list(elsewhere.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_report_that_cannot_be_written_is_not_a_success(tmp_path: Path) -> None:
     """A foreign, damaged run folder inside --out: the runs finish and are kept, the exit code says the
     report is missing."""
@@ -293,6 +301,7 @@ def test_a_report_that_cannot_be_written_is_not_a_success(tmp_path: Path) -> Non
     assert not (tmp_path / "o" / "report" / "report.html").exists()
 
 
+@pytest.mark.slow
 def test_runs_that_fail_leave_no_lock_and_no_empty_folder(tmp_path: Path) -> None:
     """A data error after the run started (the dataset's files are missing) leaves nothing; a retry
     without --out reuses the same runs/<name> folder instead of moving to runs/<name>-2."""
@@ -310,6 +319,7 @@ def test_runs_that_fail_leave_no_lock_and_no_empty_folder(tmp_path: Path) -> Non
 
 
 # ---- 7. optional components fail in one line, once ------------------------------------------------------
+@pytest.mark.slow
 def test_tensorboard_on_a_read_only_folder_is_one_line_without_a_thread_traceback(tmp_path: Path) -> None:
     if shutil.which("unshare") is None:
         pytest.skip("no unshare")
@@ -325,6 +335,7 @@ def test_tensorboard_on_a_read_only_folder_is_one_line_without_a_thread_tracebac
     assert "o/fedavg-seed0/tensorboard" in line and "read-only file system" in line and "b'" not in line
 
 
+@pytest.mark.slow
 def test_tensorboard_where_a_file_stands_is_one_line(tmp_path: Path) -> None:
     run = tmp_path / "o" / "fedavg-seed0"
     run.mkdir(parents=True)
@@ -374,6 +385,7 @@ def test_a_plugin_parameter_class_is_bounded_by_the_same_names() -> None:
 
 
 # ---- 9. a stop request ends a run within seconds, every time ----------------------------------------------
+@pytest.mark.slow
 def test_sigterm_ends_a_pooled_run_within_seconds_every_time(tmp_path: Path, started: list) -> None:
     """``FEDSKEW_SIGTERM_TRIALS`` trials (3 here, 20 in benchmarks/integrity.py) of a run with two workers,
     each stopped at a random moment after round 3: exit 143 within the grace period, no worker left, and the
@@ -411,6 +423,7 @@ atexit.register(time.sleep, 120)  # winding down never ends: the watchdog must e
 """
 
 
+@pytest.mark.slow
 def test_a_run_whose_wind_down_hangs_still_ends_within_the_grace_period(tmp_path: Path,
                                                                       started: list) -> None:
     """A stop whose clean-up never finishes (here an exit handler that sleeps two minutes, as a pool stuck on

@@ -53,6 +53,7 @@ TRIALS = int(os.environ.get("FEDSKEW_SIGTERM_TRIALS", "5"))
 
 # ---- 15. a stop never waits on a half-sent reply --------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["stop", "crash"])
+@pytest.mark.slow
 def test_a_worker_that_dies_mid_reply_never_holds_up_the_pool(kind: str) -> None:
     """A worker stops in the middle of sending its result (tests/helpers/pool_faults.py): the pool still ends in
     seconds, stopped (its workers terminated, then closed) or crashed (the other worker alive: the wait for the
@@ -119,6 +120,7 @@ def _resumes(run: Path, cwd: Path) -> None:
     assert rounds_of(run) == list(range(1, ck + 2))
 
 
+@pytest.mark.slow
 def test_sigterm_while_a_reply_is_half_sent_never_waits_for_the_watchdog(tmp_path: Path,
                                                                          started: list) -> None:
     """The red team's hang, made certain: a worker of a two-worker run has sent half its round-3 reply when SIGTERM
@@ -141,6 +143,7 @@ def test_sigterm_while_a_reply_is_half_sent_never_waits_for_the_watchdog(tmp_pat
     _resumes(run, tmp_path)
 
 
+@pytest.mark.slow
 def test_sigterm_at_random_moments_of_a_two_worker_run(tmp_path: Path, started: list) -> None:
     """``FEDSKEW_SIGTERM_TRIALS`` (5; 20 in benchmarks/integrity.py) SIGTERMs at random moments after round 2 of a
     two-worker run with larger replies (more of each round is spent sending them): each as above, and the last
@@ -165,6 +168,7 @@ def test_sigterm_at_random_moments_of_a_two_worker_run(tmp_path: Path, started: 
 # ---- 10. checkpoint_every = 0 writes the final checkpoint ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_checkpoint_every_0_writes_the_last_round_so_a_finished_run_can_be_extended(
     tmp_path: Path, inline: Any, finished_run: Callable[[int], Path]
 ) -> None:
@@ -190,6 +194,7 @@ def test_an_experiment_resume_continues_a_run_checkpointed_only_at_the_end(tmp_p
 
 
 # ---- 14. W&B writes into the run folder ---------------------------------------------------------------------------
+@pytest.mark.slow
 def test_wandb_writes_its_files_into_the_run_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without WANDB_DIR: W&B's offline run is in the run folder's wandb/; nothing lands in the current folder, and
     no run in the temporary folder."""
@@ -266,6 +271,7 @@ def test_the_mlflow_tracker_checks_its_server_and_lowers_mlflows_retries(tmp_pat
 
 
 # ---- 8. a report that cannot be written: exit 1 naming it, the runs kept, no partial report --------------------
+@pytest.mark.slow
 def test_a_read_only_report_folder_is_exit_1_naming_it_and_the_old_report_stays(tmp_path: Path) -> None:
     """The report folder of an earlier run, made read-only (a read-only bind mount: root ignores chmod), and the
     experiment run again with --force: exit 1, one line naming the report folder, the runs kept, the old report
@@ -288,6 +294,7 @@ def test_a_read_only_report_folder_is_exit_1_naming_it_and_the_old_report_stays(
     assert snapshot(report) == before
 
 
+@pytest.mark.slow
 def test_a_disk_that_fills_while_the_report_is_written_leaves_no_partial_report(tmp_path: Path) -> None:
     """A real 256 KiB tmpfs: the run's files fit, its report (about 480 KiB) does not. Exit 1, one line naming the
     report folder, the run kept and complete, no report folder and no temporary one; `fedskew report` of the kept

@@ -166,6 +166,7 @@ PERSONAL = ["fedper", "fedrep", "fedbabu", "ditto", "apfl", "pfedme", "perfedavg
 
 
 @pytest.mark.parametrize("algorithm", ["fedbn", "local", *PERSONAL])
+@pytest.mark.slow
 def test_per_client_evaluation_over_flower_equals_simulation(probe: str, tmp_path: Path, algorithm: str) -> None:
     """The ``evaluate`` task on the nodes (one reading shard files with the clients' test splits): the
     simulator's per-client metrics, and the nodes keep the clients' own models (``local``, the personalised
@@ -316,6 +317,7 @@ def _records(run_dir: Path) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("algorithm", ["fedaf"])
+@pytest.mark.slow
 def test_fedaf_over_flower(federation: LocalFederation, tmp_path: Path, algorithm: str) -> None:
     """FedAF (uint8 condensed images, soft labels, a condensed set kept in each node's state) over Flower."""
     cfg = flower_config(rounds=2, algorithm={"name": algorithm, **FAST[algorithm]})
@@ -335,6 +337,7 @@ def test_fedaf_over_flower(federation: LocalFederation, tmp_path: Path, algorith
             assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-6), (a["round"], k)
 
 
+@pytest.mark.slow
 def test_a_plugin_runs_over_flower(federation: LocalFederation, tmp_path: Path) -> None:
     """A plug-in file outside the repository (an algorithm and a model) travels in the app bundle: the ServerApp
     and every SuperNode's ClientApp import the app's copy (the original is gone before the run starts)."""
@@ -357,6 +360,7 @@ def test_a_plugin_runs_over_flower(federation: LocalFederation, tmp_path: Path) 
     assert len(recorded) == 1 and recorded[0].endswith("/plugins/my_plugin.py") and recorded[0] != str(plugin)
 
 
+@pytest.mark.slow
 def test_fedavg_over_flower_equals_simulation_and_survives_a_killed_node(
     federation: LocalFederation, tmp_path: Path
 ) -> None:

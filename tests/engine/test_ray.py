@@ -75,6 +75,7 @@ def test_the_flower_extra_brings_the_simulation() -> None:
 
 
 @needs_flower
+@pytest.mark.slow
 def test_local_simulation_recipe_runs_one_round(tmp_path: Path) -> None:
     """``fedskew deploy init``, then ``flwr run APP --stream --federation-config num-supernodes=N`` with the
     environment's commands on ``PATH`` (``flwr run`` starts ``flower-superlink`` by name) and nothing else set
@@ -158,6 +159,7 @@ def _run(cfg: dict[str, Any], path: Path) -> bytes:
 
 @needs_ray
 @pytest.mark.parametrize("algorithm", ALGORITHMS, ids=lambda a: a["name"])
+@pytest.mark.slow
 def test_cluster_metrics_equal_the_inline_engine(
     tmp_path: Path, cluster: LocalRayCluster, caplog: pytest.LogCaptureFixture, algorithm: dict[str, Any]
 ) -> None:
@@ -170,6 +172,7 @@ def test_cluster_metrics_equal_the_inline_engine(
 
 
 @needs_ray
+@pytest.mark.slow
 def test_resume_on_the_cluster_equals_an_uninterrupted_run(tmp_path: Path, cluster: LocalRayCluster) -> None:
     def config(rounds: int) -> dict[str, Any]:
         ray = {"address": cluster.address}
@@ -179,6 +182,7 @@ def test_resume_on_the_cluster_equals_an_uninterrupted_run(tmp_path: Path, clust
 
 
 @needs_ray
+@pytest.mark.slow
 def test_a_plugin_runs_on_the_cluster(tmp_path: Path, cluster: LocalRayCluster) -> None:
     """The Ray workers of both nodes import the run's plug-in (a file outside the repository) before they build
     its algorithm and model: the metrics equal the inline engine's."""
@@ -190,6 +194,7 @@ def test_a_plugin_runs_on_the_cluster(tmp_path: Path, cluster: LocalRayCluster) 
 
 
 @needs_ray
+@pytest.mark.slow
 def test_a_local_instance_is_started_and_stopped_by_the_run(tmp_path: Path, ray_env: dict[str, str]) -> None:
     import ray
 
@@ -218,6 +223,7 @@ def test_missing_ray_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 @needs_ray
 @pytest.mark.parametrize("kind", ["string", "bool"])
+@pytest.mark.slow
 def test_a_broken_reply_on_the_cluster_is_that_clients_rejection(tmp_path: Path, cluster: LocalRayCluster,
                                                                  kind: str) -> None:
     """Issue 35, rule 2, on the Ray path: a client whose ``num_samples`` is ``"12"`` or ``True`` once ended the run

@@ -128,6 +128,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.Popen[bytes]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+@pytest.mark.slow
 def test_sigkill_and_resume_is_byte_identical(tmp_path: Path) -> None:
     cfg = tiny_config(rounds=6, checkpoint_every=1)
     cfg.pop("label")
@@ -239,6 +240,7 @@ def test_fuzzed_configs_end_in_a_clear_error_or_a_valid_run(tmp_path_factory: py
     assert len(again) == 1 and _same(again[0].config, cfg)
 
 
+@pytest.mark.slow
 def test_script_without_main_guard_fails_fast_with_advice(tmp_path: Path) -> None:
     """Spawned workers re-import the main module; without a guard that must end, not hang."""
     cfg = tiny_config(rounds=1, workers=2)

@@ -42,6 +42,7 @@ def checkpointed(run: Path, at_least: int = 1) -> bool:
 
 
 # ---- one process per run folder ---------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_second_run_or_resume_of_a_busy_folder_is_refused(tmp_path: Path, started: list) -> None:
     cfg = write_config(tmp_path / "long.toml", rounds=LONG)
     run = tmp_path / "o" / "fedavg-seed0"
@@ -86,6 +87,7 @@ def _pool_run(tmp_path: Path, started: list) -> tuple[subprocess.Popen[str], Pat
     return proc, run, helpers
 
 
+@pytest.mark.slow
 def test_workers_die_with_a_killed_run(tmp_path: Path, started: list) -> None:
     proc, _, helpers = _pool_run(tmp_path, started)
     proc.kill()
@@ -93,6 +95,7 @@ def test_workers_die_with_a_killed_run(tmp_path: Path, started: list) -> None:
     wait_for(lambda: not any(alive(p) for p in helpers), timeout=30, what=f"the helpers {helpers} to end")
 
 
+@pytest.mark.slow
 def test_sigterm_stops_a_run_as_ctrl_c_does_and_it_resumes_exactly(tmp_path: Path, started: list,
                                                                     finished_run: Callable[[int], Path]) -> None:
     proc, run, helpers = _pool_run(tmp_path, started)
@@ -117,6 +120,7 @@ def _full(path: Path) -> None:
 
 
 @pytest.mark.parametrize("target", ["checkpoints/last.pt.tmp", "metrics.jsonl"])
+@pytest.mark.slow
 def test_a_full_disk_is_one_line_and_the_last_checkpoint_survives(two_rounds: Path, tmp_path: Path, target: str,
                                                                    finished_run: Callable[[int], Path]) -> None:
     checkpoint = (two_rounds / "checkpoints" / "last.pt").read_bytes()
@@ -131,6 +135,7 @@ def test_a_full_disk_is_one_line_and_the_last_checkpoint_survives(two_rounds: Pa
     assert (two_rounds / "metrics.jsonl").read_bytes() == (finished_run(4) / "metrics.jsonl").read_bytes()
 
 
+@pytest.mark.slow
 def test_a_disk_that_fills_during_a_run_is_one_line(tmp_path: Path) -> None:
     """A real small file system (tmpfs of 64 KiB in a private mount namespace) fills up during the run."""
     disk = small_disk(tmp_path, "64k")

@@ -57,6 +57,7 @@ def test_fedavg_learns(tmp_path: Path) -> None:
     assert s["best_accuracy"] > 0.6  # 4 classes: chance is 0.25
 
 
+@pytest.mark.slow
 def test_identical_metrics_for_one_and_two_workers(tmp_path: Path) -> None:
     a = _run(tiny_config(workers=1), tmp_path / "w1")
     b = _run(tiny_config(workers=2), tmp_path / "w2")

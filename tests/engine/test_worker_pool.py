@@ -109,6 +109,7 @@ def pools(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return spy_pools(monkeypatch)
 
 
+@pytest.mark.slow
 def test_workers_per_device_does_not_change_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     pools: list[int]) -> None:
     """``workers = 0`` on a CPU of one core (injected): 2 and 3 processes for 2 and 3 per device, one for 1
@@ -122,6 +123,7 @@ def test_workers_per_device_does_not_change_metrics(tmp_path: Path, monkeypatch:
     assert one == two == three
 
 
+@pytest.mark.slow
 def test_the_pool_starts_every_worker_before_the_first_job() -> None:
     fed = federation_from(tiny_config(), 0)
     pool = WorkerPool(fed, 2, Compute(), ["cpu"])
@@ -146,6 +148,7 @@ def _grid(tmp_path: Path, pinned: bool) -> list[Any]:
     return resolve(raw)
 
 
+@pytest.mark.slow
 def test_an_experiment_starts_one_pool_for_its_runs_on_the_same_data(tmp_path: Path, pools: list[int]) -> None:
     """Three variants (two algorithms, two models) x two seeds on a pinned partition: one pool for all six
     runs, and each run's metrics.jsonl byte-identical to the same run alone, inline."""
@@ -158,6 +161,7 @@ def test_an_experiment_starts_one_pool_for_its_runs_on_the_same_data(tmp_path: P
         assert (tmp_path / "grid" / spec.folder_name / "metrics.jsonl").read_bytes() == alone, spec.folder_name
 
 
+@pytest.mark.slow
 def test_runs_on_other_data_get_their_own_pool_and_runs_on_the_same_data_run_together(
     tmp_path: Path, pools: list[int]
 ) -> None:
@@ -174,6 +178,7 @@ def test_runs_on_other_data_get_their_own_pool_and_runs_on_the_same_data_run_tog
     assert first_rounds == [("avg", 0), ("prox", 0), ("small", 0), ("avg", 1), ("prox", 1), ("small", 1)]
 
 
+@pytest.mark.slow
 def test_a_dead_worker_is_reported_and_the_next_run_gets_a_fresh_pool(tmp_path: Path) -> None:
     cfg = tiny_config()
     config = typed_config(cfg)

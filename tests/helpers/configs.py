@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import Any
+
+import pytest
 
 from fedskew.algorithms.base import ALGORITHMS
 from fedskew.config import typed_config
@@ -57,6 +60,17 @@ SPECIAL: dict[str, dict[str, Any]] = {
     "feddm": {**_CONDENSE, "server": {"epochs": 2, "batch_size": 16, "lr": 0.1}},
     "fedaf": {**_CONDENSE, "server": {"epochs": 2, "batch_size": 16, "lr": 0.1}},
 }
+
+
+SLOW_METHODS = frozenset({"apfl", "cim", "hfldd", "pfedme"})
+"""Methods whose tiny runs take several seconds where most take under one (measured on this project's 2-core
+machine under pytest-xdist): in the tests that take every method, they are marked ``slow``."""
+
+
+def methods(names: Iterable[str]) -> list[Any]:
+    """``names`` as ``parametrize`` values, those in :data:`SLOW_METHODS` marked ``slow`` (the fast tier,
+    ``pytest -m "not slow"``, leaves them out; the whole suite runs them)."""
+    return [pytest.param(name, marks=pytest.mark.slow) if name in SLOW_METHODS else name for name in names]
 
 
 def config_for(name: str, **over: Any) -> dict[str, Any]:

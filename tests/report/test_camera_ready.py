@@ -30,6 +30,7 @@ from tests.helpers.configs import tiny_config
 from tests.helpers.report_runs import experiment_run, write_run
 
 
+@pytest.mark.slow
 def test_pdf_figures_embed_truetype_fonts_not_type3(tmp_path: Path) -> None:
     """Submission checks refuse Type 3 fonts, matplotlib's default in a PDF."""
     experiment_run(tmp_path / "exp" / "a", "fashion_mnist", 0, [0.2, 0.3, 0.4])
@@ -92,6 +93,7 @@ def test_size_font_titles_and_presets_from_the_command_line(tmp_path: Path, figu
     assert main(["report", str(tmp_path / "exp"), "--width", "0.1"]) == 2  # one line, as every bad input
 
 
+@pytest.mark.slow
 def test_the_config_table_and_python_set_the_look(tmp_path: Path, figures: dict[str, Figure]) -> None:
     run = tmp_path / "exp" / "a"
     experiment_run(run, "digits", 0, [0.2, 0.3, 0.4])
@@ -190,6 +192,7 @@ def test_a_one_run_experiment_has_one_report_folder(tmp_path: Path) -> None:
     assert report_folder(find_runs([exp])) == (exp / "report").resolve()
 
 
+@pytest.mark.slow
 def test_resume_and_audit_update_the_experiment_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``fedskew run --resume RUN`` of a one-run experiment brought EXP/RUN/report/ into being and left EXP/report/
     stale; the audit's table went to the same wrong place."""

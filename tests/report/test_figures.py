@@ -71,6 +71,7 @@ def test_group_by_gives_colour_to_the_method_and_line_style_to_the_setting(tmp_p
     assert a.get_linestyle() == c.get_linestyle() != b.get_linestyle() == d.get_linestyle()
 
 
+@pytest.mark.slow
 def test_formats_and_dpi(tmp_path: Path) -> None:
     write_run(tmp_path / "runs" / "a", "fedavg", 0, [0.1, 0.2, 0.3])
     page = write_report([tmp_path / "runs"], tmp_path / "svg", fmt="svg").read_text()

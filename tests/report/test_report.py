@@ -173,6 +173,7 @@ def test_group_by_shows_an_unset_option_at_its_default_and_an_absent_one_as_a_da
                       "fedavg (algorithm.kl_reduction=-, algorithm.tau=1.0)"]
 
 
+@pytest.mark.slow
 def test_report_label_template_relabels_runs_and_a_bad_key_is_one_line(tmp_path: Path) -> None:
     from fedskew.report import separate_experiments
     from tests.helpers.cli import fedskew, one_error
@@ -190,6 +191,7 @@ def test_report_label_template_relabels_runs_and_a_bad_key_is_one_line(tmp_path:
     assert "{algorithm.nope} is not a key of the run's config" in line
 
 
+@pytest.mark.slow
 def test_the_mixed_report_is_one_line_on_the_command_line(tmp_path: Path) -> None:
     from tests.helpers.cli import fedskew, one_error
 
