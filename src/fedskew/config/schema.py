@@ -92,7 +92,8 @@ class RunSettings(Options):
         "(all of a round's on one GPU, else 1)"))
 
     at_least = minimums(rounds=1, seed=0, workers=0, workers_per_device=1, eval_every=1, checkpoint_every=0)
-    at_most = maximums(rounds=MAX_ROUNDS, workers=MAX_WORKERS, workers_per_device=MAX_WORKERS)
+    at_most = maximums(rounds=MAX_ROUNDS, workers=MAX_WORKERS, workers_per_device=MAX_WORKERS, target_accuracy=1)
+    positive = ("target_accuracy",)  # a fraction in (0, 1]; None: no target
 
     def __post_init__(self) -> None:
         check(DEVICE_PATTERN.fullmatch(self.device) is not None, "device", self.device,
@@ -101,8 +102,6 @@ class RunSettings(Options):
         if self.label:  # "" leaves the label to the variant or the algorithm's name
             check_label(self.label)
         super().__post_init__()
-        t = self.target_accuracy
-        check(t is None or 0 < t <= 1, "target_accuracy", t, "a fraction in (0, 1]")
         check(all(1 <= r <= MAX_ROUNDS for r in self.at_rounds), "at_rounds", self.at_rounds,
               f"a list of rounds in [1, {MAX_ROUNDS:_}]")
         width = self.clients_in_parallel
