@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fedskew.report import comparison_table, load_run
-from fedskew.report.plots import _own_label, plot_clients
+from fedskew.report.client_plots import _own_label, plot_clients
 from fedskew.runs import RunData
 from tests.helpers.report_runs import write_run
 

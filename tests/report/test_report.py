@@ -259,7 +259,7 @@ def test_plot_titles_name_the_experiment_and_centralised_is_a_reference_line(tmp
 
 
 def test_client_plots_and_columns_come_with_a_per_client_evaluation(experiment: Path, tmp_path: Path) -> None:
-    from fedskew.report.plots import plot_clients
+    from fedskew.report.client_plots import plot_clients
 
     runs = [load_run(p) for p in find_runs([experiment])]
     assert plot_clients(runs, tmp_path / "none") == []  # no per-client evaluation: no plot

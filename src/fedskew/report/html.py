@@ -24,8 +24,9 @@ from fedskew.core.figures import FigureStyle, style_of
 from fedskew.core.files import staged_folder
 from fedskew.metrics.catalog import column
 from fedskew.progress import progress_bar
+from fedskew.report.client_plots import plot_clients
 from fedskew.report.order import in_config_order
-from fedskew.report.plots import experiment_title, plot_clients, plot_curves, synthetic_grids
+from fedskew.report.plots import experiment_title, plot_curves, synthetic_grids
 from fedskew.report.tables import (
     comparison_table,
     differing_line,
