@@ -91,7 +91,7 @@ PASSED_CONFIG: dict[str, tuple[str, ...]] = {}
 decodes the run's tables from a request's JSON, types them itself with ``config.schema.component``)."""
 ALLOWED_READERS: dict[str, str] = {
     "core/params.py": "build_params turns a table into its typed, checked Params: the config's own parser",
-    "runs.py": "RunData reads a finished run's config.toml (the file boundary); the report asks it, through "
+    "runs/reading.py": "RunData reads a finished run's config.toml (the file boundary); the report asks it, through "
                "recorded() and recorded_table(), for what a run recorded",
 }
 """Files outside WIRE whose reads of a config table are the point (not counted)."""
