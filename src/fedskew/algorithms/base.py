@@ -205,6 +205,8 @@ class Algorithm:
     """
 
     name: ClassVar[str] = ""
+    paper: ClassVar[str] = ""
+    """The paper the method follows (authors, venue and year, title), which ``fedskew list`` cites."""
     has_global_model: ClassVar[bool] = True
     own_model: ClassVar[str] = "the global model"
     """What this method evaluates as a client's own model (``personal_accuracy``), in a few words for the report

@@ -41,6 +41,9 @@ def cmd_list(args: argparse.Namespace) -> int:
             cls = registry.params_of(name)
             doc = ", ".join(f"{n}={d!r}" for n, _, d in params_doc(cls) if n not in common) if cls else ""
             print(f"  {name:<14} {doc}")
+            paper = getattr(registry.get(name), "paper", "") if title == "algorithms" else ""
+            if paper:
+                print(f"  {'':<14} paper: {paper}")
     print("configs:      " + ", ".join(builtin_configs()))
     plugins = loaded_plugins()
     if plugins:
