@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from fedskew.algorithms.base import ClientContext
 from fedskew.algorithms.fedlc import calibrated_logits
 from fedskew.algorithms.fedrs import restricted_logits
+from fedskew.components.batching import why_sequential
 from fedskew.config import typed_config
 from fedskew.core.errors import ConfigError
 from fedskew.engine.round_loop import RoundLoop
@@ -135,3 +136,12 @@ def test_two_rounds_with_the_paper_defaults(name: str, tmp_path: Path) -> None:
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2
     assert '"loss": NaN' not in lines[-1]
+
+
+def test_the_batched_trainer_says_why_it_runs_them_one_at_a_time() -> None:
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(1, 4))
+    client = client_with_labels([0, 1])
+    for name, params in (("fedlc", {"tau": 1.0}), ("fedrs", {"alpha": 0.5})):
+        adjust = make(name, fed_info(num_classes=4), **params).logit_adjust(client)  # type: ignore[attr-defined]
+        assert "logit" in str(why_sequential(model, client.x, [], [], adjust))
+    assert why_sequential(model, client.x, [], []) is None
