@@ -83,6 +83,8 @@ def test_vmap_forward_equals_sequential(tmp_path: Path, float64: None, monkeypat
 
 @pytest.mark.parametrize("over", [
     {"algorithm": {"name": "scaffold", "momentum": 0.0}},  # its gradient hook cannot batch
+    {"algorithm": {"name": "fedlc"}},  # its logit adjustment cannot batch
+    {"algorithm": {"name": "fedrs"}},
     {"model": {"name": "convnet", "net_width": 8, "net_depth": 1, "net_norm": "batchnorm"}},  # running statistics
 ])
 def test_what_cannot_batch_runs_as_sequential(

@@ -12,7 +12,15 @@ import torch
 from fedskew.algorithms.base import Algorithm, ClientContext, Replies, ServerContext, register_algorithm
 from fedskew.components.aggregate import Aggregation, robust_average
 from fedskew.components.selection import uniform_sample
-from fedskew.components.trainer import GradHook, LocalConfig, LocalResult, LossTerm, SGDParams, train_local
+from fedskew.components.trainer import (
+    GradHook,
+    LocalConfig,
+    LocalResult,
+    LogitAdjust,
+    LossTerm,
+    SGDParams,
+    train_local,
+)
 from fedskew.core.errors import ConfigError
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import minimums
@@ -86,6 +94,10 @@ class FedAvg(Algorithm):
         p = self.params
         return p.sgd(p.local_epochs)
 
+    def logit_adjust(self, client: ClientContext) -> LogitAdjust | None:
+        """How this client's logits change before the cross-entropy (None: they do not; FedAvg's loss)."""
+        return None
+
     def local_train(
         self,
         msg: Message,
@@ -97,7 +109,7 @@ class FedAvg(Algorithm):
         model = client.model(msg.arrays)
         res = train_local(
             model, client.x, client.y, self.local_config(), client.generator("train"),
-            terms or [], grad_hooks or [],
+            terms or [], grad_hooks or [], self.logit_adjust(client),
         )
         reply = Message(
             arrays=state_to_arrays(model.state_dict()),

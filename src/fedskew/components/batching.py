@@ -41,6 +41,7 @@ from fedskew.components.trainer import (
     LocalConfig,
     LocalResult,
     LocalTraining,
+    LogitAdjust,
     LossTerm,
     functional_of,
 )
@@ -123,9 +124,15 @@ _RUNNING_STATS = (nn.modules.batchnorm._NormBase,)
 
 
 def why_sequential(
-    model: nn.Module, x: torch.Tensor, terms: Sequence[LossTerm], grad_hooks: Sequence[GradHook]
+    model: nn.Module,
+    x: torch.Tensor,
+    terms: Sequence[LossTerm],
+    grad_hooks: Sequence[GradHook],
+    logit_adjust: LogitAdjust | None = None,
 ) -> str | None:
     """Why this training cannot be batched (None: it can)."""
+    if logit_adjust is not None:
+        return "it changes the logits before the cross-entropy (a logit adjustment, e.g. FedLC's or FedRS's)"
     if grad_hooks:
         return "it edits gradients (a gradient hook, e.g. SCAFFOLD's correction)"
     if any(functional_of(t) is None for t in terms):
@@ -156,7 +163,7 @@ def why_sequential(
 def _train(rendezvous: Rendezvous, t: LocalTraining) -> LocalResult | None:
     """Train ``t.model`` batched with the round's other clients if the training can be batched; None otherwise
     (``train_local`` then trains it as usual)."""
-    reason = why_sequential(t.model, t.x, t.terms, t.grad_hooks)
+    reason = why_sequential(t.model, t.x, t.terms, t.grad_hooks, t.logit_adjust)
     if reason is not None:
         rendezvous.sequential(reason)
         return None

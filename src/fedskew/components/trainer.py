@@ -26,6 +26,10 @@ LossTerm = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch
 GradHook = Callable[[nn.Module], None]
 """Called after ``backward`` and before the optimiser step; may edit ``p.grad`` in place."""
 
+LogitAdjust = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``adjust(logits, y) -> logits'``: the logits the cross-entropy is taken of, in place of the model's
+(FedLC's calibration, FedRS's restricted softmax); the loss terms still see the model's own logits."""
+
 
 @dataclass(frozen=True)
 class FunctionalTerm:
@@ -134,6 +138,7 @@ class LocalTraining:
     generator: torch.Generator
     terms: Sequence[LossTerm]
     grad_hooks: Sequence[GradHook]
+    logit_adjust: LogitAdjust | None = None
 
 
 def train_local(
@@ -144,6 +149,7 @@ def train_local(
     generator: torch.Generator,
     terms: Sequence[LossTerm] = (),
     grad_hooks: Sequence[GradHook] = (),
+    logit_adjust: LogitAdjust | None = None,
 ) -> LocalResult:
     """Train ``model`` in place with SGD on ``(x, y)``.
 
@@ -159,12 +165,15 @@ def train_local(
         Drives the shuffling, so the run is reproducible whatever process executes it.
     terms, grad_hooks
         Method-specific additions, see :data:`LossTerm` and :data:`GradHook`.
+    logit_adjust
+        Changes the logits before the cross-entropy, see :data:`LogitAdjust`; None (the default) takes the
+        cross-entropy of the model's logits.
 
     Under a batched runner (``clients_in_parallel``) the training is handed to it when it can be batched
     (:mod:`fedskew.core.handoff`, :mod:`fedskew.components.batching`): same batches and update rule, other
     clients alongside.
     """
-    batched = hand_off(LocalTraining(model, x, y, cfg, generator, terms, grad_hooks))
+    batched = hand_off(LocalTraining(model, x, y, cfg, generator, terms, grad_hooks, logit_adjust))
     if batched is not None:
         assert isinstance(batched, LocalResult)
         return batched
@@ -189,7 +198,10 @@ def train_local(
             xb, yb = as_model_format(x[idx], cl), y[idx]
             with precision.autocast():
                 logits = forward(xb)
-                loss = F.cross_entropy(logits, yb)
+                if logit_adjust is None:
+                    loss = F.cross_entropy(logits, yb)
+                else:
+                    loss = F.cross_entropy(logit_adjust(logits, yb), yb)
                 for term in terms:
                     loss = loss + term(model, xb, yb, logits)
             opt.zero_grad(set_to_none=True)
