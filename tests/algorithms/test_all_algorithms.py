@@ -115,3 +115,13 @@ def test_stateful_baselines_resume_exactly(tmp_path: Path, name: str) -> None:
     resume_run(part, {"rounds": 4}, data_dir=None, progress=False)
     assert (part / "metrics.jsonl").read_bytes() == (full / "metrics.jsonl").read_bytes()
 
+
+
+def test_every_built_in_method_cites_its_paper_and_the_two_feddcs_cannot_be_confused() -> None:
+    built_in = [n for n in ALGORITHMS.names() if ALGORITHMS.get(n).__module__.startswith("fedskew.algorithms.")]
+    assert len(built_in) >= 31
+    missing = [n for n in built_in if not ALGORITHMS.get(n).paper]
+    assert not missing, f"no paper: {missing}"
+    for name in ("feddc", "feddc_plus"):  # Kim & Choi's dataset condensation, not Gao et al.'s drift correction
+        paper = ALGORITHMS.get(name).paper
+        assert "Kim & Choi" in paper and "not the drift-correcting FedDC of Gao et al." in paper

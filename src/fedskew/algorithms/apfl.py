@@ -55,6 +55,8 @@ def mixture(v: dict[str, torch.Tensor], w: dict[str, torch.Tensor], alpha: float
 class APFL(FedAvg):
     """FedAvg for the global model; each client learns a local model and how much of it to mix in."""
 
+    paper = 'Deng, Kamani & Mahdavi, arXiv:2003.13461 (2020), "Adaptive Personalized Federated Learning"'
+
     own_model = "the mixture of the client's local and the global model"
 
     class Params(FedAvg.Params):

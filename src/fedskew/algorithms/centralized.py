@@ -19,6 +19,8 @@ from fedskew.core.params import minimums
 class Centralized(Algorithm):
     """Pooled-data training, one "round" = ``epochs_per_round`` epochs."""
 
+    paper = "none: every client's data pooled and trained centrally, the upper bound the papers compare against"
+
     class Params(SGDParams, Algorithm.Params):
         epochs_per_round: int = 1  # and SGD's batch_size, lr, momentum, weight_decay (SGDParams)
 

@@ -58,6 +58,8 @@ from fedskew.core.params import minimums
 class CIM(FedAvg):
     """FedAvg with oversampling, balanced client selection and dynamic batch size / learning rate."""
 
+    paper = 'Lee & Seo, "Class Imbalance Mitigation in Federated Learning"'
+
     class Params(FedAvg.Params):
         local_epochs: int = 5  # Table 2
         batch_size: int = 64  # fixed batch when dynamic is off (baselines, Sec. 5.1)

@@ -39,6 +39,11 @@ from fedskew.core.params import minimums
 class Ditto(FedAvg):
     """FedAvg for the global model, plus a personal model per client pulled towards it."""
 
+    paper = (
+        'Li, Hu, Beirami & Smith, ICML 2021, "Ditto: Fair and Robust Federated Learning Through '
+        'Personalization"'
+    )
+
     own_model = "the personal model v_k"
 
     class Params(FedAvg.Params):

@@ -110,6 +110,11 @@ def real_class_logits(
 class FedAF(AggregationFree):
     """Collaborative data condensation on the clients, knowledge-matched training on the server."""
 
+    paper = (
+        'Wang, Fu, Kanagavelu, Wei, Liu & Goh, CVPR 2024, "An Aggregation-Free Federated Learning for Tackling '
+        'Data Heterogeneity"'
+    )
+
     class Params(AggregationFree.Params):
         init: Literal["mean", "real", "noise"] = "mean"  # Sec. 5.1: averages of random real images
         gamma: float = 0.9  # Eq. 17, model re-sampling (Table 5: best of 0.2-1.0)

@@ -52,6 +52,11 @@ from fedskew.core.params import maximums, minimums
 class FedALA(FedAvg):
     """FedAvg whose clients start from an adaptive, element-wise mix of their local and the global model."""
 
+    paper = (
+        'Zhang, Hua, Wang, Song, Xue, Ma & Guan, AAAI 2023, "FedALA: Adaptive Local Aggregation for '
+        'Personalized Federated Learning"'
+    )
+
     own_model = "the client's model after its last local training"
 
     class Params(FedAvg.Params):

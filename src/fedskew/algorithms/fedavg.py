@@ -30,6 +30,11 @@ from fedskew.core.params import minimums
 class FedAvg(Algorithm):
     """Federated averaging; the base that most methods extend."""
 
+    paper = (
+        'McMahan, Moore, Ramage, Hampson & Agüera y Arcas, AISTATS 2017, "Communication-Efficient Learning of '
+        'Deep Networks from Decentralized Data"'
+    )
+
     class Params(SGDParams, Algorithm.Params):
         # batch_size, lr, momentum, weight_decay: the clients' local SGD (SGDParams)
         local_epochs: int = 1  # E, local epochs per round

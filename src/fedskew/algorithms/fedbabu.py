@@ -41,6 +41,11 @@ from fedskew.core.params import minimums
 class FedBABU(FedPer):
     """Body-only federated training with a frozen random head; fine-tuning of the whole model per client."""
 
+    paper = (
+        'Oh, Kim & Yun, ICLR 2022, "FedBABU: Towards Enhanced Representation for Federated Image '
+        'Classification"'
+    )
+
     own_model = "the global model fine-tuned on the client's data"
 
     class Params(FedPer.Params):

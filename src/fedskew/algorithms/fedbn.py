@@ -39,6 +39,11 @@ def norm_keys(model: nn.Module) -> set[str]:
 class FedBN(LocalLayers):
     """FedAvg with client-local normalisation layers (kept in ``client.state["norm"]``)."""
 
+    paper = (
+        'Li, Jiang, Zhang, Kamp & Dou, ICLR 2021, "FedBN: Federated Learning on Non-IID Features via Local '
+        'Batch Normalization"'
+    )
+
     own_model = "the shared layers with the client's normalisation layers"
     slot = "norm"
 

@@ -103,6 +103,11 @@ def interpolated_networks(
 class FedDC(FedAvg):
     """FedAvg + per-client gradient-matching condensation + server fine-tuning on this round's sets."""
 
+    paper = (
+        'Kim & Choi 2022, "Stable Federated Learning with Dataset Condensation" (dataset condensation; not the '
+        'drift-correcting FedDC of Gao et al., CVPR 2022)'
+    )
+
     class Params(CondensationParams, FedAvg.Params):
         # Local training, Sec. V-A: SGD, lr 0.01 (FedAvg's default), weight decay 1e-3.
         weight_decay: float = 1e-3
@@ -210,6 +215,11 @@ class FedDC(FedAvg):
 @register_algorithm("feddc_plus")
 class FedDCPlus(FedDC):
     """FedDC+ (Sec. IV-D): FedDC whose condensation optimiser has momentum and weight decay."""
+
+    paper = (
+        'Kim & Choi 2022, "Stable Federated Learning with Dataset Condensation", FedDC+ (dataset condensation; '
+        'not the drift-correcting FedDC of Gao et al., CVPR 2022)'
+    )
 
     class Params(FedDC.Params):
         image_momentum: float = 0.9  # Sec. V-A

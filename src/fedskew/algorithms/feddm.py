@@ -36,6 +36,11 @@ from fedskew.core.params import minimums
 class FedDM(AggregationFree):
     """Distribution matching around the global model (rho-ball sampling), server trains on the union."""
 
+    paper = (
+        'Xiong, Wang, Cheng, Yu & Hsieh, CVPR 2023, "FedDM: Iterative Distribution Matching for '
+        'Communication-Efficient Federated Learning"'
+    )
+
     class Params(AggregationFree.Params):
         rho: float = 5.0  # radius of FedDM's model-sampling ball (SPEC section 4)
         clip_norm: float = 2.0  # image-gradient clipping norm (SPEC section 4)

@@ -30,6 +30,11 @@ from fedskew.core.message import Message
 class FedDyn(FedAvg):
     """Dynamic regularisation: local and global stationary points agree."""
 
+    paper = (
+        'Acar, Zhao, Matas, Mattina, Whatmough & Saligrama, ICLR 2021, "Federated Learning Based on Dynamic '
+        'Regularization"'
+    )
+
     class Params(FedAvg.Params):
         averages_models: ClassVar[bool] = False  # [algorithm.aggregation] does not apply
         alpha: float = 0.01  # Acar et al. search alpha in {0.1, 0.01, 0.001}; 0.01 is their usual pick

@@ -69,6 +69,8 @@ def diversity_loss(eps: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
 class FedGen(FedAvg):
     """FedAvg plus a server-learned feature generator that regularises the clients' heads."""
 
+    paper = 'Zhu, Hong & Zhou, ICML 2021, "Data-Free Knowledge Distillation for Heterogeneous Federated Learning"'
+
     class Params(FedAvg.Params):
         alpha: float = 1.0  # weight of the client term (paper Eq. 5 has weight 1; the code starts at 10, decaying)
         noise_dim: int = 32  # the code's GENERATORCONFIGS for MNIST / EMNIST

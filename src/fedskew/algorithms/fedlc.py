@@ -27,6 +27,11 @@ def calibrated_logits(logits: torch.Tensor, counts: torch.Tensor, tau: float) ->
 class FedLC(FedAvg):
     """FedAvg with logit calibration (FedLC, Zhang et al., ICML 2022); ``tau = 0`` is FedAvg exactly."""
 
+    paper = (
+        'Zhang, Li, Li, Xu, Wu, Ding & Wu, ICML 2022, "Federated Learning with Label Distribution Skew via '
+        'Logits Calibration"'
+    )
+
     class Params(FedAvg.Params):
         # The calibration's strength tau. The paper's text, as far as could be read here, gives no value;
         # 1.0 is FL-bench's default (src/server/fedlc.py, line 20, commit 0399ff94).

@@ -39,6 +39,11 @@ def normalizing_coefficient(tau: int, rho: float) -> float:
 class FedNova(FedAvg):
     """FedAvg with normalised averaging of the parameters (buffers are averaged as in FedAvg)."""
 
+    paper = (
+        'Wang, Liu, Liang, Joshi & Poor, NeurIPS 2020, "Tackling the Objective Inconsistency Problem in '
+        'Heterogeneous Federated Optimization"'
+    )
+
     class Params(FedAvg.Params):
         averages_models: ClassVar[bool] = False  # normalised steps: [algorithm.aggregation] does not apply
 

@@ -51,6 +51,11 @@ class _ServerOptAvg(FedAvg):
 class FedAvgM(_ServerOptAvg):
     """FedAvg with server momentum."""
 
+    paper = (
+        'Hsu, Qi & Brown, arXiv:1909.06335 (2019), "Measuring the Effects of Non-Identical Data Distribution '
+        'for Federated Visual Classification"'
+    )
+
     slots = ("momentum_buffer",)
 
     class Params(FedAvg.Params):
@@ -72,6 +77,11 @@ class FedAvgM(_ServerOptAvg):
 @register_algorithm("fedadam")
 class FedAdam(_ServerOptAvg):
     """FedAvg with a server Adam step."""
+
+    paper = (
+        'Reddi, Charles, Zaheer, Garrett, Rush, Konečný, Kumar & McMahan, ICLR 2021, "Adaptive Federated '
+        'Optimization"'
+    )
 
     slots = ("adam_m", "adam_v")
 

@@ -31,6 +31,11 @@ class FedPer(LocalLayers):
     """FedAvg on the body; each client keeps its own head (``client.state["head"]``). No parameters beyond
     FedAvg's."""
 
+    paper = (
+        'Arivazhagan, Aggarwal, Singh & Choudhary, arXiv:1912.00818 (2019), "Federated Learning with '
+        'Personalization Layers"'
+    )
+
     own_model = "the global body with the client's head"
     slot = "head"
 

@@ -15,6 +15,11 @@ from fedskew.core.params import minimums
 class FedProx(FedAvg):
     """FedAvg plus the proximal term; ``mu = 0`` is FedAvg exactly."""
 
+    paper = (
+        'Li, Sahu, Zaheer, Sanjabi, Talwalkar & Smith, MLSys 2020, "Federated Optimization in Heterogeneous '
+        'Networks"'
+    )
+
     class Params(FedAvg.Params):
         # Li et al. tune mu in {0.001, 0.01, 0.1, 0.5, 1} (Sec. 5.2); 0.01 is the value most of their
         # heterogeneous settings use and the common default of later benchmarks.

@@ -34,6 +34,11 @@ from fedskew.core.params import minimums
 class FedRep(FedPer):
     """Alternating updates: the client's head with the body fixed, then the body with the head fixed."""
 
+    paper = (
+        'Collins, Hassani, Mokhtari & Shakkottai, ICML 2021, "Exploiting Shared Representations for '
+        'Personalized Federated Learning"'
+    )
+
     own_model = "the global body with the client's head"
 
     class Params(FedPer.Params):

@@ -30,6 +30,11 @@ def restricted_logits(logits: torch.Tensor, counts: torch.Tensor, alpha: float) 
 class FedRS(FedAvg):
     """FedAvg with the restricted softmax (FedRS, Li & Zhan, KDD 2021); ``alpha = 1`` is FedAvg exactly."""
 
+    paper = (
+        'Li & Zhan, KDD 2021, "FedRS: Federated Learning with Restricted Softmax for Label Distribution '
+        'Non-IID Data"'
+    )
+
     class Params(FedAvg.Params):
         # The missing classes' scale alpha in [0, 1]. The authors' code (lxcnju/FedRepo) runs
         # alpha in {0.9, 0.5, 0.1} (train_lab.py, line 166, commit 617ee015); 0.5 is its middle value.

@@ -37,6 +37,11 @@ from fedskew.core.params import minimums
 class FedSeq(FedAvg):
     """Ring-sequential training in random clusters, FedAvg across clusters."""
 
+    paper = (
+        'Zaccone et al., ICPR 2022, "Speeding up Heterogeneous Federated Learning with Sequentially Trained '
+        'Superclients"'
+    )
+
     class Params(FedAvg.Params):
         averages_models: ClassVar[bool] = False  # [algorithm.aggregation] does not apply
         num_clusters: int = 10  # M (HFLDD Sec. V-A4: 10 clusters of 10 clients)

@@ -166,6 +166,8 @@ def public_set(
 class HFLDD(FedAvg):
     """Heterogeneous clusters from soft-label clustering; headers train on own + distilled data."""
 
+    paper = 'Shi et al., "Dataset Distillation-based Hybrid Federated Learning on Non-IID Data"'
+
     class Params(FedAvg.Params):
         batch_size: int = 32  # training phase batch (Sec. V-A4)
         lr: float = 0.01  # training phase SGD lr (Sec. V-A4)

@@ -24,6 +24,11 @@ from fedskew.core.message import Message
 class Local(FedAvg):
     """Each client trains alone; no communication, no global model."""
 
+    paper = (
+        'none: each client trains a model of its own and never communicates, the lower bound of '
+        'personalisation'
+    )
+
     own_model = "the client's model"
 
     has_global_model: ClassVar[bool] = False

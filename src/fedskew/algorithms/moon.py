@@ -40,6 +40,8 @@ def _frozen(model: FedModel) -> FedModel:
 class Moon(FedAvg):
     """FedAvg plus the model-contrastive term."""
 
+    paper = 'Li, He & Song, CVPR 2021, "Model-Contrastive Federated Learning"'
+
     class Params(FedAvg.Params):
         # mu: the paper uses 5 on CIFAR-10 and 1 on CIFAR-100 / Tiny-ImageNet (Sec. 4.1); the authors'
         # code defaults to 1, which is kept here as the dataset-agnostic default.

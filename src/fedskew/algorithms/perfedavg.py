@@ -84,6 +84,11 @@ def meta_step(
 class PerFedAvg(ModelAveragingServer):
     """MAML-style FedAvg: the global model is trained to be good after one local step."""
 
+    paper = (
+        'Fallah, Mokhtari & Ozdaglar, NeurIPS 2020, "Personalized Federated Learning with Theoretical '
+        'Guarantees: A Model-Agnostic Meta-Learning Approach"'
+    )
+
     own_model = "the global model after one step on the client's data"
 
     class Params(ModelAveragingServer.Params):

@@ -83,6 +83,8 @@ def moreau_pull(local: list[torch.Tensor], theta: list[torch.Tensor], lam: float
 class PFedMe(ModelAveragingServer):
     """Bi-level personalisation: each client's theta_i solves a Moreau envelope around its local w."""
 
+    paper = 'Dinh, Tran & Nguyen, NeurIPS 2020, "Personalized Federated Learning with Moreau Envelopes"'
+
     own_model = "theta_i from the client's last round"
 
     class Params(ModelAveragingServer.Params):

@@ -30,6 +30,11 @@ from fedskew.core.params import check
 class Scaffold(FedAvg):
     """Control variates against client drift."""
 
+    paper = (
+        'Karimireddy, Kale, Mohri, Reddi, Stich & Suresh, ICML 2020, "SCAFFOLD: Stochastic Controlled '
+        'Averaging for Federated Learning"'
+    )
+
     class Params(FedAvg.Params):
         averages_models: ClassVar[bool] = False  # [algorithm.aggregation] does not apply
         server_lr: float = 1.0  # eta_g; the paper's experiments use eta_g = 1 (Sec. 7)
