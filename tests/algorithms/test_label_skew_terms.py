@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from fedskew.algorithms.feddecorr import decorrelation_loss, decorrelation_term
+from fedskew.algorithms.feddecorr import authors_decorrelation_loss, decorrelation_loss, decorrelation_term
 from fedskew.algorithms.fedntd import not_true_distillation, not_true_logits, ntd_term
 from fedskew.components.batching import why_sequential
 from fedskew.components.terms import FeatureTap
@@ -149,3 +149,17 @@ def test_fedskew_list_cites_the_papers(capsys: pytest.CaptureFixture[str]) -> No
                         ("feddecorr", "ICLR 2023, \"Towards Understanding and Mitigating Dimensional Collapse")):
         at = next(i for i, line in enumerate(lines) if line.split()[:1] == [name])
         assert "beta=" in lines[at] and "paper:" in lines[at + 1] and cited in lines[at + 1]
+
+
+def test_the_authors_penalty_is_the_papers_rescaled_and_runs_as_an_option(tmp_path: Path) -> None:
+    """The authors' code's penalty = ((N - 1)^2 / N) * (d / (d - 1)) * (the paper's - 1/d), up to EPS."""
+    z = torch.randn(64, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    n, d = z.shape
+    expected = (n - 1) ** 2 / n * d / (d - 1) * (decorrelation_loss(z).item() - 1 / d)
+    assert authors_decorrelation_loss(z).item() == pytest.approx(expected, rel=1e-6)
+    assert authors_decorrelation_loss(z[:1]).item() == 0.0
+    cfg = tiny_config(rounds=1, algorithm={"name": "feddecorr", "penalty": "authors"})
+    records = RoundLoop(typed_config(cfg), tmp_path, progress=False).run().records
+    assert len(records) == 1 and records[0]["accuracy"] is not None
+    with pytest.raises(ConfigError, match=r"algorithm\.penalty must be one of 'paper', 'authors', got 'code'"):
+        typed_config(tiny_config(algorithm={"name": "feddecorr", "penalty": "code"}))
