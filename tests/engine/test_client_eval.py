@@ -106,6 +106,22 @@ def test_a_run_records_every_clients_accuracy_and_the_summary(tmp_path: Path) ->
     assert summary["client_mean_final"] == recs[-1]["client_accuracy_mean"]
     assert summary["client_worst10_best"] == max(r["client_accuracy_worst10"] for r in evaluated)
     assert summary["personal_mean_final"] == summary["client_mean_final"]
+    # Pooled (PFLlib's measure): correct answers over every client's held-out samples together.
+    sizes = federation_from(_cfg(rounds=4, eval_every=2)).client_test_sizes()
+    last = evaluated[-1]
+    pooled = sum(round(a * n) for a, n in zip(last["client_accuracy"], sizes, strict=True)) / sum(sizes)
+    assert last["client_accuracy_pooled"] == pytest.approx(pooled, abs=1e-12)
+    assert len(set(sizes)) > 1 and last["client_accuracy_pooled"] != pytest.approx(last["client_accuracy_mean"])
+    assert summary["client_pooled_final"] == last["client_accuracy_pooled"]
+    assert all(r["client_accuracy_pooled"] is None for r in recs if r["accuracy"] is None)
+
+
+def test_pooled_accuracy_weighs_each_sample_alike() -> None:
+    from fedskew.engine.client_eval import pooled_accuracy
+
+    assert pooled_accuracy([9, 1, None], [10, 10, 5]) == 10 / 20  # a client that did not answer is left out
+    assert pooled_accuracy([None, None], [3, 4]) is None
+    assert pooled_accuracy([1, 90], [1, 100]) == 91 / 101  # the mean over clients would say 0.95
 
 
 def test_without_a_client_split_nothing_changes(tmp_path: Path) -> None:

@@ -49,6 +49,7 @@ class ClientEvaluation:
         msg = Message(arrays=arrays, config=self.config())
         jobs = [ClientJob(EVALUATE, cid, rnd, msg, states.get(cid, {})) for cid in range(n) if self.sizes[cid] > 0]
         found: dict[str, list[float | None]] = {"global": [None] * n, "personal": [None] * n}
+        correct: dict[str, list[int | None]] = {"global": [None] * n, "personal": [None] * n}
         failed: list[list[Any]] = []
         rejected: list[list[Any]] = []
         for job, outcome in zip(jobs, runner.run_clients(jobs), strict=True):
@@ -64,16 +65,20 @@ class ClientEvaluation:
                 continue
             for kind in found:
                 if f"{kind}_correct" in reply.metrics:
+                    correct[kind][job.cid] = int(reply.metrics[f"{kind}_correct"])
                     found[kind][job.cid] = float(reply.metrics[f"{kind}_correct"]) / self.sizes[job.cid]
-        return self.keys(found), failed, rejected
+        return self.keys(found, correct), failed, rejected
 
-    def keys(self, found: dict[str, list[float | None]]) -> dict[str, Any]:
-        """The record's per-client keys from the accuracies ``found`` of each kind (``global``, ``personal``);
-        a method without a global model has only the personal ones."""
+    def keys(self, found: dict[str, list[float | None]],
+             correct: dict[str, list[int | None]] | None = None) -> dict[str, Any]:
+        """The record's per-client keys from the accuracies ``found`` of each kind (``global``, ``personal``) and
+        their counts of correct answers (``correct``, for the pooled accuracy); a method without a global model
+        has only the personal ones."""
         keys: dict[str, Any] = {}
         for key, kind, _ in VECTORS:
             if kind == "personal" or self.algorithm.has_global_model:
-                keys.update(client_keys(key, found[kind]))
+                counts: list[int | None] = correct[kind] if correct is not None else [None] * len(found[kind])
+                keys.update(client_keys(key, found[kind], pooled_accuracy(counts, self.sizes)))
         return keys
 
     def skipped(self) -> dict[str, Any]:
@@ -104,17 +109,28 @@ class ClientEvaluation:
         return None
 
 
-def client_keys(prefix: str, accuracies: list[float | None]) -> dict[str, Any]:
-    """A round's per-client record keys: ``<prefix>`` (one value per client, None without a test split)
-    and ``<prefix>_mean``, ``_std``, ``_worst10``, ``_best`` (:func:`~fedskew.metrics.client_distribution`)."""
-    return {prefix: accuracies, **{f"{prefix}_{k}": v for k, v in client_distribution(accuracies).items()}}
+def client_keys(prefix: str, accuracies: list[float | None], pooled: float | None = None) -> dict[str, Any]:
+    """A round's per-client record keys: ``<prefix>`` (one value per client, None without a test split),
+    ``<prefix>_mean``, ``_std``, ``_worst10``, ``_best`` (:func:`~fedskew.metrics.client_distribution`) and
+    ``<prefix>_pooled`` (:func:`pooled_accuracy`)."""
+    stats = {f"{prefix}_{k}": v for k, v in client_distribution(accuracies).items()}
+    return {prefix: accuracies, **stats, f"{prefix}_pooled": pooled}
+
+
+def pooled_accuracy(correct: list[int | None], sizes: list[int]) -> float | None:
+    """The accuracy over every answering client's held-out samples pooled together: the sum of their correct
+    answers over the sum of their test-split sizes (PFLlib's measure; the mean over clients weighs each client
+    alike instead). None when no client answered."""
+    answered = [(c, n) for c, n in zip(correct, sizes, strict=True) if c is not None]
+    total = sum(n for _, n in answered)
+    return sum(c for c, _ in answered) / total if total else None
 
 
 def client_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     """``summary.json``'s per-client figures: the final and the best of the mean and of the worst 10%."""
     out: dict[str, Any] = {}
     for key, _, short in VECTORS:
-        for stat in ("mean", "worst10"):
+        for stat in ("mean", "worst10", "pooled"):
             if not any(f"{key}_{stat}" in r for r in records):
                 continue
             values = [r[f"{key}_{stat}"] for r in records if r.get(f"{key}_{stat}") is not None]

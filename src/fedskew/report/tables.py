@@ -29,7 +29,8 @@ HEADERS = {c.key: c.header for c in COLUMNS}
 TERMINAL_WIDTH = 120
 """The widest table ``fedskew run`` and ``fedskew report`` print; results.md and results.csv hold every column."""
 _LABEL_WIDTH = 40
-PER_CLIENT = from_summaries("client_mean", "client_worst10", "personal_mean", "personal_worst10")
+PER_CLIENT = from_summaries("client_mean", "client_worst10", "client_pooled", "personal_mean", "personal_worst10",
+                            "personal_pooled")
 """Per-client columns: mean and worst-10% client accuracy of the global and of the clients' own models."""
 _TEXT_COLUMNS = {"label", "algorithm"}
 
@@ -175,8 +176,9 @@ def comparison_table(runs: list[RunData]) -> list[dict[str, Any]]:
         Keys: ``label``, ``algorithm``, ``n`` (runs aggregated), ``rounds``; ``final_acc``,
         ``best_acc`` and ``acc@<round>`` (for rounds in the summaries' ``accuracy_at``) in percent;
         ``max_drop``, ``mean_drop``, ``mean_rise`` in percentage points; with a per-client evaluation,
-        ``client_mean``, ``client_worst10``, ``personal_mean``, ``personal_worst10`` (the last evaluated
-        round's mean and worst-10% client accuracy of the global and the clients' own models, percent);
+        ``client_mean``, ``client_worst10``, ``client_pooled``, ``personal_mean``, ``personal_worst10``,
+        ``personal_pooled`` (the last evaluated round's mean, worst-10% and pooled client accuracy of the global
+        and the clients' own models, percent);
         ``class_var`` (mean per-round
         class variance of fractional accuracies) and ``class_std_pp``; each of these with a
         ``<key>_std``, the sample std over seeds (None for a single run); ``mb_<direction>`` traffic
