@@ -19,10 +19,13 @@ clients, and g (``server.state``, zero at first):
     w <- (1/|S|) sum_{i in S} theta_i + H.
 
 This is the authors' code (gaoliang13/FedDC, ``utils_methods_FedDC.py`` lines 163-189 and
-``utils_general.py`` lines 428 and 467-471) for clients of equal size: the code scales alpha and g by
-n_i / mean n, which is 1 then. ``H`` is exactly the code's mean of every client's h_i (absent clients'
-drifts included), which the server can follow because h_i changes only by the uploaded Delta_i; so the
-drift-corrected model theta_i + h_i never travels. The terms act on parameters; buffers (BatchNorm
+``utils_general.py`` lines 428 and 467-471) for clients of equal size: the code divides alpha and g by
+v_i = n_i / mean n and weights Delta g_i by v_i (lines 26-27, 164-165, 178), and v_i is 1 then. Two more
+departures: K is the client's own step count (the code uses one K for all, from the mean shard size, and
+the undecayed lr, line 175), and gradient norms are not clipped (the code clips every method at 10).
+``H`` is exactly the code's mean of every client's h_i (absent clients' drifts included), which the
+server can follow because h_i changes only by Delta_i = theta_i - w, known from the uploaded theta_i; so
+the drift-corrected model theta_i + h_i never travels. The terms act on parameters; buffers (BatchNorm
 statistics) take the plain mean of the round's clients. ``correction = False`` drops the <theta, g - g_i>
 term and g altogether (an ablation; the drift and its penalty stay).
 
@@ -58,7 +61,8 @@ class FedDCDrift(FedAvg):
 
     class Params(FedAvg.Params):
         averages_models: ClassVar[bool] = False  # the aggregate adds the mean drift: [algorithm.aggregation] refused
-        alpha: float = 0.01  # the penalty's weight: alpha_coef = 1e-2 in every script of the authors' code
+        # alpha_coef of the authors' CIFAR-10 and CIFAR-100 scripts (MNIST: 0.1, synthetic: 0.005)
+        alpha: float = 0.01
         correction: bool = True  # the gradient-correction term <theta, g - g_i> (False: drift only)
 
         at_least = minimums(alpha=0)
