@@ -94,7 +94,7 @@ def test_every_averaging_method_takes_the_robust_rules(tmp_path: Path, name: str
             f"{name} ignored [algorithm.aggregation] {ROBUST[label]}"
 
 
-STATEFUL = ["scaffold", "feddyn", "fedavgm", "fedadam", "fedgen", "moon", "fedbn"]
+STATEFUL = ["scaffold", "feddyn", "feddc_drift", "fedavgm", "fedadam", "fedgen", "moon", "fedbn"]
 PERSONAL = ["fedper", "fedrep", "fedbabu", "ditto", "apfl", "pfedme", "perfedavg", "fedala"]
 """The personalised methods: their clients' own models are client state, measured on the clients' test splits."""
 

@@ -1,0 +1,155 @@
+"""FedDC with local drift decoupling and correction (Gao et al., CVPR 2022; ``feddc_drift``): its client and
+server rules by hand, its persistent drift, its wire cost, and its refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from fedskew.algorithms.base import ALGORITHMS
+from fedskew.config import typed_config
+from fedskew.core.errors import ConfigError
+from fedskew.engine.round_loop import RoundLoop
+from fedskew.models.layout import shuffled_batches
+from tests.helpers.configs import tiny_config
+from tests.helpers.toy_federation import client_of, fed_info, make, reply, server_of
+
+
+def run(cfg: dict[str, Any], path: Path) -> list[dict[str, Any]]:
+    RoundLoop(typed_config(cfg), path, progress=False).run()
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_client_step_by_hand() -> None:
+    """Two SGD steps on CE + (alpha/2)||theta + h - w||^2 + <theta, g - g_i> done by hand give the reply's
+    theta and Delta g, and the client's new h_i = h_i + (theta - w) and g_i+ = g_i - g - (theta - w)/(K eta)."""
+    fed = fed_info(image_size=2)
+    lr, alpha = 0.1, 0.5
+    algo = make("feddc_drift", fed, lr=lr, batch_size=4, alpha=alpha)
+    server = server_of(algo)
+    g = {k: torch.full_like(v, 0.3) for k, v in server.state["g"].items()}
+    server.state["g"] = g
+    (_, msg), *_ = algo.configure(server)
+    h = {k: torch.full_like(v, 0.2) for k, v in g.items()}
+    g_i = {k: torch.full_like(v, -0.1) for k, v in g.items()}
+    client = client_of(fed, n=8, state={"h": h, "g_i": g_i})
+    out = algo.client_step("train", msg, client)
+
+    w = {k: v.clone() for k, v in server.model.state_dict().items()}
+    model = fed.model.build()
+    model.load_state_dict(w)
+    idx = shuffled_batches(8, 4, client.generator("train"))
+    for b in idx:
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(model(client.x[b]), client.y[b]).backward()
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p -= lr * (p.grad + alpha * (p + h[name] - w[name]) + g[name] - g_i[name])
+    theta = model.state_dict()
+    k_steps = len(idx)
+    assert k_steps == 2 and out.metrics["steps"] == 2
+    assert set(out.arrays) == {f"theta.{k}" for k in w} | {f"dg.{k}" for k in g}
+    for k in g:
+        assert torch.allclose(out.arrays[f"theta.{k}"], theta[k], atol=1e-6)
+        assert torch.allclose(client.state["h"][k], h[k] + theta[k] - w[k], atol=1e-6)
+        g_new = g_i[k] - g[k] - (theta[k] - w[k]) / (k_steps * lr)
+        assert torch.allclose(client.state["g_i"][k], g_new, atol=1e-5)
+        assert torch.allclose(out.arrays[f"dg.{k}"], g_new - g_i[k], atol=1e-5)
+
+
+def test_server_update_by_hand() -> None:
+    """N = 4, |S| = 2: H <- H + (1/N) sum (theta_i - w); w <- mean theta_i + H; g <- g + (1/N) sum dg."""
+    fed = fed_info(num_clients=4)
+    algo = make("feddc_drift", fed)
+    server = server_of(algo, fill=1.0)
+    for v in server.state["H"].values():
+        v.fill_(0.5)
+    shapes = server.state["g"]
+    r1 = reply({**{f"theta.{k}": torch.full_like(v, 2.0) for k, v in shapes.items()},
+                **{f"dg.{k}": torch.full_like(v, 1.0) for k, v in shapes.items()}}, 5)
+    r2 = reply({**{f"theta.{k}": torch.full_like(v, 4.0) for k, v in shapes.items()},
+                **{f"dg.{k}": torch.full_like(v, 3.0) for k, v in shapes.items()}}, 50)
+    algo.aggregate(server, [(0, r1), (3, r2)])
+    # H = 0.5 + ((2 - 1) + (4 - 1)) / 4 = 1.5; w = unweighted mean 3 + H = 4.5; g = (1 + 3) / 4 = 1
+    for k, p in server.model.named_parameters():
+        assert torch.allclose(server.state["H"][k], torch.full_like(p, 1.5))
+        assert torch.allclose(p, torch.full_like(p, 4.5))
+        assert torch.allclose(server.state["g"][k], torch.full_like(p, 1.0))
+
+
+def test_without_penalty_and_correction_the_clients_train_as_fedavg_and_the_server_adds_the_drift() -> None:
+    """alpha = 0, correction off: not FedAvg. The local step is FedAvg's (same model bit for bit), but the
+    server still adds the mean drift H of all clients to the unweighted mean of the models."""
+    fed = fed_info(image_size=2, num_clients=4)
+    drift = make("feddc_drift", fed, alpha=0.0, correction=False, batch_size=4)
+    avg = make("fedavg", fed, batch_size=4)
+    s_drift, s_avg = server_of(drift), server_of(avg)
+    assert "g" not in s_drift.state
+    (_, m_drift), *_ = drift.configure(s_drift)
+    (_, m_avg), *_ = avg.configure(s_avg)
+    assert set(m_drift.arrays) == {f"w.{k}" for k in m_avg.arrays}  # no g down
+    clients = [client_of(fed, cid=c) for c in (0, 1)]
+    r_drift = [(c.cid, drift.client_step("train", m_drift, c)) for c in clients]
+    r_avg = [(c.cid, avg.client_step("train", m_avg, client_of(fed, cid=c.cid))) for c in clients]
+    for (_, a), (_, b) in zip(r_drift, r_avg, strict=True):
+        assert set(a.arrays) == {f"theta.{k}" for k in b.arrays}  # no dg up
+        assert all(torch.equal(a.arrays[f"theta.{k}"], b.arrays[k]) for k in b.arrays)
+    w = {k: v.clone() for k, v in s_drift.model.state_dict().items()}
+    drift.aggregate(s_drift, r_drift)
+    for k, p in s_drift.model.named_parameters():
+        thetas = [m.arrays[f"theta.{k}"] for _, m in r_drift]
+        mean = (thetas[0] + thetas[1]) / 2
+        assert torch.allclose(s_drift.state["H"][k], (mean - w[k]) * 2 / 4, atol=1e-7)
+        assert torch.allclose(p, mean + (mean - w[k]) / 2, atol=1e-6)
+
+
+def test_drift_persists_across_rounds_in_client_state() -> None:
+    """h_i accumulates theta - w over the rounds a client trains in; g_i is kept beside it."""
+    fed = fed_info(image_size=2)
+    algo = make("feddc_drift", fed, batch_size=4)
+    server = server_of(algo)
+    state: dict[str, Any] = {}
+    total: dict[str, torch.Tensor] = {}
+    for rnd in (1, 2):
+        server.round = rnd
+        (_, msg), *_ = algo.configure(server)
+        out = algo.client_step("train", msg, client_of(fed, rnd=rnd, state=state))
+        for k in state["h"]:
+            step = out.arrays[f"theta.{k}"] - msg.arrays[f"w.{k}"]
+            total[k] = total.get(k, torch.zeros_like(step)) + step
+            assert torch.allclose(state["h"][k], total[k], atol=1e-6)
+        assert set(state) == {"h", "g_i"}
+        algo.aggregate(server, [(0, out)])
+    assert any(float(v.abs().sum()) > 0 for v in state["h"].values())
+
+
+def test_wire_counts_the_correction_both_ways(tmp_path: Path) -> None:
+    """The tiny MLP has no buffers: with the correction, down (w, g) and up (theta, dg) are twice FedAvg;
+    without it, FedAvg's."""
+    avg = run(tiny_config(rounds=2), tmp_path / "avg")
+    dc = run(tiny_config(rounds=2, algorithm={"name": "feddc_drift"}), tmp_path / "dc")
+    plain = run(tiny_config(rounds=2, algorithm={"name": "feddc_drift", "correction": False}), tmp_path / "plain")
+    for a, d, p in zip(avg, dc, plain, strict=True):
+        assert d["bytes_client_to_server"] == 2 * a["bytes_client_to_server"] > 0
+        assert d["bytes_server_to_client"] == 2 * a["bytes_server_to_client"]
+        assert p["bytes_client_to_server"] == a["bytes_client_to_server"]
+        assert p["bytes_server_to_client"] == a["bytes_server_to_client"]
+
+
+@pytest.mark.parametrize("bad", [{"alpha": -0.1}, {"momentum": 0.9}, {"aggregation": {"rule": "median"}}])
+def test_bad_parameters_are_refused_in_one_line(bad: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError) as err:
+        make("feddc_drift", fed_info(), **bad)
+    assert "\n" not in str(err.value)
+
+
+def test_the_two_feddcs_cite_each_other_as_not_this_one() -> None:
+    ours = ALGORITHMS.get("feddc_drift").paper
+    assert "Gao, Fu, Li, Chen, Xu & Xu, CVPR 2022" in ours
+    assert "Local Drift Decoupling and Correction" in ours
+    assert "not the dataset-condensation FedDC of Kim & Choi" in ours
+    assert "not the drift-correcting FedDC of Gao et al." in ALGORITHMS.get("feddc").paper
