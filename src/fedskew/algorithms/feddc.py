@@ -218,7 +218,7 @@ class FedDCPlus(FedDC):
 
     paper = (
         'Kim & Choi 2022, "Stable Federated Learning with Dataset Condensation", FedDC+ (dataset condensation; '
-        'not the drift-correcting FedDC of Gao et al., CVPR 2022)'
+        'not the drift-correcting FedDC of Gao et al., CVPR 2022: `feddc_drift`)'
     )
 
     class Params(FedDC.Params):
