@@ -6,6 +6,7 @@ built-in method in :data:`ALGORITHMS`, so a lookup by name never depends on an i
 
 from fedskew.algorithms import (
     apfl,
+    ccvr,
     centralized,
     cim,
     ditto,
@@ -57,6 +58,7 @@ __all__ = [
     "Replies",
     "ServerContext",
     "apfl",
+    "ccvr",
     "centralized",
     "cim",
     "ditto",

@@ -94,6 +94,10 @@ class ServerContext:
         The algorithm's server state (tensors, numbers, lists); checkpointed by the engine.
     round
         The current round, from 1.
+    rounds
+        The run's number of rounds, i.e. its last round (``run.rounds``; a resume that extends the run
+        raises it); 0 where the engine does not say. Methods that act once after training (CCVR's
+        calibration) read it.
     exchange
         Send messages to clients and get their replies (see :class:`Exchange`); ``down`` and ``up``
         name the ledger direction each way (``None``: not on the wire).
@@ -112,6 +116,7 @@ class ServerContext:
     exchange: Exchange
     state: dict[str, Any] = field(default_factory=dict)
     round: int = 0
+    rounds: int = 0
     metrics: dict[str, Any] = field(default_factory=dict)
     artifacts: Callable[[str, dict[str, torch.Tensor]], None] | None = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))

@@ -224,6 +224,7 @@ class RoundLoop:
     def _one_round(self) -> tuple[Record, float]:
         self.pipeline.book = RoundBook(self.round)
         self.server.round, self.server.metrics = self.round, {}
+        self.server.rounds = self.config.run.rounds
         with use_compute(self.compute):  # the server half's own training (FedDM, FedGen ...) on the run's device
             self.algorithm.round(self.server)
         run = self.config.run
