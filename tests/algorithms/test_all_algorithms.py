@@ -95,7 +95,7 @@ def test_every_averaging_method_takes_the_robust_rules(tmp_path: Path, name: str
 
 
 STATEFUL = ["scaffold", "feddyn", "feddc_drift", "fedavgm", "fedadam", "fedgen", "moon", "fedbn"]
-PERSONAL = ["fedper", "fedrep", "fedbabu", "ditto", "apfl", "pfedme", "perfedavg", "fedala", "fedrod"]
+PERSONAL = ["fedper", "fedrep", "fedbabu", "ditto", "apfl", "pfedme", "perfedavg", "fedala", "fedrod", "fedetf"]
 """The personalised methods: their clients' own models are client state, measured on the clients' test splits."""
 
 

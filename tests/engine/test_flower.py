@@ -162,7 +162,7 @@ def _deploy_on_two_nodes(cfg: dict[str, Any], tmp_path: Path) -> tuple[Path, Fak
     return run_dir, grid
 
 
-PERSONAL = ["fedper", "fedrep", "fedbabu", "ditto", "apfl", "pfedme", "perfedavg", "fedala", "fedrod"]
+PERSONAL = ["fedper", "fedrep", "fedbabu", "ditto", "apfl", "pfedme", "perfedavg", "fedala", "fedrod", "fedetf"]
 
 
 @pytest.mark.parametrize("algorithm", ["fedbn", "local", *PERSONAL])

@@ -24,6 +24,7 @@ from fedskew.core.registry import Registry
 from fedskew.core.seeding import numpy_rng, seeded_init, torch_generator
 from fedskew.models import create_model
 from fedskew.models.evaluation import evaluate_model
+from fedskew.models.heads import attach_head
 from fedskew.models.layout import use_channels_last
 
 EVALUATE = "evaluate"
@@ -40,16 +41,21 @@ class ModelSpec:
     num_classes: int
     image_size: int
     options: tuple[tuple[str, Any], ...] = ()
+    head: tuple[tuple[str, Any], ...] = ()
+    """A method's own head in place of the model's last linear layer (:mod:`fedskew.models.heads`), as
+    ``(("kind", name), (option, value), ...)``; empty: the model's own. The engine's spec has none; a method
+    that needs one sets it in the spec of its ``fed`` (FedETF), which every engine builds from."""
 
     def build(self) -> torch.nn.Module:
         """A freshly initialised model (initialised from the global torch RNG)."""
-        return create_model(
+        model = create_model(
             self.name,
             in_channels=self.in_channels,
             num_classes=self.num_classes,
             image_size=self.image_size,
             **dict(self.options),
         )
+        return attach_head(model, self.head, self.num_classes) if self.head else model
 
 
 @dataclass(frozen=True)

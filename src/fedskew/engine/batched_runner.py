@@ -282,7 +282,7 @@ class BatchedClients:
         """The chunks' counts, several adjacent chunks a forward pass (:func:`evaluate_together`)."""
         rt = self.runtime
         if rt.eval_model is None:
-            rt.eval_model = use_channels_last(rt.fed.info.model.build().to(rt.device))
+            rt.eval_model = use_channels_last(rt.algo.fed.model.build().to(rt.device))  # the method's spec
         rt.eval_model.load_state_dict(model_state)
         span = EVAL_SPAN if rt.device.type == "cpu" else EVAL_SPAN_GPU
         with num_threads(1), use_compute(rt.compute):

@@ -67,7 +67,7 @@ class _Runtime:
 
     def run_eval(self, model_state: dict[str, torch.Tensor], start: int, stop: int) -> EvalCounts:
         if self.eval_model is None:
-            self.eval_model = use_channels_last(self.fed.info.model.build().to(self.device))
+            self.eval_model = use_channels_last(self.algo.fed.model.build().to(self.device))  # the method's spec
         self.eval_model.load_state_dict(model_state)
         with num_threads(1), use_compute(self.compute):
             x, y = self.fed.x_test[start:stop].to(self.device), self.fed.y_test[start:stop].to(self.device)
@@ -86,7 +86,8 @@ def client_step_on(
     come back device-free (the reply goes on the wire, the state is checkpointed). The job runs on one
     intra-op thread, so CPU results are bit-identical whichever process runs it. The engine's
     ``evaluate`` task (:data:`~fedskew.algorithms.base.EVALUATE`) runs :meth:`Algorithm.evaluate_client`
-    on the client's own test split ``test``.
+    on the client's own test split ``test``. The client sees the method's ``algo.fed`` (``info`` with, for a method
+    that has its own head, FedETF's, the spec it builds its model from).
     """
     device = compute.torch_device
     on_cpu = device.type == "cpu"
@@ -94,7 +95,7 @@ def client_step_on(
         msg = Message(to_device(msg.arrays, device), msg.config, msg.metrics)
         state = to_device(state, device)
     ctx = ClientContext(
-        cid=cid, round=rnd, x=x.to(device, non_blocking=True), y=y.to(device), fed=info, state=state,
+        cid=cid, round=rnd, x=x.to(device, non_blocking=True), y=y.to(device), fed=algo.fed, state=state,
         model_cache=model_cache if model_cache is not None else {}, device=device,
     )
     with num_threads(1), use_compute(compute):
