@@ -141,13 +141,8 @@ def step_ops(spec: Any, args: argparse.Namespace) -> dict[str, float]:
     from torch.profiler import ProfilerActivity, profile
 
     from fedskew.components import batched_condensation as bc
-    from fedskew.condense.distribution_matching import (
-        DMConfig,
-        distribution_matching,
-        interpolated_model_sampler,
-        perturbed_model_sampler,
-        prepare_dm,
-    )
+    from fedskew.condense.distribution_matching import DMConfig, distribution_matching, prepare_dm
+    from fedskew.condense.samplers import interpolated_model_sampler, perturbed_model_sampler
     from fedskew.condense.swd import ClassSWD
     from fedskew.config.schema import typed_config
     from fedskew.core.seeding import seeded_init

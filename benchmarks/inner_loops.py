@@ -55,9 +55,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from fedskew.condense.distribution_matching import DMConfig, distribution_matching, random_model_sampler
+from fedskew.condense.distribution_matching import DMConfig, distribution_matching
 from fedskew.condense.gradient_matching import GMConfig, gradient_matching
 from fedskew.condense.kip import KIPConfig, kip
+from fedskew.condense.samplers import random_model_sampler
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.models import create_model
 

@@ -22,10 +22,9 @@ from fedskew.condense.distribution_matching import (
     BN_STATISTICS,
     DMConfig,
     DMRequest,
-    perturbed_model_sampler,
     prepare_dm,
-    random_model_sampler,
 )
+from fedskew.condense.samplers import perturbed_model_sampler, random_model_sampler
 from fedskew.models.registry import FedModel
 from tests.helpers.batched import CLASSES, convnet_factory, matching_clients, requests_and_sequential
 

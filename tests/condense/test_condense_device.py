@@ -29,8 +29,8 @@ from fedskew.condense import (
     random_model_sampler,
     sliced_wasserstein,
 )
-from fedskew.condense.distribution_matching import ball_offset
 from fedskew.condense.evaluate import EvalConfig, evaluate_synthetic
+from fedskew.condense.samplers import ball_offset
 from fedskew.core.errors import ConfigError
 from fedskew.models.layout import use_channels_last
 from tests.helpers.device_draws import assert_same, computed, draws

@@ -16,10 +16,9 @@ from fedskew.condense.distribution_matching import (
     DMConfig,
     DMRequest,
     distribution_matching,
-    interpolated_model_sampler,
-    perturbed_model_sampler,
     prepare_dm,
 )
+from fedskew.condense.samplers import interpolated_model_sampler, perturbed_model_sampler
 from fedskew.condense.swd import ClassSWD
 from fedskew.config.schema import typed_config
 from fedskew.engine.federation import Federation, build_federation

@@ -20,9 +20,10 @@ import torch
 
 from fedskew.cli.condense import METHODS
 from fedskew.condense.augment import DSAConfig
-from fedskew.condense.distribution_matching import DMConfig, distribution_matching, random_model_sampler
+from fedskew.condense.distribution_matching import DMConfig, distribution_matching
 from fedskew.condense.gradient_matching import GMConfig, gradient_matching
 from fedskew.condense.kip import KIPConfig, kip
+from fedskew.condense.samplers import random_model_sampler
 from fedskew.condense.synthetic import ModelFactory, SyntheticSet, UInt8Set, init_synthetic
 from fedskew.core.errors import ConfigError, DataError
 

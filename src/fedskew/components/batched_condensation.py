@@ -52,9 +52,9 @@ from fedskew.condense.distribution_matching import (
     DMRequest,
     at_least_float32,
     prepared,
-    sampler_template,
     segment_means_at,
 )
+from fedskew.condense.samplers import sampler_template
 from fedskew.condense.swd import ClassSWD, sliced_wasserstein_stacked
 from fedskew.condense.synthetic import SyntheticSet, sample_indices
 

@@ -22,7 +22,8 @@ from torch import nn
 
 from fedskew.components.batched_slots import Slots
 from fedskew.components.stacked_forward import MERGED, Layout, Step, _plain_forward, _plan
-from fedskew.condense.distribution_matching import DMRequest, SamplerForm, ball_offset, sampler_form
+from fedskew.condense.distribution_matching import DMRequest
+from fedskew.condense.samplers import SamplerForm, ball_offset, sampler_form
 from fedskew.condense.synthetic import draw_seed, fresh_model
 from fedskew.models.registry import FedModel
 
@@ -198,7 +199,7 @@ def network_plan(template: nn.Module, classifier: bool) -> NetworkPlan | None:
 
 class StackedSampler:
     """The networks of all K clients of a step at once, from their samplers' forms
-    (:class:`~fedskew.condense.distribution_matching.SamplerForm`, FedDM's ball and FedAF's interpolation):
+    (:class:`~fedskew.condense.samplers.SamplerForm`, FedDM's ball and FedAF's interpolation):
     each client draws from its generator what its sampler draws (a seed, then FedDM's offset or FedAF's fresh
     network, on the CPU), and the K weight vectors are made together on the device, ``(K, N)``: one copy to
     the device and one or two operations, where the samplers copy, offset and write every tensor of every

@@ -12,16 +12,7 @@ explicit :class:`torch.Generator`, so a seed determines the result.
 """
 
 from fedskew.condense.augment import DSAConfig, DSAParams, apply_dsa, dsa, sample_dsa_params
-from fedskew.condense.distribution_matching import (
-    DMConfig,
-    ExtraLoss,
-    ModelSampler,
-    distribution_matching,
-    dm_loss,
-    interpolated_model_sampler,
-    perturbed_model_sampler,
-    random_model_sampler,
-)
+from fedskew.condense.distribution_matching import DMConfig, ExtraLoss, distribution_matching, dm_loss
 from fedskew.condense.gradient_matching import GMConfig, gradient_matching, match_distance
 from fedskew.condense.kip import (
     Kernel,
@@ -32,6 +23,12 @@ from fedskew.condense.kip import (
     kip_loss,
     ntk_fc_relu,
     random_feature_kernel,
+)
+from fedskew.condense.samplers import (
+    ModelSampler,
+    interpolated_model_sampler,
+    perturbed_model_sampler,
+    random_model_sampler,
 )
 from fedskew.condense.swd import ClassSWD, sliced_wasserstein, sliced_wasserstein_stacked
 from fedskew.condense.synthetic import (
