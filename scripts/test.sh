@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 # torch, so the pinned one stays.
 stamp=.venv/.fedskew-test-extras
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  .venv/bin/python -m pip install -q -e ".[dev,flower,ray,tensorboard,huggingface,trackers]"
+  .venv/bin/python -m pip install -q -e ".[dev,flower,ray,tensorboard,huggingface,trackers,privacy]"
   touch "$stamp"
 fi
 # Tests that read real datasets look here; with ../shared/datasets present they fail if it is not set.

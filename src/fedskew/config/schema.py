@@ -24,6 +24,7 @@ from fedskew.core.errors import ConfigError
 from fedskew.core.figures import FigureStyle
 from fedskew.core.params import Options, build_params, check, maximums, minimums, option, option_help, resumable_options
 from fedskew.plugins import check_specs, load_plugins
+from fedskew.privacy.params import PrivacyParams
 from fedskew.runs import check_folder_name, check_label
 
 if TYPE_CHECKING:
@@ -147,6 +148,10 @@ class RunConfig:
     logging: LoggingParams = field(metadata=_table(
         "table: extra logs of a run: tensorboard = true writes TensorBoard event files (fedskew[tensorboard])",
         resumable=True))
+    privacy: PrivacyParams = field(default_factory=PrivacyParams, metadata=_table(
+        "table: differential privacy: mode (off, central, local, sample, condensation), noise_multiplier, clip, "
+        "adaptive_clip, delta, target_epsilon, on_target, accountant (docs/privacy.md)"))
+    """What the run does to limit what clients reveal (the ``[privacy]`` table; off by default)."""
     report: FigureStyle = field(default_factory=FigureStyle, metadata=_table(
         "table: how the experiment's report looks: format (png, pdf, svg), dpi, width and height (inches), "
         "font_size (points), titles (true/false), preset (single or double column of a paper)", resumable=True))
@@ -171,7 +176,7 @@ class RunConfig:
 
 
 SECTIONS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name not in ("run", "source"))
-"""The tables of a config (``[dataset]`` ... ``[report]``), from :class:`RunConfig`."""
+"""The tables of a config (``[dataset]`` ... ``[privacy]``, ``[report]``), from :class:`RunConfig`."""
 assert SECTIONS[: len(NAMED)] == NAMED, SECTIONS  # typed_config and full_config rely on the order
 
 FILE_KEYS: dict[str, str] = {
@@ -205,7 +210,8 @@ time), how often it saves, and what it logs besides its own files (``logging``) 
 DEFAULTS: dict[str, Any] = {
     **{f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
        for f in dataclasses.fields(RunSettings) if f.name not in ("label", "plugins")},
-    **{section: {} for section in SECTIONS if section != "report"},  # no [report]: records stay as they were
+    # no [report] and no [privacy]: the records of runs that set neither stay as they were
+    **{section: {} for section in SECTIONS if section not in ("report", "privacy")},
     "dataset": {"name": "digits"},
     "partition": {"name": "iid", "num_clients": 10},
     "model": {"name": "cnn"},
@@ -285,9 +291,10 @@ def typed_config(cfg: dict[str, Any]) -> RunConfig:
     check_evaluable(parts["algorithm"].name, parts["partition"].params.client_test_fraction)
     check_clients_per_round(cfg, parts["partition"].params.num_clients)
     logs = build_params(LoggingParams, cfg.get("logging", {}), prefix="logging.")
+    privacy = build_params(PrivacyParams, cfg.get("privacy", {}), prefix="privacy.")
     look = build_params(FigureStyle, cfg.get("report", {}), prefix="report.") if cfg.get("report") else FigureStyle()
-    return RunConfig(run=run, faults=faults, ray=ray, eval=evaluation, logging=logs, report=look, source=cfg,
-                     **parts)
+    return RunConfig(run=run, faults=faults, ray=ray, eval=evaluation, logging=logs, privacy=privacy, report=look,
+                     source=cfg, **parts)
 
 
 def full_config(cfg: dict[str, Any] | RunConfig) -> dict[str, Any]:
@@ -305,8 +312,12 @@ def full_config(cfg: dict[str, Any] | RunConfig) -> dict[str, Any]:
         is_instance = dataclasses.is_dataclass(typed_params) and not isinstance(typed_params, type)
         params = dataclasses.asdict(typed_params) if is_instance else {}
         out[section] = {"name": part.name, **params}
-    for section in SECTIONS[len(NAMED):-1]:  # all but report, below
+    for section in SECTIONS[len(NAMED):-2]:  # all but privacy and report, below
         out[section] = dataclasses.asdict(getattr(typed, section))
+    # Privacy: its table where a mechanism is on; none where it is off, so that non-private records stay as they
+    # were.
+    if typed.privacy.on:
+        out["privacy"] = dataclasses.asdict(typed.privacy)
     for key, value in typed.source.items():  # anything the typed tree does not hold stays as written
         out.setdefault(key, value)
     # The report's look: the settings that differ from the default (None, a size left to each figure, has no
