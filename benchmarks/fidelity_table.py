@@ -66,7 +66,7 @@ CLAIM_KEYS = {
     "notes": "more, for the details section",
     "paper_config": "the paper-scale config, for the paper-scale column",
     "paper_scale": "an optional second measurement at the paper's scale (GPU): runs/recorded/source/commands/...",
-    "section": f"the table the row stands in: one of {', '.join(repr(s) for s in ('', 'peer tables', 'label-skew family'))} (default '')",
+    "section": "the table the row stands in: one of '', 'peer tables', 'label-skew family' (default '')",
 }
 SECTIONS = {
     "": "",
