@@ -41,6 +41,7 @@ from fedskew.components.trainer import LossTerm
 from fedskew.core.message import Message
 from fedskew.core.params import minimums
 from fedskew.models.registry import FedModel
+from fedskew.privacy.dpsgd import couples_samples
 
 EPS = 1e-8
 """Added to each dimension's variance before the square root (the authors' ``loss.py`` line 34)."""
@@ -90,7 +91,7 @@ def decorrelation_term(tap: FeatureTap, beta: float, penalty: str = "paper") -> 
         assert tap.value is not None, "FeatureTap saw no forward pass"
         return beta * loss(tap.value)
 
-    return term
+    return couples_samples(term, "FedDecorr's decorrelation penalty (the correlation matrix of the batch's embeddings)")
 
 
 @register_algorithm("feddecorr")

@@ -28,6 +28,7 @@ from torch import nn
 
 from fedskew.components.trainer import GradHook, LossTerm, stacked_term
 from fedskew.models.registry import FedModel
+from fedskew.privacy.dpsgd import data_free, per_sample
 
 
 def parameter_copy(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -116,7 +117,7 @@ def contrastive_term(
             z_prev = prev_model.features(x)
         return mu * model_contrastive_loss(tap.value, z_glob, z_prev, temperature)
 
-    return term
+    return per_sample(term)  # a batch mean of one value per sample (DP-SGD clips it in)
 
 
 def head_term(sample: Callable[[], tuple[torch.Tensor, torch.Tensor]], weight: float) -> LossTerm:
@@ -133,7 +134,7 @@ def head_term(sample: Callable[[], tuple[torch.Tensor, torch.Tensor]], weight: f
         assert isinstance(head, nn.Module)
         return weight * F.cross_entropy(head(feats), labels)
 
-    return term
+    return data_free(term)  # generated embeddings, none of the client's samples (DP-SGD adds it unclipped)
 
 
 def correction_hook(correction: dict[str, torch.Tensor]) -> GradHook:
