@@ -28,6 +28,10 @@ class Centralized(Algorithm):
 
     params: Params
 
+    not_sum_only = (
+        "pools the clients' training data on the server: there is no upload to aggregate"
+    )
+
     def setup(self, server: ServerContext) -> None:
         self._pool(server, counted=True)
 

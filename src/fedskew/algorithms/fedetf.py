@@ -79,6 +79,8 @@ class FedETF(FedAvg):
 
     params: Params
 
+    sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
+
     def __init__(self, params: Params, fed: FederationInfo) -> None:
         k = fed.num_classes
         dim = params.etf_dim or k

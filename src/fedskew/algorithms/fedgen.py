@@ -89,6 +89,11 @@ class FedGen(FedAvg):
         positive = ("gen_lr",)
 
     params: Params
+
+    not_sum_only = (
+        "trains its generator on each client's classifier head and label counts, which the server must see one by "
+        "one; SecAgg+ reveals only the sum of the uploads"
+    )
     _client_gen: FeatureGenerator | None = None
 
     def new_generator(self, embed_dim: int) -> FeatureGenerator:

@@ -41,6 +41,8 @@ class FedLC(FedAvg):
 
     params: Params
 
+    sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
+
     def logit_adjust(self, client: ClientContext) -> LogitAdjust | None:
         tau = self.params.tau
         if tau == 0:

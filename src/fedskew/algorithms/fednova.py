@@ -49,6 +49,11 @@ class FedNova(FedAvg):
 
     params: Params
 
+    not_sum_only = (
+        "weights each client's update by its own count of local steps (normalised averaging), which the server "
+        "applies client by client; SecAgg+ reveals only the sum of the uploads"
+    )
+
     def aggregate(self, server: ServerContext, replies: Replies) -> None:
         if not replies:
             return

@@ -108,6 +108,8 @@ class PerFedAvg(ModelAveragingServer):
 
     params: Params
 
+    sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
+
     # ---- server ------------------------------------------------------------------------------
     def aggregate(self, server: ServerContext, replies: Replies) -> None:
         got = self.averaged(server, replies)

@@ -73,6 +73,8 @@ class Scaffold(FedAvg):
 
     params: Params
 
+    sum_only_uploads = "equal"  # secure aggregation: only the train replies' unweighted mean (and their count) is read
+
     # ---- server ------------------------------------------------------------------------------
     def setup(self, server: ServerContext) -> None:
         """c = 0 (Alg. 1, "server input")."""

@@ -1,31 +1,80 @@
 """The ServerApp and ClientApp of an app folder, after its plug-ins are imported (its ``fedskew_app.py`` calls
-:func:`server` and :func:`client`).
+:func:`server` and :func:`client`), and the ClientApp's secure-aggregation mod.
 
 Flower imports the app's ``fedskew_app`` module in the ServerApp's process and in every SuperNode's
 ClientApp process, from the app bundle's folder, so the plug-in files packed there are imported on every
-machine before a request names what they register.
+machine before a request names what they register. This module imports neither PyTorch nor the rest of fedskew:
+each side loads them when it first has work, so a ClientApp process that only answers a step of SecAgg+'s key
+exchange (Flower starts one per request) starts in about a second rather than the several PyTorch takes (unless
+the app's plug-ins import it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from flwr.app import Context, Message
+from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
-from flwr.serverapp import ServerApp
+from flwr.clientapp.typing import ClientAppCallable
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.serverapp import Grid, ServerApp
 
-from fedskew.engine.flower.client_app import app as client_app
-from fedskew.engine.flower.server_app import server_app
 from fedskew.plugins import load_plugins
+
+
+def is_secure(message: Message) -> bool:
+    """Whether ``message`` is a step of SecAgg+ (it carries the protocol's configs)."""
+    return RECORD_KEY_CONFIGS in message.content.config_records
+
+
+def secure_aggregation(message: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """The ClientApp's ``train`` mod: Flower's ``secaggplus_mod`` for a step of SecAgg+ (it answers the key exchange
+    itself and masks the reply of the step that carries fedskew's request, :mod:`.secagg`), the handler as it is for
+    any other request (a deployment without secure aggregation)."""
+    return secaggplus_mod(message, context, call_next) if is_secure(message) else call_next(message, context)
+
+
+def make_client_app(handle: Callable[[Message, Context], Message]) -> ClientApp:
+    """A ClientApp answering every request with ``handle``: Flower's train messages (fedskew's ``train`` task, through
+    :func:`secure_aggregation`) and query messages (every other task, and the engine's partition census)."""
+    app = ClientApp()
+
+    @app.train(mods=[secure_aggregation])
+    def train(message: Message, context: Context) -> Message:
+        return handle(message, context)
+
+    @app.query()
+    def query(message: Message, context: Context) -> Message:
+        return handle(message, context)
+
+    return app
 
 
 def server(app_file: str, plugins: Sequence[str]) -> ServerApp:
     """Import ``plugins`` (files relative to the folder of ``app_file``, or module names); return fedskew's
-    ServerApp, which runs the experiment with these plug-ins in place of its own ``plugins``."""
-    return server_app(load_plugins(plugins, base=Path(app_file).resolve().parent))
+    ServerApp (:func:`.server_app.main`), which runs the experiment with these plug-ins in place of its own
+    ``plugins``."""
+    packed = load_plugins(plugins, base=Path(app_file).resolve().parent)
+    app = ServerApp()
+
+    @app.main()
+    def run(grid: Grid, context: Context) -> None:
+        from fedskew.engine.flower.server_app import main
+
+        main(grid, context, packed)
+
+    return app
 
 
 def client(app_file: str, plugins: Sequence[str]) -> ClientApp:
-    """Import ``plugins`` (as :func:`server` does); return fedskew's ClientApp."""
+    """Import ``plugins`` (as :func:`server` does); return fedskew's ClientApp (:func:`.client_app.handle`)."""
     load_plugins(plugins, base=Path(app_file).resolve().parent)
-    return client_app
+
+    def handle(message: Message, context: Context) -> Message:
+        from fedskew.engine.flower.client_app import handle as run_task
+
+        return run_task(message, context)
+
+    return make_client_app(handle)
