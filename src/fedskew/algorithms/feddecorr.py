@@ -101,6 +101,8 @@ class FedDecorr(FedAvg):
     paper = ('Shi, Liang, Zhang, Tan & Bai, ICLR 2023, "Towards Understanding and Mitigating Dimensional '
              'Collapse in Heterogeneous Federated Learning"')
 
+    sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
+
     class Params(FedAvg.Params):
         # beta = 0.1: the authors' default coefficient (bytedance/FedDecorr, approach/fedavg.py line 44) and
         # their CIFAR-10 / TinyImageNet scripts (run_scripts/cifar10_fedavg_feddecorr.sh, DECORR_COEF=0.1;
@@ -112,8 +114,6 @@ class FedDecorr(FedAvg):
         at_least = minimums(beta=0)
 
     params: Params
-
-    sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
 
     def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
         if task != "train" or self.params.beta == 0:

@@ -79,6 +79,8 @@ class FedNTD(FedAvg):
     paper = ('Lee, Jeong, Shin, Bae & Yun, NeurIPS 2022, "Preservation of the Global Knowledge by '
              'Not-True Distillation in Federated Learning"')
 
+    sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
+
     class Params(FedAvg.Params):
         # beta = 1, tau = 1: the authors' FedNTD config (Lee-Gihun/FedNTD, config/fedntd.json line 15), the
         # values of the paper's experiments; NTD_Loss's own constructor defaults are tau = 3, beta = 1
@@ -90,8 +92,6 @@ class FedNTD(FedAvg):
         positive = ("tau",)
 
     params: Params
-
-    sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
 
     def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
         if task != "train" or self.params.beta == 0:

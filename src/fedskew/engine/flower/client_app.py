@@ -33,7 +33,6 @@ from fedskew.core.device import Compute, resolve_device
 from fedskew.core.errors import FedskewError
 from fedskew.engine.federation import build_federation
 from fedskew.engine.flower.app import shard_path
-from fedskew.engine.flower.components import is_secure, make_client_app
 from fedskew.engine.flower.messages import (
     HEADER,
     HELLO,
@@ -43,6 +42,7 @@ from fedskew.engine.flower.messages import (
     put_state,
     to_records,
 )
+from fedskew.engine.flower.mods import is_secure, make_client_app
 from fedskew.engine.flower.secagg import secure_upload
 from fedskew.engine.workers import client_step_on
 from fedskew.plugins import load_plugins

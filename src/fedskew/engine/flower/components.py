@@ -1,5 +1,5 @@
 """The ServerApp and ClientApp of an app folder, after its plug-ins are imported (its ``fedskew_app.py`` calls
-:func:`server` and :func:`client`), and the ClientApp's secure-aggregation mod.
+:func:`server` and :func:`client`).
 
 Flower imports the app's ``fedskew_app`` module in the ServerApp's process and in every SuperNode's
 ClientApp process, from the app bundle's folder, so the plug-in files packed there are imported on every
@@ -11,45 +11,15 @@ the app's plug-ins import it).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from flwr.app import Context, Message
-from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
-from flwr.clientapp.typing import ClientAppCallable
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.serverapp import Grid, ServerApp
 
+from fedskew.engine.flower.mods import make_client_app
 from fedskew.plugins import load_plugins
-
-
-def is_secure(message: Message) -> bool:
-    """Whether ``message`` is a step of SecAgg+ (it carries the protocol's configs)."""
-    return RECORD_KEY_CONFIGS in message.content.config_records
-
-
-def secure_aggregation(message: Message, context: Context, call_next: ClientAppCallable) -> Message:
-    """The ClientApp's ``train`` mod: Flower's ``secaggplus_mod`` for a step of SecAgg+ (it answers the key exchange
-    itself and masks the reply of the step that carries fedskew's request, :mod:`.secagg`), the handler as it is for
-    any other request (a deployment without secure aggregation)."""
-    return secaggplus_mod(message, context, call_next) if is_secure(message) else call_next(message, context)
-
-
-def make_client_app(handle: Callable[[Message, Context], Message]) -> ClientApp:
-    """A ClientApp answering every request with ``handle``: Flower's train messages (fedskew's ``train`` task, through
-    :func:`secure_aggregation`) and query messages (every other task, and the engine's partition census)."""
-    app = ClientApp()
-
-    @app.train(mods=[secure_aggregation])
-    def train(message: Message, context: Context) -> Message:
-        return handle(message, context)
-
-    @app.query()
-    def query(message: Message, context: Context) -> Message:
-        return handle(message, context)
-
-    return app
 
 
 def server(app_file: str, plugins: Sequence[str]) -> ServerApp:

@@ -1,7 +1,7 @@
 """Secure aggregation: a ``train`` exchange through Flower's SecAgg+ protocol (``secagg = true``, docs/deploy.md).
 
 The server (:class:`SecureTrain`) runs Flower's own :class:`~flwr.server.workflow.SecAggPlusWorkflow` for the
-exchange, and each ClientApp answers through Flower's own ``secaggplus_mod`` (:func:`.components.secure_aggregation`,
+exchange, and each ClientApp answers through Flower's own ``secaggplus_mod`` (:func:`.mods.secure_aggregation`,
 its ``train`` mod). The workflow's four stages are ``train`` messages to every node of the exchange: setup (keys),
 share keys, collect masked vectors (the fedskew request travels with this one, and the node trains) and unmask.
 
