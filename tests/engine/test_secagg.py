@@ -150,6 +150,9 @@ def test_bad_settings_are_refused_in_one_line(table: dict[str, Any], message: st
      "the quantised sum reach 2**32, SecAgg+'s modulus, where it wraps: at most 1431655765"),
     ({"faults": {"malicious": 0.2}}, {}, "faults.malicious = 0.2 acts on a client's reply after SecAgg+ has added its "
      "upload to the sum, which cannot be taken out: set faults.malicious=0"),
+    ({"privacy": {"mode": "central"}}, {}, "privacy.mode = 'central' clips each client's update on the server, which "
+     "needs every update on its own; SecAgg+ reveals only their sum: use privacy.mode=local (each client clips and "
+     "adds its noise before its upload is masked)"),
 ])
 def test_settings_the_run_cannot_carry_are_refused_in_one_line(
     over: dict[str, Any], settings: dict[str, Any], message: str

@@ -59,8 +59,9 @@ class DeploySettings(Options, frozen=True):
 def check_secure_aggregation(config: RunConfig, settings: DeploySettings) -> None:
     """Refuse, in one line naming what and why, a run that secure aggregation cannot carry (none when it is off):
     a method whose server needs more than the mean of the uploads (its :meth:`~fedskew.algorithms.base.Algorithm.
-    secagg_refusal`), simulated faults that act on a reply after it joined the sum, a round of one client, more
-    shares than clients, a quantisation whose sum would wrap around SecAgg+'s modulus."""
+    secagg_refusal`), simulated faults that act on a reply after it joined the sum, differential privacy that clips
+    on the server, a round of one client, more shares than clients, a quantisation whose sum would wrap around
+    SecAgg+'s modulus."""
     if not settings.secagg:
         return
     from fedskew.algorithms.base import ALGORITHMS
@@ -76,6 +77,12 @@ def check_secure_aggregation(config: RunConfig, settings: DeploySettings) -> Non
                 f"secure aggregation: faults.{key} = {value:g} acts on a client's reply after SecAgg+ has added its "
                 f"upload to the sum, which cannot be taken out: set faults.{key}=0"
             )
+    if config.privacy.mode == "central":
+        raise ConfigError(
+            "secure aggregation: privacy.mode = 'central' clips each client's update on the server, which needs every "
+            "update on its own; SecAgg+ reveals only their sum: use privacy.mode=local (each client clips and adds "
+            "its noise before its upload is masked)"
+        )
     num_clients = int(config.partition.params.num_clients)
     clients = min(int(getattr(method.params, "clients_per_round", num_clients)), num_clients)
     if clients < 2:
