@@ -44,6 +44,14 @@ from fedskew.algorithms.base import ClientContext, Replies, ServerContext, regis
 from fedskew.algorithms.condensation.base import AggregationFree
 from fedskew.algorithms.condensation.knowledge import class_mean_logits, knowledge_matching_term
 from fedskew.algorithms.condensation.pool import pool_from_state, pool_to_state, update_pool
+from fedskew.algorithms.condensation.private import (
+    EPSILON,
+    MODE,
+    WITHHELD,
+    ClientBudget,
+    private_class_sums,
+    uploads,
+)
 from fedskew.algorithms.condensation.wire import MODEL, Spec
 from fedskew.components.trainer import LossTerm
 from fedskew.condense import (
@@ -58,10 +66,12 @@ from fedskew.condense import (
 from fedskew.condense.distribution_matching import image_dtype
 from fedskew.condense.synthetic import class_indices, sample_indices, start_set
 from fedskew.core.device import current_compute
+from fedskew.core.errors import ConfigError
 from fedskew.core.message import Message, arrays_with_prefix
 from fedskew.core.params import minimums
 from fedskew.models.evaluation import chunk_bounds
 from fedskew.models.layout import as_model_format, is_channels_last
+from fedskew.privacy.params import PrivacyParams
 
 KNOWLEDGE_LABELS = "knowledge.labels"
 """Reply array: the classes the client holds, int64 (C_k,)."""
@@ -84,26 +94,36 @@ LOGIT_CHUNK = 500
 test-set chunk (``models.evaluation.EVAL_CHUNK``): a different chunk would change the logits' last bits."""
 
 
-def real_class_logits(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eq. 5: the classes present in ``y`` and the mean logits of their real images under ``model``.
-
-    The model is the global model f_w used for inference (evaluation-mode normalisation layers), run
-    in chunks so a large client does not need one huge batch, in the run's precision (the logits are
-    float32).
-    """
+def example_logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Each real image's logits under ``model`` (float32): the global model f_w used for inference
+    (evaluation-mode normalisation layers, so each image's logits are its own), run in chunks so a large
+    client does not need one huge batch, in the run's precision."""
     was_training = model.training
     model.eval()
     cl = is_channels_last(model)
     with torch.no_grad(), current_compute().precision().autocast():
         logits = torch.cat(
-            [model(as_model_format(x[s:e], cl)).float() for s, e in chunk_bounds(int(y.shape[0]), LOGIT_CHUNK)]
+            [model(as_model_format(x[s:e], cl)).float() for s, e in chunk_bounds(int(x.shape[0]), LOGIT_CHUNK)]
         )
     model.train(was_training)
+    return logits
+
+
+def real_class_logits(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 5: the classes present in ``y`` and the mean logits of their real images under ``model``
+    (:func:`example_logits`)."""
+    logits = example_logits(model, x)
     means, counts = class_mean_logits(logits, y, num_classes)
     classes = torch.nonzero(counts > 0).flatten()
     return classes, means[classes].contiguous()
+
+
+def no_rows(num_classes: int) -> dict[str, torch.Tensor]:
+    """Knowledge reply arrays holding no class: what a private client that releases no V_k sends."""
+    return {KNOWLEDGE_LABELS: torch.zeros(0, dtype=torch.int64), KNOWLEDGE_LOGITS: torch.zeros(0, num_classes),
+            KNOWLEDGE_SOFT: torch.zeros(0, num_classes)}
 
 
 @register_algorithm("fedaf")
@@ -132,12 +152,30 @@ class FedAF(AggregationFree):
         cdc_fraction: float = 0.1  # ... so that ||grad CDC|| = cdc_fraction * ||grad L_DM|| at the round's start
         knowledge_round: Literal["last", "this"] = "last"  # V from last round's uploads, or a first exchange now
         init_noise: float = 0.0  # std of per-image noise on classes whose ipc images start identical
+        # privacy.mode = "condensation": the clip of each real image's logits for V_k (None: privacy.clip)
+        knowledge_clip: float | None = None
 
         at_least = minimums(lambda_loc=0, lambda_glob=0, swd_projections=1, init_noise=0)
-        positive = ("tau", "cdc_fraction")
+        positive = ("tau", "cdc_fraction", "knowledge_clip")
         unit = ("gamma",)
 
     params: Params
+
+    private_condensation = True
+
+    @classmethod
+    def check_private(cls, params: Params, privacy: PrivacyParams) -> None:
+        """Also refused: ``cdc_scale = "normalised"``, whose weight comes from a gradient on raw data."""
+        super().check_private(params, privacy)
+        if params.cdc_scale == "normalised":
+            raise ConfigError(f'{MODE} needs algorithm.cdc_scale = "printed": "normalised" sets the CDC weight '
+                              "from a gradient of the raw data's DM loss, which no noise covers")
+
+    @property
+    def knowledge_released(self) -> bool:
+        """Whether V_k is used, so released: by CDC (sent back as V) or LGKM (as R); a private client with
+        neither sends no rows."""
+        return self.privacy is None or self.params.use_cdc or self.params.use_lgkm
 
     # ---- server ------------------------------------------------------------------------------
     def global_knowledge(self, server: ServerContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -201,7 +239,9 @@ class FedAF(AggregationFree):
         self.aggregate(server, server.exchange("train", [(cid, msg) for cid in clients]))
 
     def store_knowledge(self, server: ServerContext, replies: Replies) -> None:
-        """Put the replies' V_k and R_k rows into the pool (a client's rows replace its previous ones)."""
+        """Put the replies' V_k and R_k rows into the pool (a client's rows replace its previous ones; a
+        private client out of budget keeps its last rows)."""
+        replies = uploads(replies)
         if replies:
             pool = update_pool(
                 pool_from_state(server.state, KNOWLEDGE_STATE, ("labels", "logits", "soft")),
@@ -306,6 +346,7 @@ class FedAF(AggregationFree):
         model = client.model(arrays_with_prefix(msg.arrays, MODEL))
         knowledge = {} if self.knowledge_first else self.knowledge(model, client)  # else sent already
         generator = client.generator("condense")
+        private = self.privacy is not None
         init_set = None
         if CLIENT_IMAGES in client.state:
             init_set = SyntheticSet(client.state[CLIENT_IMAGES], client.state[CLIENT_LABELS])
@@ -314,30 +355,65 @@ class FedAF(AggregationFree):
         cdc = p.use_cdc and GLOBAL_LABELS in msg.arrays
         if init_set is None and (cdc or p.init_noise > 0):
             init_set = self.start_set(client, generator)  # the draws distribution_matching would make
-        if cdc:
+        weight = p.lambda_loc
+        if cdc and not private:  # the probe's gradient norms come from raw data: a private client has none
             assert init_set is not None
             dm_norm, swd_norm = self.cdc_gradients(model, client, init_set, msg.arrays[GLOBAL_LABELS],
                                                    msg.arrays[GLOBAL_LOGITS])
             weight = self.cdc_weight(dm_norm, swd_norm)
             metrics["cdc_grad_fraction"] = weight * swd_norm / dm_norm if dm_norm > 0 else 0.0
+        if cdc:
             extra = self.cdc_loss(msg.arrays[GLOBAL_LABELS], msg.arrays[GLOBAL_LOGITS], client.generator("swd"), weight)
-        syn = distribution_matching(
-            client.x, client.y, interpolated_model_sampler(model, client.fed.model.build, p.gamma),
-            self.dm_config(p.init, None), generator, init_set=init_set, extra_loss=extra,
-        )
+        sampler = interpolated_model_sampler(model, client.fed.model.build, p.gamma)
+        if private:
+            syn = self.private_matching(client, sampler, self.dm_config(p.init, None), generator, init_set, extra)
+        else:
+            syn = distribution_matching(
+                client.x, client.y, sampler, self.dm_config(p.init, None), generator, init_set=init_set,
+                extra_loss=extra,
+            )
         client.state[CLIENT_IMAGES] = syn.images
         client.state[CLIENT_LABELS] = syn.labels
         return syn, knowledge, metrics
 
     def knowledge(self, model: nn.Module, client: ClientContext) -> dict[str, torch.Tensor]:
-        """The reply arrays V_k (Eq. 5) and R_k = softmax(V_k / tau) (Eq. 11) of the client's real data."""
-        classes, v = real_class_logits(model, client.x, client.y, client.fed.num_classes)
+        """The reply arrays V_k (Eq. 5) and R_k = softmax(V_k / tau) (Eq. 11) of the client's real data;
+        under ``privacy.mode = "condensation"`` V_k is released privately (:func:`.private.private_class_sums`
+        of the images' logits, clipped to ``knowledge_clip``), or not at all when neither CDC nor LGKM uses it."""
+        privacy, num = self.privacy, client.fed.num_classes
+        if privacy is None:
+            classes, v = real_class_logits(model, client.x, client.y, num)
+        elif not self.knowledge_released:
+            return no_rows(num)
+        else:
+            clip = self.params.knowledge_clip or privacy.clip
+            classes, v = private_class_sums(example_logits(model, client.x), client.y, num, clip,
+                                            privacy.noise_multiplier, client.generator("dp_knowledge"))
         soft = F.softmax(v / self.params.tau, dim=1).contiguous()
         return {KNOWLEDGE_LABELS: classes, KNOWLEDGE_LOGITS: v, KNOWLEDGE_SOFT: soft}
 
+    def releases(self, task: str, client: ClientContext) -> list[tuple[float, int]]:
+        """The matching's steps (``train``), after one release of V_k over all the client's images (rate 1)
+        in the task that sends it."""
+        sends = task == ("knowledge" if self.knowledge_first else "train")
+        logits = [(1.0, 1)] if sends and self.knowledge_released else []
+        return logits + super().releases(task, client)
+
+    def withheld(self, client: ClientContext) -> dict[str, torch.Tensor]:
+        """No rows of V_k and R_k, when they travel with the ``train`` reply."""
+        return {} if self.knowledge_first else no_rows(client.fed.num_classes)
+
     def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
-        """``knowledge``: V_k and R_k of the real data only; ``train``: the condensed set as well, and the
-        CDC gradient fraction (``cdc_grad_fraction``) when the CDC term was on."""
-        if task == "knowledge":
-            return Message(arrays=self.knowledge(client.model(arrays_with_prefix(msg.arrays, MODEL)), client))
-        return super().client_step(task, msg, client)
+        """``knowledge``: V_k and R_k of the real data only (and a private client's epsilon); ``train``: the
+        condensed set as well, and the CDC gradient fraction (``cdc_grad_fraction``) when the CDC term was on."""
+        if task != "knowledge":
+            return super().client_step(task, msg, client)
+        model = client.model(arrays_with_prefix(msg.arrays, MODEL))
+        if self.privacy is None:
+            return Message(arrays=self.knowledge(model, client))
+        budget, releases = ClientBudget(self.privacy, client.state), self.releases(task, client)
+        if not budget.affordable(releases):
+            return Message(arrays=no_rows(client.fed.num_classes), metrics={WITHHELD: 1.0, EPSILON: budget.epsilon})
+        arrays = self.knowledge(model, client)
+        budget.spend(releases)
+        return Message(arrays=arrays, metrics={EPSILON: budget.epsilon})

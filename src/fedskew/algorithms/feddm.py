@@ -53,14 +53,18 @@ class FedDM(AggregationFree):
 
     params: Params
 
+    private_condensation = True
+
     def condense(
         self, msg: Message, client: ClientContext
     ) -> tuple[SyntheticSet, dict[str, torch.Tensor], dict[str, float]]:
-        """A fresh set, matched with networks drawn from the rho-ball around the received model."""
+        """A fresh set, matched with networks drawn from the rho-ball around the received model (against
+        privately released class means under ``privacy.mode = "condensation"``)."""
         p = self.params
         model = client.model(arrays_with_prefix(msg.arrays, MODEL))
         sampler = perturbed_model_sampler(model, client.fed.model.build, p.rho)
-        syn = distribution_matching(
-            client.x, client.y, sampler, self.dm_config(p.init, p.clip_norm), client.generator("condense")
-        )
+        cfg = self.dm_config(p.init, p.clip_norm)
+        if self.privacy is not None:
+            return self.private_matching(client, sampler, cfg, client.generator("condense")), {}, {}
+        syn = distribution_matching(client.x, client.y, sampler, cfg, client.generator("condense"))
         return syn, {}, {}

@@ -292,6 +292,10 @@ def typed_config(cfg: dict[str, Any]) -> RunConfig:
     check_clients_per_round(cfg, parts["partition"].params.num_clients)
     logs = build_params(LoggingParams, cfg.get("logging", {}), prefix="logging.")
     privacy = build_params(PrivacyParams, cfg.get("privacy", {}), prefix="privacy.")
+    if privacy.mode == "condensation":  # the table rides on the method's params (algorithms/condensation/private.py)
+        from fedskew.algorithms.condensation.private import with_private_condensation
+
+        parts["algorithm"] = with_private_condensation(parts["algorithm"], privacy)
     look = build_params(FigureStyle, cfg.get("report", {}), prefix="report.") if cfg.get("report") else FigureStyle()
     return RunConfig(run=run, faults=faults, ray=ray, eval=evaluation, logging=logs, privacy=privacy, report=look,
                      source=cfg, **parts)

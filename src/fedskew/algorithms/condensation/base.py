@@ -15,6 +15,16 @@ import torch
 
 from fedskew.algorithms.base import Algorithm, ClientContext, Replies, ServerContext
 from fedskew.algorithms.condensation.pool import pool_from_state, receive_sets
+from fedskew.algorithms.condensation.private import (
+    EPSILON,
+    WITHHELD,
+    ClientBudget,
+    check_private_model,
+    dm_sample_rate,
+    private_condensation,
+    record_epsilons,
+    uploads,
+)
 from fedskew.algorithms.condensation.server import ServerTraining, train_global_on_synthetic
 from fedskew.algorithms.condensation.wire import (
     MODEL,
@@ -29,11 +39,14 @@ from fedskew.algorithms.condensation.wire import (
 )
 from fedskew.components.selection import uniform_sample
 from fedskew.components.trainer import LossTerm
-from fedskew.condense import DMConfig, SyntheticSet
+from fedskew.condense import DMConfig, ExtraLoss, ModelSampler, SyntheticSet
+from fedskew.condense.private_dm import REAL_START, private_distribution_matching
 from fedskew.core.device import current_compute
+from fedskew.core.errors import ConfigError
 from fedskew.core.message import Message, state_to_arrays
-from fedskew.core.params import Options, minimums
+from fedskew.core.params import Options, maximums, minimums
 from fedskew.core.seeding import seeded_init
+from fedskew.privacy.params import PrivacyParams
 
 SERVER_KEYS = ("epochs", "batch_size", "lr", "momentum", "weight_decay")
 """The server-training settings that used to be top-level keys of these methods."""
@@ -92,6 +105,12 @@ class AggregationFree(Algorithm):
         # one pass of real and synthetic images, or "separate", a pass each (DM's reference code); pooled
         # measured better on the quick configs (docs/algorithms.md, "Distribution matching: ...").
         bn_statistics: Literal["separate", "pooled"] = "pooled"
+        # privacy.mode = "condensation": one Poisson rate for every class's real images (None: real_batch / n_c
+        # per class, a class of at most real_batch images taken whole every step; docs/privacy_condensation.md).
+        private_sample_rate: float | None = None
+
+        at_most = maximums(private_sample_rate=1.0)
+        positive: ClassVar[tuple[str, ...]] = ("private_sample_rate",)
 
         renamed: ClassVar[dict[str, str]] = {k: f"server.{k}" for k in SERVER_KEYS}
 
@@ -101,7 +120,28 @@ class AggregationFree(Algorithm):
         "uploads condensed images, which the server must see one by one; SecAgg+ reveals only the sum of the uploads"
     )
 
+    private_condensation: ClassVar[bool] = False
+    """Whether the method condenses privately under ``privacy.mode = "condensation"`` (FedDM, FedAF:
+    :mod:`.private`)."""
+
+    @classmethod
+    def check_private(cls, params: Any, privacy: PrivacyParams) -> None:
+        """Refuse (one line) the method's settings that a private condensation cannot honour: a start from
+        real images."""
+        if getattr(params, "init", "noise") != "noise":
+            raise ConfigError(f"{REAL_START}, got algorithm.init = {params.init!r}")
+
+    @property
+    def privacy(self) -> PrivacyParams | None:
+        """The ``[privacy]`` table when the run condenses privately (``mode = "condensation"``), else None."""
+        return private_condensation(self.params)
+
     # ---- server ------------------------------------------------------------------------------
+    def setup(self, server: ServerContext) -> None:
+        """A private run refuses, before its first round, a model that couples its batch."""
+        if self.privacy is not None:
+            check_private_model(self.fed.model, self.fed.seed)
+
     def download(self, server: ServerContext) -> dict[str, torch.Tensor]:
         """Arrays sent to every selected client: the global model (FedAF adds the global logits)."""
         return state_to_arrays(server.model.state_dict(), MODEL)
@@ -118,7 +158,10 @@ class AggregationFree(Algorithm):
     def reply_scalars(self, task: str, server: ServerContext) -> dict[str, tuple[float, float | None]]:
         """A ``train`` reply also says what share of its pixel values the 8-bit encoding clamped."""
         scalars = super().reply_scalars(task, server)
-        return {**scalars, **synthetic_scalars()} if task == "train" else scalars
+        if task != "train":
+            return scalars
+        private = {EPSILON: (0.0, None)} if self.privacy is not None else {}
+        return {**scalars, **synthetic_scalars(), **private}
 
     def server_terms(self, server: ServerContext) -> list[LossTerm]:
         """Loss terms added to cross-entropy in the server's training (FedDM: none)."""
@@ -127,6 +170,9 @@ class AggregationFree(Algorithm):
     def aggregate(self, server: ServerContext, replies: Replies) -> None:
         """Put the uploads into the union of latest sets, then train the global model on it."""
         p = self.params
+        if self.privacy is not None:
+            record_epsilons(server, replies, self.fed.num_clients)
+            replies = uploads(replies)  # a client out of budget keeps its last set in the union
         if not replies:  # nothing new this round: keep the model
             previous = pool_from_state(server.state, SYN_STATE, ("images", "labels"))
             server.metrics["synthetic_images"] = 0 if previous is None else int(previous["labels"].shape[0])
@@ -153,11 +199,37 @@ class AggregationFree(Algorithm):
             bn_statistics=p.bn_statistics,
         )
 
+    def private_matching(
+        self, client: ClientContext, sampler: ModelSampler, cfg: DMConfig, generator: torch.Generator,
+        init_set: SyntheticSet | None = None, extra_loss: ExtraLoss | None = None,
+    ) -> SyntheticSet:
+        """Distribution matching against the privately released class means (:mod:`fedskew.condense.private_dm`),
+        its noise from the client's ``dp_noise`` stream."""
+        privacy = self.privacy
+        assert privacy is not None
+        return private_distribution_matching(
+            client.x, client.y, sampler, cfg, generator, privacy.clip, privacy.noise_multiplier,
+            client.generator("dp_noise"), init_set=init_set, extra_loss=extra_loss,
+            sample_rate=self.params.private_sample_rate,
+        )
+
     def condense(
         self, msg: Message, client: ClientContext
     ) -> tuple[SyntheticSet, dict[str, torch.Tensor], dict[str, float]]:
         """The client's condensed set, any further reply arrays, and any further reply metrics."""
         raise NotImplementedError
+
+    def releases(self, task: str, client: ClientContext) -> list[tuple[float, int]]:
+        """What a private client releases for ``task`` this round, as (sampling rate, steps) of the Gaussian
+        mechanism: the matching's steps (FedAF adds its class logits)."""
+        if task != "train":
+            return []
+        p = self.params
+        return [(dm_sample_rate(client.y, p.real_batch, p.private_sample_rate), p.condense_iterations)]
+
+    def withheld(self, client: ClientContext) -> dict[str, torch.Tensor]:
+        """The reply arrays, besides an empty set, of a client that releases nothing (FedAF: empty logits)."""
+        return {}
 
     def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
         if task != "train":
@@ -165,8 +237,19 @@ class AggregationFree(Algorithm):
         arrays: dict[str, Any] = {}
         extra: dict[str, float] = {}
         syn = None
-        if client.num_samples > 0:
-            syn, arrays, extra = self.condense(msg, client)
+        privacy = self.privacy
+        if privacy is None:
+            if client.num_samples > 0:
+                syn, arrays, extra = self.condense(msg, client)
+        else:
+            budget = ClientBudget(privacy, client.state)
+            releases = self.releases(task, client) if client.num_samples > 0 else []
+            if client.num_samples > 0 and budget.affordable(releases):
+                syn, arrays, extra = self.condense(msg, client)
+                budget.spend(releases)
+            elif client.num_samples > 0:
+                arrays, extra = self.withheld(client), {WITHHELD: 1.0}
+            extra[EPSILON] = budget.epsilon
         upload, scalars = synthetic_upload(syn, client, self.params.wire_dtype)
         arrays.update(upload)
         metrics = {"num_samples": float(client.num_samples), "synthetic_images": float(arrays[SYN_LABELS].shape[0])}
