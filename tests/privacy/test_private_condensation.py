@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from fedskew.condense.private_dm import (
     private_dm_loss,
 )
 from fedskew.condense.samplers import random_model_sampler
-from fedskew.config import typed_config
+from fedskew.config import dump, typed_config
 from fedskew.config.schema import full_config
 from fedskew.core.errors import ConfigError
 from fedskew.engine.round_loop import RoundLoop
@@ -229,3 +230,21 @@ def test_a_model_that_couples_its_batch_is_refused_before_the_first_round(tmp_pa
     with pytest.raises(ConfigError, match="BatchNorm") as err:
         RoundLoop(typed_config(cfg), tmp_path / "r", progress=False).run()
     assert "\n" not in str(err.value)
+
+
+def test_a_resumed_private_run_continues_each_clients_accountant(tmp_path: Path) -> None:
+    """Two rounds, then a resume to three: the records (epsilons included) are those of three rounds at once."""
+    from fedskew.engine.experiment import resume_run
+
+    def run(rounds: int, path: Path) -> list[dict[str, Any]]:
+        cfg = private_config("fedaf", rounds=rounds)
+        cfg["checkpoint_every"] = 1
+        path.mkdir(parents=True)
+        (path / "config.toml").write_text(dump(cfg))
+        RoundLoop(typed_config(cfg), path, progress=False).run()
+        return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+    full = run(3, tmp_path / "full")
+    run(2, tmp_path / "part")
+    res = resume_run(tmp_path / "part", {"rounds": 3}, data_dir=None, progress=False)
+    assert res.records == full and full[-1][EPSILON] > full[0][EPSILON]
