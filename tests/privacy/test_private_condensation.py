@@ -101,6 +101,19 @@ def test_without_noise_and_with_a_clip_never_reached_the_private_loss_is_dms() -
     assert torch.equal(gp, gd)
 
 
+def test_empty_batches_release_noise_alone() -> None:
+    """A class, or every class, may draw no real image at a step: its target is noise over m_c."""
+    features = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
+    syn = [torch.randn(2, 1, 2, 2), torch.randn(2, 1, 2, 2)]
+    m = torch.tensor([2.0, 4.0], dtype=torch.float64)
+    for real in ([torch.zeros(0, 1, 2, 2), torch.randn(3, 1, 2, 2)], [torch.zeros(0, 1, 2, 2)] * 2):
+        loss = private_dm_loss(features, real, syn, 1.0, 1.0, m, torch.Generator().manual_seed(0))
+        assert torch.isfinite(loss)
+    target = noisy_class_means(torch.zeros(0, 3), [0, 0], 1.0, 2.0, m, torch.Generator().manual_seed(0))
+    noise = torch.randn((2, 3), generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 2.0
+    assert torch.allclose(target, (noise / m[:, None]).float())
+
+
 def test_poisson_sampling_and_rates() -> None:
     assert class_sample_rates([8, 2, 40], 4) == [0.5, 1.0, 0.1]
     idx = torch.arange(100_000)

@@ -132,7 +132,8 @@ def noisy_class_means(
         raise DataError(f"{emb.shape[0]} embeddings for class counts summing to {int(sizes.sum())}")
     segment = torch.repeat_interleave(torch.arange(len(sizes)), sizes).to(emb.device, non_blocking=True)
     sums = torch.zeros((len(sizes), emb.shape[1]), dtype=emb.dtype, device=emb.device)
-    sums = sums.index_add(0, segment, clip_rows(emb, clip))
+    if emb.shape[0]:  # a step's Poisson batches may all be empty: the release is then noise alone
+        sums = sums.index_add(0, segment, clip_rows(emb, clip))
     (noisy,) = add_gaussian_noise([sums], noise_multiplier * clip, generator)
     return noisy / denominators.to(device=emb.device, dtype=emb.dtype)[:, None]
 
