@@ -182,7 +182,8 @@ def test_each_clients_epsilon_is_opacuss_for_its_releases(
         if taken:  # the accountant kept in the client's state holds every release (equal entries merged)
             kept = sim.client_states[cid][ACCOUNTANT]["history"]
             assert sum(n for _, _, n in kept) == sum(n for _, _, n in history)
-    assert last[EPSILON] == max(last[CLIENT_EPSILON]) and last[EPSILON] > 0
+    assert last[EPSILON] == last["epsilon_max"] == max(last[CLIENT_EPSILON]) and last[EPSILON] > 0
+    assert last["epsilon_mean"] == pytest.approx(sum(last[CLIENT_EPSILON]) / 6)
     # A train reply must say its epsilon: one from a client running without the table is rejected.
     assert EPSILON in sim.algorithm.reply_scalars("train", sim.server)
     if name == "fedaf" and not logits:

@@ -151,13 +151,16 @@ def uploads(replies: Replies) -> Replies:
 
 
 def record_epsilons(server: ServerContext, replies: Replies, num_clients: int) -> None:
-    """Keep each replying client's epsilon in the server state and put ``epsilon`` (the largest so far),
-    ``client_epsilon`` and ``dp_withheld`` in the round's metrics."""
+    """Keep each replying client's epsilon in the server state and put ``epsilon`` (the largest so far; also as
+    ``epsilon_max``), ``epsilon_mean`` (over all clients), ``client_epsilon`` and ``dp_withheld`` in the round's
+    metrics."""
     eps = list(server.state.get(CLIENT_EPSILON, [0.0] * num_clients))
     for cid, m in replies:
         if EPSILON in m.metrics:
             eps[cid] = float(m.metrics[EPSILON])
     server.state[CLIENT_EPSILON] = eps
-    server.metrics[EPSILON] = max(eps)
+    # The keys the client-level modes' records use (epsilon, epsilon_max, epsilon_mean), and every client's.
+    server.metrics[EPSILON] = server.metrics["epsilon_max"] = max(eps)
+    server.metrics["epsilon_mean"] = sum(eps) / len(eps)
     server.metrics[CLIENT_EPSILON] = list(eps)
     server.metrics[WITHHELD] = sum(1 for _, m in replies if m.metrics.get(WITHHELD))
