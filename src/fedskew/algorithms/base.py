@@ -26,6 +26,8 @@ from fedskew.models import create_model
 from fedskew.models.evaluation import evaluate_model
 from fedskew.models.heads import attach_head
 from fedskew.models.layout import use_channels_last
+from fedskew.privacy.client import ClientPrivacy
+from fedskew.privacy.uploads import Upload, Withheld
 
 EVALUATE = "evaluate"
 """The engine's own client task: evaluate the global and the client's own model on the client's test split
@@ -173,6 +175,12 @@ class ClientContext:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     x_test: torch.Tensor | None = None  # the client's own test split: only in the engine's ``evaluate`` task
     y_test: torch.Tensor | None = None
+    privacy: ClientPrivacy | None = None  # the mechanism the request asks of this client ([privacy])
+
+    def dpsgd(self) -> dict[str, Any]:
+        """Keyword arguments for the ``train_local`` that trains what the client uploads: ``private`` (a
+        :class:`~fedskew.privacy.dpsgd.SampleDP`) under ``privacy.mode = "sample"``, else none."""
+        return self.privacy.train_options() if self.privacy is not None else {}
 
     @property
     def num_samples(self) -> int:
@@ -223,6 +231,10 @@ class Algorithm:
     """What this method evaluates as a client's own model (``personal_accuracy``), in a few words for the report
     and docs/configuration.md; a method that overrides :meth:`personal_state` says what it returns."""
     """False for methods without one (``local``): the engine then evaluates only the clients' own models."""
+    upload: ClassVar[Upload | Withheld] = Withheld("what it does not declare (Algorithm.upload, docs/privacy.md)")
+    """What the clients' ``train`` replies carry, for ``[privacy]``: an :class:`~fedskew.privacy.uploads.Upload`
+    (model weights or updates, measured from the request) or a :class:`~fedskew.privacy.uploads.Withheld` saying
+    what else they upload (condensed images, class counts ...), which private runs refuse."""
 
     class Params(Options):
         """A method's hyper-parameters: a dataclass (no decorator needed) whose defaults are the paper's

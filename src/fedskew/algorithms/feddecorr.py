@@ -29,6 +29,7 @@ Wire: FedAvg's (the term is local).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal, cast
 
 import torch
@@ -41,6 +42,7 @@ from fedskew.components.trainer import LossTerm
 from fedskew.core.message import Message
 from fedskew.core.params import minimums
 from fedskew.models.registry import FedModel
+from fedskew.privacy.uploads import WEIGHTS
 
 EPS = 1e-8
 """Added to each dimension's variance before the square root (the authors' ``loss.py`` line 34)."""
@@ -111,6 +113,8 @@ class FedDecorr(FedAvg):
         at_least = minimums(beta=0)
 
     params: Params
+    upload = replace(WEIGHTS, dpsgd="its decorrelation loss couples the samples of a batch, so no gradient is "
+                     "one sample's")
 
     def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
         if task != "train" or self.params.beta == 0:

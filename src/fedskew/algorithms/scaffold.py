@@ -24,6 +24,7 @@ from fedskew.components.server_opt import param_keys, sgd_step, zeros_like
 from fedskew.components.terms import correction_hook
 from fedskew.core.message import Message, arrays_with_prefix, state_to_arrays
 from fedskew.core.params import check
+from fedskew.privacy.uploads import Upload
 
 
 @register_algorithm("scaffold")
@@ -50,6 +51,7 @@ class Scaffold(FedAvg):
             check(self.momentum == 0, "momentum", self.momentum, "0 for SCAFFOLD (option II assumes plain SGD)")
 
     params: Params
+    upload = Upload(measured_from=(("dy.", None), ("dc.", None)))  # updates of x and c, clipped together
 
     # ---- server ------------------------------------------------------------------------------
     def setup(self, server: ServerContext) -> None:

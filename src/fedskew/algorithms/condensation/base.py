@@ -34,6 +34,7 @@ from fedskew.core.device import current_compute
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import Options, minimums
 from fedskew.core.seeding import seeded_init
+from fedskew.privacy.uploads import Withheld
 
 SERVER_KEYS = ("epochs", "batch_size", "lr", "momentum", "weight_decay")
 """The server-training settings that used to be top-level keys of these methods."""
@@ -96,6 +97,7 @@ class AggregationFree(Algorithm):
         renamed: ClassVar[dict[str, str]] = {k: f"server.{k}" for k in SERVER_KEYS}
 
     params: Params
+    upload = Withheld("condensed images", use='privacy.mode = "condensation"')
 
     # ---- server ------------------------------------------------------------------------------
     def download(self, server: ServerContext) -> dict[str, torch.Tensor]:
