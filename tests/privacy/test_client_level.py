@@ -34,16 +34,18 @@ def test_the_central_estimator_is_the_fixed_denominator_mean_of_clipped_updates_
     """Two of m = 4 sampled clients answer: Delta~ = (sum_k clip(Delta_k) + N(0, (z C)^2)) / 4, every reply
     becomes request + Delta~ (so any mean of them is Delta~), and the counter is not released."""
     replies = [(0, _reply([3.0, 0.0, 0.0], 1.0 + 4.0)), (5, _reply([0.1, 0.0, 0.0], 1.0))]  # norms 5 and 0.1
+    reordered = Message(dict(reversed(replies[1][1].arrays.items())), metrics=replies[1][1].metrics)
+    replies[1] = (5, reordered)  # a transport may give a reply's arrays in another order
     requests = {0: Message(REQUEST), 5: Message(REQUEST)}
     clip, std, m = 1.0, 0.7, 4
     out, norms = noised_mean(WEIGHTS, requests, replies, clip, std, m, torch_generator(0, "privacy", 3, "server"))
     assert norms == pytest.approx([5.0, 0.1])
-    clipped_sum = torch.tensor([3 / 5 + 0.1, 0.0, 0.0, 4 / 5], dtype=torch.float64)  # w then b, in reply order
+    clipped_sum = torch.tensor([4 / 5, 3 / 5 + 0.1, 0.0, 0.0], dtype=torch.float64)  # b then w: sorted by name
     noise = torch.randn(4, generator=torch_generator(0, "privacy", 3, "server"), dtype=torch.float64) * std
     expected = (clipped_sum + noise) / m
     for _, msg in out:
-        assert torch.equal(msg.arrays["w"], expected[:3].float())
-        assert torch.equal(msg.arrays["b"], (1.0 + expected[3:]).float())
+        assert torch.equal(msg.arrays["w"], expected[1:].float())
+        assert torch.equal(msg.arrays["b"], (1.0 + expected[:1]).float())
         assert torch.equal(msg.arrays["n"], REQUEST["n"]) and msg.metrics == {"num_samples": 10.0}
     assert noised_mean(WEIGHTS, requests, [], clip, std, m, torch.Generator()) == ([], [])
 
@@ -67,8 +69,8 @@ def test_local_dp_sends_the_clipped_update_plus_noise_from_the_clients_stream() 
     reply = _reply([3.0, 0.0, 0.0], 1.0 + 4.0)
     noisy = local_update(WEIGHTS, REQUEST, reply.arrays, 1.0, 0.5, torch_generator(0, "privacy", 2, 4))
     noise = torch.randn(4, generator=torch_generator(0, "privacy", 2, 4), dtype=torch.float64) * 0.5
-    assert torch.equal(noisy["w"], (torch.tensor([0.6, 0.0, 0.0], dtype=torch.float64) + noise[:3]).float())
-    assert torch.equal(noisy["b"], (1.0 + 0.8 + noise[3:]).float())
+    assert torch.equal(noisy["w"], (torch.tensor([0.6, 0.0, 0.0], dtype=torch.float64) + noise[1:]).float())
+    assert torch.equal(noisy["b"], (1.0 + 0.8 + noise[:1]).float())
     assert torch.equal(noisy["n"], REQUEST["n"])
     # What a client reads from its request: the mechanism, and a noise stream of its own for the round.
     privacy = ClientPrivacy.of(request_config("local", 1.0, 0.5), 0, 2, 4)

@@ -261,10 +261,13 @@ def test_sample_mode_with_the_real_dpsgd(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_local_noise_does_not_depend_on_the_worker_count(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["central", "local"])
+def test_the_noise_does_not_depend_on_the_worker_count(tmp_path: Path, mode: str) -> None:
+    """Inline and with two worker processes (whose replies cross a process boundary as safetensors bytes, their
+    arrays in another order): the same records, byte for byte."""
     runs = []
     for workers in (1, 2):
-        cfg = tiny_config(rounds=2, workers=workers, privacy={"mode": "local", "noise_multiplier": 0.5})
+        cfg = tiny_config(rounds=2, workers=workers, privacy={"mode": mode, "noise_multiplier": 0.5})
         _run(cfg, tmp_path / f"w{workers}")
         runs.append((tmp_path / f"w{workers}" / "metrics.jsonl").read_bytes())
     assert runs[0] == runs[1]

@@ -36,12 +36,12 @@ def noised_mean(
     if not replies:
         return replies, []
     keys = float_keys(replies[0][1].arrays)
-    names = list(replies[0][1].arrays)
+    names = set(replies[0][1].arrays)
     total: torch.Tensor | None = None
     norms: list[float] = []
     refs = []
     for cid, msg in replies:
-        if list(msg.arrays) != names:
+        if set(msg.arrays) != names:
             raise FedskewError(f"client {cid}'s upload holds other arrays than client {replies[0][0]}'s")
         ref = references(upload, requests[cid].arrays, msg.arrays)
         refs.append(ref)

@@ -86,8 +86,10 @@ def references(
 
 
 def float_keys(reply: Mapping[str, torch.Tensor]) -> list[str]:
-    """The reply's floating arrays, in its order: the update that is clipped and noised."""
-    return [k for k, v in reply.items() if v.is_floating_point()]
+    """The reply's floating arrays, the update that is clipped and noised, sorted by name: the noise's coordinates
+    are then the same whatever order a transport gives a reply's arrays (a reply decoded from safetensors bytes,
+    on a worker pool, Ray or Flower, is not in the model's order)."""
+    return sorted(k for k, v in reply.items() if v.is_floating_point())
 
 
 def wide(device: torch.device) -> torch.dtype:
