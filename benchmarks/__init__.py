@@ -1,4 +1,3 @@
-"""Benchmarks and the scripts that regenerate the docs' measured tables (run as files: python benchmarks/NAME.py).
-
-A regular package, so that ``from benchmarks import structure`` (the tests) finds this folder and not the
-top-level ``benchmarks`` package Opacus installs beside itself (the ``privacy`` extra)."""
+"""fedskew's benchmarks and the scripts that make its docs' tables (docs/performance.md). A regular package, so
+that ``import benchmarks`` from the repository root finds these files before any installed package of the same
+name (Opacus ships one)."""

@@ -62,7 +62,7 @@ PACKAGE = "fedskew"
 
 FLOORS: dict[int, tuple[str, ...]] = {
     1: ("core", "progress", "metrics"),
-    2: ("models", "data", "runs", "plugins"),
+    2: ("models", "data", "runs", "plugins", "privacy"),
     3: ("condense", "components"),
     4: ("algorithms",),
     5: ("config",),

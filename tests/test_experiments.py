@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fedskew.algorithms.base import ALGORITHMS
 from fedskew.config import RunSpec, parse_overrides, read_config, resolve
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
@@ -87,3 +88,63 @@ def test_feddc_k100_config_is_the_quick_config_with_batch_16_and_k_100() -> None
     )
     for run in runs:
         assert run.config["algorithm"]["batch_size"] == 16
+
+
+def niid_bench_header_overrides(path: Path) -> dict[str, list[str]]:
+    """The partition overrides the header of ``path`` documents, by partition (``#C=1`` ... ``p_k ~ Dir(0.5)``)."""
+    found: dict[str, list[str]] = {}
+    for line in path.read_text().splitlines():
+        body = line.removeprefix("#").strip()
+        key, _, command = body.partition(":")
+        if key in {"#C=1", "#C=2", "#C=3", "p_k ~ Dir(0.5)"} and "fedskew run" in command:
+            found[key] = command.split("fmnist.toml", 1)[1].split()
+    return found
+
+
+def test_niid_bench_fmnist_header_commands_give_the_papers_partitions() -> None:
+    path = EXPERIMENTS / "niid_bench" / "fmnist.toml"
+    commands = niid_bench_header_overrides(path)
+    assert set(commands) == {"#C=1", "#C=2", "#C=3", "p_k ~ Dir(0.5)"}
+    raw = read_config(path)
+    for key, words in commands.items():
+        runs = resolve(raw, parse_overrides(words))
+        assert {r.label for r in runs} == {"FedAvg", "FedProx", "SCAFFOLD", "FedNova"}
+        for run in runs:
+            part = {k: v for k, v in run.config["partition"].items() if k not in {"seed", "client_test_fraction"}}
+            if key.startswith("#C="):
+                expected = {"name": "classes_per_client", "num_clients": 10, "classes": int(key[-1]),
+                            "assignment": "niid_bench"}
+            else:
+                expected = {"name": "dirichlet", "num_clients": 10, "alpha": 0.5, "min_size": 10}
+            assert part == expected, (key, run.label, part)
+            assert run.config["partition"].get("seed") is None  # each seed redraws the partition, as NIID-Bench's
+            algo = run.config["algorithm"]
+            assert (algo["clients_per_round"], algo["local_epochs"], algo["batch_size"]) == (10, 10, 64)
+            assert (algo["lr"], algo["momentum"], algo["weight_decay"]) == (0.01, 0.9, 1e-5)
+            assert run.config["rounds"] == 50 and run.config["model"]["name"] == "cnn"
+    scaffold = next(r for r in resolve(raw) if r.label == "SCAFFOLD").config["algorithm"]
+    assert (scaffold["correction"], scaffold["weighting"]) == ("weights", "samples")
+    # FedProx runs fedprox's default mu, 0.01; the header's sweep over NIID-Bench's four values applies to it.
+    assert ALGORITHMS.get("fedprox").Params.__dataclass_fields__["mu"].default == 0.01
+    swept = resolve(raw, parse_overrides(["algorithm.mu=[0.001,0.01,0.1,1]"]))
+    mus = sorted(r.config["algorithm"]["mu"] for r in swept if r.config["algorithm"]["name"] == "fedprox")
+    assert mus == sorted([0.001, 0.01, 0.1, 1.0] * 3)
+
+
+def test_niid_bench_label_skew_config_is_fmnist_at_c2_with_the_eight_methods() -> None:
+    raw = read_config(EXPERIMENTS / "niid_bench" / "fmnist_label_skew.toml")
+    everything = resolve(raw)
+    assert {r.config["seed"] for r in everything} == {0, 1, 2}
+    runs = {r.label: r.config for r in everything if r.config["seed"] == 0}
+    names = {cfg["algorithm"]["name"] for cfg in runs.values()}
+    assert names == {"fedlc", "fedrs", "fedntd", "fedrod", "ccvr", "feddecorr", "fedetf", "feddc_drift"}
+    c2 = niid_bench_header_overrides(EXPERIMENTS / "niid_bench" / "fmnist.toml")["#C=2"]
+    fedavg = next(r for r in resolve(read_config(EXPERIMENTS / "niid_bench" / "fmnist.toml"), parse_overrides(c2))
+                  if r.label == "FedAvg" and r.config["seed"] == 0).config
+    shared = ("batch_size", "lr", "momentum", "weight_decay", "local_epochs", "clients_per_round")
+    for label, cfg in runs.items():
+        assert cfg["partition"] == fedavg["partition"], label
+        for key in ("dataset", "model", "rounds"):
+            assert cfg[key] == fedavg[key], (label, key)
+        differing = {k for k in shared if cfg["algorithm"][k] != fedavg["algorithm"][k]}
+        assert differing == ({"momentum"} if cfg["algorithm"]["name"] == "feddc_drift" else set()), label

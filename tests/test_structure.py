@@ -23,6 +23,7 @@ TABLE = """# Architecture
 | 2 | `models/` | models | core |
 | 2 | `data/` | data | core |
 | 2 | `runs.py` | run folders | core |
+| 2 | `privacy/` | differential privacy | core, models |
 | 2 | `plugins.py` | user code | core |
 | 3 | `condense/` | condensation | core, models, progress |
 | 3 | `components/` | parts | core, models, condense |

@@ -2,7 +2,7 @@
 then hands out whole files, each file's tests on one worker in file order. The tests that share a costly module
 fixture, or must never run beside each other, are therefore kept in one file each:
 
-- the three tests on the real Flower federation of tests/engine/test_flower.py's module fixture ``federation``
+- the four tests on the real Flower federation of tests/engine/test_flower.py's module fixture ``federation``
   (it starts the SuperLink and three SuperNodes once), in file order: the last leaves the federation a node short;
 - the two-node Ray cluster of tests/engine/test_ray.py's module fixture ``cluster``, and Flower's local
   simulation (a local Ray instance, which would join a cluster it finds): both in test_ray.py, the simulation
@@ -56,6 +56,7 @@ def test_the_suite_is_handed_out_by_file_and_each_group_is_one_file_in_the_order
     assert users == [
         "test_fedaf_over_flower",
         "test_a_plugin_runs_over_flower",
+        "test_secure_aggregation_over_flower_equals_fedavg_up_to_its_quantisation",
         "test_fedavg_over_flower_equals_simulation_and_survives_a_killed_node",
     ]
     # The Ray cluster and Flower's local simulation (`flwr run` on Ray): one file, the simulation first.

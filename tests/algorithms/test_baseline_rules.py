@@ -124,6 +124,86 @@ def test_scaffold_sends_twice_fedavg_each_way(tmp_path: Path) -> None:
 def test_scaffold_rejects_momentum() -> None:
     with pytest.raises(ConfigError, match="momentum"):
         make("scaffold", fed_info(), momentum=0.9)
+    make("scaffold", fed_info(), momentum=0.9, correction="weights")  # NIID-Bench's reading allows it
+
+
+def test_scaffold_niid_bench_weight_correction_by_hand() -> None:
+    """correction = "weights": NIID-Bench's loop (experiments.py 330-365) done by hand.
+
+    Each step is torch's SGD with momentum and weight decay, then w <- w - lr (c - c_i); afterwards
+    c_i+ = c_i - c + (x - y)/(K lr) (option II) with K the steps taken.
+    """
+    fed = fed_info(image_size=2)
+    lr, rho, wd = 0.1, 0.9, 0.01
+    algo = make("scaffold", fed, lr=lr, batch_size=3, momentum=rho, weight_decay=wd, local_epochs=2,
+                correction="weights")
+    server = server_of(algo)
+    c = {k: torch.full_like(v, 0.3) for k, v in server.state["c"].items()}
+    c_i = {k: torch.full_like(v, -0.2) for k, v in c.items()}
+    server.state["c"] = c
+    (_, msg), *_ = algo.configure(server)
+    client = client_of(fed, n=8, state={"c_i": c_i})
+    out = algo.client_step("train", msg, client)
+
+    x = {k: v.clone() for k, v in server.model.state_dict().items()}
+    model = fed.model.build()
+    model.load_state_dict(x)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=rho, weight_decay=wd)
+    gen = client.generator("train")
+    steps = 0
+    for _ in range(2):
+        for b in shuffled_batches(8, 3, gen):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(client.x[b]), client.y[b]).backward()
+            opt.step()
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    p -= lr * (c[name] - c_i[name])
+            steps += 1
+    y = model.state_dict()
+    assert steps == 6 and out.metrics["steps"] == 6
+    for k in x:
+        assert torch.allclose(out.arrays[f"dy.{k}"], y[k] - x[k], atol=1e-6)
+        c_new = c_i[k] - c[k] + (x[k] - y[k]) / (steps * lr)
+        assert torch.allclose(out.arrays[f"dc.{k}"], c_new - c_i[k], atol=1e-5)
+
+
+def test_scaffold_weight_correction_without_momentum_is_the_gradient_correction() -> None:
+    fed = fed_info(image_size=2)
+    outs = []
+    for correction in ("gradient", "weights"):
+        algo = make("scaffold", fed, lr=0.1, batch_size=4, weight_decay=0.01, correction=correction)
+        server = server_of(algo)
+        server.state["c"] = {k: torch.full_like(v, 0.3) for k, v in server.state["c"].items()}
+        (_, msg), *_ = algo.configure(server)
+        c_i = {k: torch.full_like(v, -0.2) for k, v in server.state["c"].items()}
+        outs.append(algo.client_step("train", msg, client_of(fed, n=8, state={"c_i": c_i})))
+    gradient, weights = outs
+    assert set(gradient.arrays) == set(weights.arrays)
+    for k in gradient.arrays:
+        assert torch.allclose(gradient.arrays[k], weights.arrays[k], atol=1e-6)
+
+
+def test_scaffold_sample_weighted_server_update_by_hand() -> None:
+    """weighting = "samples": x <- x + eta_g sum (n_i/n) dy_i (NIID-Bench); c's update stays unweighted."""
+    fed = fed_info(num_clients=4)
+    algo = make("scaffold", fed, weighting="samples")
+    server = server_of(algo, fill=1.0)
+    r1 = reply({**{f"dy.{k}": torch.full_like(v, 2.0) for k, v in server.state["c"].items()},
+                **{f"dc.{k}": torch.full_like(v, 1.0) for k, v in server.state["c"].items()}}, 10)
+    r2 = reply({**{f"dy.{k}": torch.full_like(v, 4.0) for k, v in server.state["c"].items()},
+                **{f"dc.{k}": torch.full_like(v, 3.0) for k, v in server.state["c"].items()}}, 30)
+    algo.aggregate(server, [(0, r1), (3, r2)])
+    assert params_equal(server, 1.0 + (10 * 2.0 + 30 * 4.0) / 40)
+    for v in server.state["c"].values():
+        assert torch.allclose(v, torch.full_like(v, 2 / 4 * 2.0))
+
+
+def test_scaffold_rejects_unknown_readings() -> None:
+    with pytest.raises(ConfigError, match=r"correction must be one of 'gradient', 'weights', got 'both'"):
+        make("scaffold", fed_info(), correction="both")
+    with pytest.raises(ConfigError, match=r"weighting must be one of 'uniform', 'samples', got 'data'"):
+        make("scaffold", fed_info(), weighting="data")
 
 
 # ---- FedNova --------------------------------------------------------------------------------------

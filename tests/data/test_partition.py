@@ -163,6 +163,66 @@ def test_classes_per_client_rejects_classes_smaller_than_their_holders() -> None
         partition("classes_per_client", labels, 6, 0, classes=1)
 
 
+def test_classes_per_client_rejects_an_unknown_assignment() -> None:
+    with pytest.raises(ConfigError, match=r"partition\.assignment must be one of 'balanced', 'niid_bench', got 'x'"):
+        partition("classes_per_client", LABELS, 10, 0, classes=2, assignment="x")
+
+
+# NIID-Bench's #C=k (noniid-#label<k>, partition_data in the authors' utils.py): client i's first class is
+# i mod K, its other k - 1 uniformly random among the rest; each class split evenly among its holders.
+FMNIST_LIKE = np.repeat(np.arange(10), 600)
+
+
+@pytest.mark.parametrize("classes", [1, 2, 3, 10])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_niid_bench_assignment_gives_each_client_exactly_k_classes_first_its_own(classes: int, seed: int) -> None:
+    part = partition("classes_per_client", FMNIST_LIKE, 10, seed, classes=classes, assignment="niid_bench")
+    counts = part.class_counts(FMNIST_LIKE, 10)
+    assert classes_held(part, FMNIST_LIKE) == [classes] * 10
+    assert all(counts[i, i] > 0 for i in range(10))  # client i holds class i mod 10
+    assert_disjoint(part, len(FMNIST_LIKE), covering=True)  # 10 clients: every class has a holder
+    for k in range(10):  # each class split evenly (numpy.array_split) among its holders
+        held = counts[:, k][counts[:, k] > 0]
+        assert held.sum() == 600 and held.max() - held.min() <= 1
+
+
+def test_niid_bench_one_class_each_is_client_i_holding_all_of_class_i() -> None:
+    part = partition("classes_per_client", FMNIST_LIKE, 10, 0, classes=1, assignment="niid_bench")
+    assert np.array_equal(part.class_counts(FMNIST_LIKE, 10), 600 * np.eye(10, dtype=np.int64))
+    # More clients than classes: client i holds class i mod 10, so classes 0-4 have two holders.
+    part = partition("classes_per_client", FMNIST_LIKE, 15, 0, classes=1, assignment="niid_bench")
+    counts = part.class_counts(FMNIST_LIKE, 10)
+    assert [int(np.argmax(row)) for row in counts] == [i % 10 for i in range(15)]
+    assert [len(i) for i in part.indices] == [300] * 5 + [600] * 5 + [300] * 5
+
+
+def test_niid_bench_other_classes_are_uniform_whoever_else_holds_them() -> None:
+    # Client 0's second class: uniform over classes 1-9 across seeds (not the least-used rule).
+    seen = np.zeros(10, dtype=np.int64)
+    holders_spread = set()
+    for seed in range(900):
+        part = partition("classes_per_client", FMNIST_LIKE, 10, seed, classes=2, assignment="niid_bench")
+        counts = part.class_counts(FMNIST_LIKE, 10) > 0
+        second = [k for k in np.flatnonzero(counts[0]) if k != 0]
+        seen[second[0]] += 1
+        holders_spread.add(int(counts.sum(axis=0).max() - counts.sum(axis=0).min()))
+    assert seen[0] == 0 and seen[1:].sum() == 900
+    assert seen[1:].min() > 60 and seen[1:].max() < 140  # 100 expected each; 4 sigma is +-38
+    assert max(holders_spread) >= 2  # unlike "balanced", a class can have several holders more than another
+
+
+def test_niid_bench_assignment_leaves_unheld_classes_unused() -> None:
+    part = partition("classes_per_client", FMNIST_LIKE, 3, 0, classes=1, assignment="niid_bench")
+    assert np.array_equal(part.class_counts(FMNIST_LIKE, 10)[:, :3], 600 * np.eye(3, dtype=np.int64))
+    assert sum(len(i) for i in part.indices) == 1800
+
+
+def test_balanced_is_the_default_assignment() -> None:
+    default = partition("classes_per_client", LABELS, 7, 3, classes=3)
+    balanced = partition("classes_per_client", LABELS, 7, 3, classes=3, assignment="balanced")
+    assert all(np.array_equal(a, b) for a, b in zip(default.indices, balanced.indices, strict=True))
+
+
 # ------------------------------------------------------------------------------------- shards
 
 

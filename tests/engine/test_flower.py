@@ -38,11 +38,13 @@ from fedskew.engine.flower.messages import (
     put_state,
     to_records,
 )
+from fedskew.engine.flower.settings import DeploySettings
 from fedskew.engine.round_loop import RoundLoop
 from tests.helpers.configs import federation_from, tiny_config
 from tests.helpers.flower import FakeGrid, app_folder, deploy_on, over_the_wire
 from tests.helpers.flower_federation import LocalFederation
 from tests.helpers.plugins import ALGORITHM, MODEL, fresh_registries, write_plugin
+from tests.helpers.secagg import assert_within, quantisation_bound, simulated_round
 
 NODES = 3
 RECEIVING_TRAIN = "Receiving: train message"  # a SuperNode's log line when a train request arrives
@@ -368,6 +370,30 @@ def test_a_plugin_runs_over_flower(federation: LocalFederation, tmp_path: Path) 
     assert [r["round"] for r in records] == [1] and records[0]["clients"] == [0, 1, 2]
     recorded = tomllib.loads((run_dir / "config.toml").read_text())["plugins"]
     assert len(recorded) == 1 and recorded[0].endswith("/plugins/my_plugin.py") and recorded[0] != str(plugin)
+
+
+@pytest.mark.slow
+def test_secure_aggregation_over_flower_equals_fedavg_up_to_its_quantisation(
+    federation: LocalFederation, tmp_path: Path
+) -> None:
+    """``secagg = true``: round 1 of FedAvg through Flower's SecAgg+ (its workflow in the ServerApp, its mod in every
+    SuperNode's ClientApp, four train messages a node: keys, shares, the masked upload, the unmasking). The global
+    model lies within the bound SecAgg+'s quantisation allows (tests/helpers/secagg.py) of the simulator's, and is not
+    equal to it: the server summed quantised, masked uploads it never saw one by one."""
+    cfg = flower_config(rounds=1, algorithm={"aggregation": {"max_norm_ratio": 0}})
+    train_requests = federation.log_text("node1").count(RECEIVING_TRAIN)
+    run_id = _submit(federation, tmp_path, cfg, secagg=True)
+    plain, updates = simulated_round(cfg, tmp_path / "sim")
+    run_dir = tmp_path / "out" / "tiny-seed0"
+    status = _wait(federation, run_id, run_dir.parent / "report" / "report.html", timeout=300)
+    assert status["status"] == "finished:completed", federation.run_log(run_id)
+    [record] = _records(run_dir)
+    assert record["clients"] == [0, 1, 2] and not record["failed"] and not record["rejected"], record
+    assert federation.log_text("node1").count(RECEIVING_TRAIN) == train_requests + 4  # the protocol's four stages
+    settings = DeploySettings()
+    bound = quantisation_bound(updates, settings.secagg_clipping_range, settings.secagg_quantization_range)
+    worst = assert_within(torch.load(run_dir / "model.pt", weights_only=True), plain, bound)
+    assert worst > 0 and bound < 1e-4, (worst, bound)
 
 
 @pytest.mark.slow

@@ -77,6 +77,8 @@ class APFL(FedAvg):
     params: Params
     upload = replace(WEIGHTS, dpsgd="its clients train with a loop of their own, not train_local, which DP-SGD runs in")
 
+    sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
+
     _mix_models: dict[str, nn.Module] | None = None
 
     def own(self, client: ClientContext) -> tuple[dict[str, torch.Tensor], float]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 import torch
@@ -74,6 +74,10 @@ class FederationInfo:
 
 
 Replies = list[tuple[int, Message]]
+
+SumOnly = Literal["num_samples", "equal"] | None
+"""What a method's server needs of its clients' ``train`` replies when their mean is all (:attr:`Algorithm.
+sum_only_uploads`): the mean weighted by ``num_samples``, the unweighted mean, or None: more than a mean."""
 
 
 class Exchange(Protocol):
@@ -231,6 +235,18 @@ class Algorithm:
     """What this method evaluates as a client's own model (``personal_accuracy``), in a few words for the report
     and docs/configuration.md; a method that overrides :meth:`personal_state` says what it returns."""
     """False for methods without one (``local``): the engine then evaluates only the clients' own models."""
+    sum_only_uploads: ClassVar[SumOnly] = None
+    """Set where the server needs nothing of its clients but the mean of their ``train`` replies' arrays, weighted by
+    each reply's ``num_samples`` (``"num_samples"``) or unweighted (``"equal"``), and no other exchange reads a
+    client's data: secure aggregation (SecAgg+, ``fedskew deploy init --secagg``, docs/deploy.md) can then run the
+    method. Each method class states it itself: it is read from the class, never inherited, so a subclass that
+    changes what its server reads is refused until it declares it (:meth:`secagg_refusal`)."""
+    not_sum_only: ClassVar[str] = (
+        "does not declare that its server needs only the mean of the clients' train replies (the class attribute "
+        "sum_only_uploads)"
+    )
+    """Why secure aggregation cannot run this method, as the rest of a sentence that starts with its name (the
+    refusal quotes it); inherited, so a family of methods may share one reason."""
     upload: ClassVar[Upload | Withheld] = Withheld("what it does not declare (Algorithm.upload, docs/privacy.md)")
     """What the clients' ``train`` replies carry, for ``[privacy]``: an :class:`~fedskew.privacy.uploads.Upload`
     (model weights or updates, measured from the request) or a :class:`~fedskew.privacy.uploads.Withheld` saying
@@ -246,6 +262,18 @@ class Algorithm:
     def __init__(self, params: Any, fed: FederationInfo) -> None:
         self.params = params
         self.fed = fed
+
+    @classmethod
+    def sum_only(cls) -> SumOnly:
+        """The class's own :attr:`sum_only_uploads` (None unless this very class declares it)."""
+        declared: SumOnly = cls.__dict__.get("sum_only_uploads")
+        return declared
+
+    @classmethod
+    def secagg_refusal(cls, params: Any) -> str | None:
+        """Why secure aggregation cannot run this method with ``params`` (:attr:`not_sum_only`, or what in the
+        parameters needs each client's reply), or None where its server needs only the mean SecAgg+ reveals."""
+        return None if cls.sum_only() else cls.not_sum_only
 
     # ---- server side -------------------------------------------------------------------------
     def init_model(self) -> torch.nn.Module:

@@ -178,6 +178,11 @@ class CCVR(FedAvg):
     params: Params
     upload = Withheld("class-wise feature statistics (means, covariances) for its calibration, beside its model")
 
+    not_sum_only = (
+        "calibrates on each client's per-class feature means and covariances, which the server must see one by one; "
+        "SecAgg+ reveals only the sum of the uploads"
+    )
+
     # ---- server ------------------------------------------------------------------------------
     def calibrates(self, server: ServerContext) -> bool:
         """Whether this round ends with a calibration."""

@@ -31,6 +31,10 @@ class Centralized(Algorithm):
     upload = Withheld("its raw training data", use="a federated method (algorithm.name=fedavg on the command line "
                       "runs one; in a file, set privacy.mode in the private variants only)")
 
+    not_sum_only = (
+        "pools the clients' training data on the server: there is no upload to aggregate"
+    )
+
     def setup(self, server: ServerContext) -> None:
         self._pool(server, counted=True)
 

@@ -83,6 +83,11 @@ class CIM(FedAvg):
     params: Params
     upload = Withheld("its class counts (the census the server allocates oversampling from)")
 
+    not_sum_only = (
+        "reads each client's class counts every round to select clients and to measure oversampling; SecAgg+ reveals "
+        "only the sum of the uploads"
+    )
+
     # ---- server ------------------------------------------------------------------------------
     def setup(self, server: ServerContext) -> None:
         server.state.update(delta=self.params.delta0, oversampled_fraction=0.0)

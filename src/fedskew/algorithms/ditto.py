@@ -59,6 +59,8 @@ class Ditto(FedAvg):
 
     params: Params
 
+    sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
+
     def personal_state(self, msg: Message, client: ClientContext) -> dict[str, torch.Tensor]:
         """The client's personal model v_k (w^0 before it first trains)."""
         return dict(client.state.get("personal") or self.initial_state())

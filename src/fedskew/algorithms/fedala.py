@@ -76,6 +76,8 @@ class FedALA(FedAvg):
     params: Params
     upload = replace(WEIGHTS, dpsgd="its adaptive local aggregation learns from the client's data outside DP-SGD")
 
+    sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
+
     def top_keys(self, model: torch.nn.Module) -> list[str]:
         """The parameter names of the model's top ``layers`` layers (ALA's domain)."""
         layers = parameter_layers(model)

@@ -5,11 +5,11 @@ returned models weighted by the clients' sample counts |D_k| (FedDC paper, Eq. 2
 from __future__ import annotations
 
 from dataclasses import field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
-from fedskew.algorithms.base import Algorithm, ClientContext, Replies, ServerContext, register_algorithm
+from fedskew.algorithms.base import Algorithm, ClientContext, Replies, ServerContext, SumOnly, register_algorithm
 from fedskew.components.aggregate import Aggregation, robust_average
 from fedskew.components.selection import uniform_sample
 from fedskew.components.trainer import (
@@ -57,6 +57,15 @@ class FedAvg(Algorithm):
 
     params: Params
     upload: ClassVar[Upload | Withheld] = WEIGHTS  # the clients' models: [privacy] clips and noises each one's change
+
+    sum_only_uploads: ClassVar[SumOnly] = "num_samples"  # the train replies' num_samples-weighted mean is all it reads
+
+    @classmethod
+    def secagg_refusal(cls, params: Any) -> str | None:
+        """Also refused: an ``[algorithm.aggregation]`` that needs each client's update (a robust rule, clipping,
+        the outlier bound)."""
+        refusal = super().secagg_refusal(params)
+        return params.aggregation.sum_only_refusal() if refusal is None and params.averages_models else refusal
 
     # ---- server ------------------------------------------------------------------------------
     def select(self, server: ServerContext) -> list[int]:

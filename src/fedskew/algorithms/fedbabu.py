@@ -60,6 +60,8 @@ class FedBABU(FedPer):
 
     params: Params
 
+    sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
+
     def personal_state(self, msg: Message, client: ClientContext) -> dict[str, torch.Tensor]:
         """The global model fine-tuned, body and head, for ``finetune_epochs`` with ``finetune_lr`` on the
         client's training data."""

@@ -45,6 +45,9 @@ class FedBN(LocalLayers):
     )
 
     own_model = "the shared layers with the client's normalisation layers"
+
+    sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
+
     slot = "norm"
 
     def local_keys(self, model: nn.Module) -> set[str]:

@@ -149,6 +149,11 @@ class FedDC(FedAvg):
     params: Params
     upload = Withheld("condensed images", use='privacy.mode = "condensation"')
 
+    not_sum_only = (
+        "uploads condensed images, which the server must see one by one to train on them; SecAgg+ reveals only the "
+        "sum of the uploads"
+    )
+
     # ---- server ------------------------------------------------------------------------------
     def reply_spec(self, task: str, server: ServerContext) -> dict[str, tuple[tuple[int, ...], torch.dtype]] | None:
         """The local model's weights (exact shapes) and a synthetic set of any size in the wire dtype."""

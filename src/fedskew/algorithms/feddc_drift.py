@@ -76,6 +76,8 @@ class FedDCDrift(FedAvg):
     params: Params
     upload = Upload(measured_from=(("theta.", "w."), ("dg.", None)))  # the model from w, and the change of g
 
+    sum_only_uploads = "equal"  # secure aggregation: only the train replies' unweighted mean (and their count) is read
+
     # ---- server ------------------------------------------------------------------------------
     def setup(self, server: ServerContext) -> None:
         params = dict(server.model.named_parameters())

@@ -42,6 +42,7 @@ from fedskew.components.trainer import LossTerm
 from fedskew.core.message import Message
 from fedskew.core.params import minimums
 from fedskew.models.registry import FedModel
+from fedskew.privacy.dpsgd import couples_samples
 from fedskew.privacy.uploads import WEIGHTS
 
 EPS = 1e-8
@@ -92,7 +93,7 @@ def decorrelation_term(tap: FeatureTap, beta: float, penalty: str = "paper") -> 
         assert tap.value is not None, "FeatureTap saw no forward pass"
         return beta * loss(tap.value)
 
-    return term
+    return couples_samples(term, "FedDecorr's decorrelation penalty (the correlation matrix of the batch's embeddings)")
 
 
 @register_algorithm("feddecorr")
@@ -101,6 +102,8 @@ class FedDecorr(FedAvg):
 
     paper = ('Shi, Liang, Zhang, Tan & Bai, ICLR 2023, "Towards Understanding and Mitigating Dimensional '
              'Collapse in Heterogeneous Federated Learning"')
+
+    sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
 
     class Params(FedAvg.Params):
         # beta = 0.1: the authors' default coefficient (bytedance/FedDecorr, approach/fedavg.py line 44) and

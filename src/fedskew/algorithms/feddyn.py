@@ -43,6 +43,8 @@ class FedDyn(FedAvg):
 
     params: Params
 
+    sum_only_uploads = "equal"  # secure aggregation: only the train replies' unweighted mean (and their count) is read
+
     # ---- server ------------------------------------------------------------------------------
     def setup(self, server: ServerContext) -> None:
         params = dict(server.model.named_parameters())

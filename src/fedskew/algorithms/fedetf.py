@@ -81,6 +81,8 @@ class FedETF(FedAvg):
     params: Params
     upload = replace(WEIGHTS, dpsgd="its loss uses the client's class counts, which DP-SGD does not privatise")
 
+    sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
+
     def __init__(self, params: Params, fed: FederationInfo) -> None:
         k = fed.num_classes
         dim = params.etf_dim or k

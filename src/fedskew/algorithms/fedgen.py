@@ -91,6 +91,11 @@ class FedGen(FedAvg):
 
     params: Params
     upload = Withheld("its label counts beside its model")
+
+    not_sum_only = (
+        "trains its generator on each client's classifier head and label counts, which the server must see one by "
+        "one; SecAgg+ reveals only the sum of the uploads"
+    )
     _client_gen: FeatureGenerator | None = None
 
     def new_generator(self, embed_dim: int) -> FeatureGenerator:

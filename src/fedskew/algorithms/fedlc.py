@@ -45,6 +45,8 @@ class FedLC(FedAvg):
     params: Params
     upload = replace(WEIGHTS, dpsgd="its loss uses the client's class counts, which DP-SGD does not privatise")
 
+    sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
+
     def logit_adjust(self, client: ClientContext) -> LogitAdjust | None:
         tau = self.params.tau
         if tau == 0:

@@ -53,6 +53,11 @@ class FedNova(FedAvg):
     upload = replace(WEIGHTS, central="its aggregate scales each client's update by that client's own step count "
                      "(a_i), which a noised mean cannot carry")
 
+    not_sum_only = (
+        "weights each client's update by its own count of local steps (normalised averaging), which the server "
+        "applies client by client; SecAgg+ reveals only the sum of the uploads"
+    )
+
     def aggregate(self, server: ServerContext, replies: Replies) -> None:
         if not replies:
             return

@@ -35,14 +35,16 @@ from fedskew.components.trainer import LossTerm
 from fedskew.core.message import Message
 from fedskew.core.params import minimums
 from fedskew.models.registry import FedModel
+from fedskew.privacy.dpsgd import per_sample
 
 
 def not_true_logits(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """``logits`` (N, C) without each row's true-class entry ``y[i]``: (N, C - 1), class order kept."""
-    n, c = logits.shape
-    keep = torch.ones(n, c, dtype=torch.bool, device=logits.device)
-    keep[torch.arange(n, device=logits.device), y] = False
-    return logits[keep].reshape(n, c - 1)
+    """``logits`` (N, C) without each row's true-class entry ``y[i]``: (N, C - 1), class order kept.
+
+    A gather of columns 0..C-2, each shifted past ``y[i]`` from it on: no in-place write and no
+    data-dependent shape, so ``torch.func.vmap`` runs it (DP-SGD's per-sample gradients)."""
+    cols = torch.arange(logits.shape[1] - 1, device=logits.device).expand(logits.shape[0], -1)
+    return logits.gather(1, cols + (cols >= y[:, None]).long())
 
 
 def not_true_distillation(
@@ -67,7 +69,7 @@ def ntd_term(global_model: nn.Module, beta: float, tau: float) -> LossTerm:
             global_logits = global_model(x)
         return beta * not_true_distillation(logits, global_logits, y, tau)
 
-    return term
+    return per_sample(term)  # a batch mean of one KL per sample (DP-SGD clips it in)
 
 
 @register_algorithm("fedntd")
@@ -76,6 +78,8 @@ class FedNTD(FedAvg):
 
     paper = ('Lee, Jeong, Shin, Bae & Yun, NeurIPS 2022, "Preservation of the Global Knowledge by '
              'Not-True Distillation in Federated Learning"')
+
+    sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
 
     class Params(FedAvg.Params):
         # beta = 1, tau = 1: the authors' FedNTD config (Lee-Gihun/FedNTD, config/fedntd.json line 15), the

@@ -69,6 +69,8 @@ class FedAvgM(_ServerOptAvg):
 
     params: Params
 
+    sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
+
     def server_step(self, weights: Tensors, delta: Tensors, state: dict[str, dict[str, torch.Tensor]]) -> None:
         p = self.params
         momentum_step(weights, delta, state["momentum_buffer"], p.server_momentum, p.server_lr)
@@ -98,6 +100,8 @@ class FedAdam(_ServerOptAvg):
         fractions = ("beta1", "beta2")
 
     params: Params
+
+    sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
 
     def server_step(self, weights: Tensors, delta: Tensors, state: dict[str, dict[str, torch.Tensor]]) -> None:
         p = self.params

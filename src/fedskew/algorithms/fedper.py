@@ -37,6 +37,8 @@ class FedPer(LocalLayers):
     )
 
     own_model = "the global body with the client's head"
+
+    sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
     slot = "head"
 
     def local_keys(self, model: nn.Module) -> set[str]:

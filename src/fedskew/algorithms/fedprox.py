@@ -29,6 +29,8 @@ class FedProx(FedAvg):
 
     params: Params
 
+    sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
+
     def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
         if task != "train" or self.params.mu == 0:
             # Without the term the objective is FedAvg's; adding a zero term would only cost time.

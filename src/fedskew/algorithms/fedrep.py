@@ -54,6 +54,8 @@ class FedRep(FedPer):
     params: Params
     upload = replace(WEIGHTS, dpsgd="its personal head, trained without DP-SGD, shapes the shared body's gradients")
 
+    sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
+
     def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
         if task != "train":
             return super().client_step(task, msg, client)

@@ -72,6 +72,8 @@ class FedRoD(FedAvg):
 
     params: FedAvg.Params
 
+    sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
+
     # ---- client ------------------------------------------------------------------------------
     def initial_personal_head(self) -> dict[str, torch.Tensor]:
         """Every client's first personal head: the seeded initial model's classifier."""

@@ -53,6 +53,11 @@ class FedSeq(FedAvg):
     upload = Withheld("models that pass from client to client (each trains on its predecessor's, which no server-side "
                       "mean protects)")
 
+    not_sum_only = (
+        "hands each client's model on to the next client through the server (sequential training), so the server "
+        "holds every model; SecAgg+ reveals only the sum of the uploads"
+    )
+
     def setup(self, server: ServerContext) -> None:
         """Random clusters of near-equal size, kept for the run (checkpointed in the server state)."""
         server.state["clusters"] = random_clusters(self.fed.num_clients, self.params.num_clusters,

@@ -208,6 +208,11 @@ class HFLDD(FedAvg):
     params: Params
     upload = Withheld("condensed images", use='privacy.mode = "condensation"')
 
+    not_sum_only = (
+        "relays each client's distilled data to its cluster header through the server, which sees it one by one; "
+        "SecAgg+ reveals only the sum of the uploads"
+    )
+
     # ---- server ------------------------------------------------------------------------------
     def setup(self, server: ServerContext) -> None:
         """Steps 1-4 of Fig. 1: soft labels, clustering, distillation and its relay to the headers."""

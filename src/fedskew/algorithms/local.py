@@ -40,6 +40,10 @@ class Local(FedAvg):
     params: Params
     upload = Withheld("nothing (its clients train alone)", use='privacy.mode = "off"')
 
+    not_sum_only = (
+        "trains no global model: its clients upload nothing to aggregate"
+    )
+
     # ---- server ------------------------------------------------------------------------------
     def round(self, server: ServerContext) -> None:
         """The round's clients train their own models; nothing is sent or received but the sample counts."""

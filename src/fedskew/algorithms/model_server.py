@@ -25,6 +25,12 @@ class ModelAveragingServer(Algorithm):
 
     upload: ClassVar[Upload | Withheld] = WEIGHTS
 
+    @classmethod
+    def secagg_refusal(cls, params: Any) -> str | None:
+        """Also refused: an ``[algorithm.aggregation]`` that needs each client's update."""
+        refusal = super().secagg_refusal(params)
+        return params.aggregation.sum_only_refusal() if refusal is None else refusal
+
     def configure(self, server: ServerContext) -> list[tuple[int, Message]]:
         msg = Message(arrays=state_to_arrays(server.model.state_dict()))
         clients = uniform_sample(self.fed.num_clients, self.params.clients_per_round, server.rng("select"))

@@ -53,6 +53,8 @@ class Moon(FedAvg):
 
     params: Params
 
+    sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
+
     def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
         if task != "train":
             return super().client_step(task, msg, client)

@@ -110,6 +110,8 @@ class PerFedAvg(ModelAveragingServer):
     params: Params
     upload = replace(WEIGHTS, dpsgd="its clients train with a loop of their own, not train_local, which DP-SGD runs in")
 
+    sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
+
     # ---- server ------------------------------------------------------------------------------
     def aggregate(self, server: ServerContext, replies: Replies) -> None:
         got = self.averaged(server, replies)

@@ -7,13 +7,21 @@ y_i, the client sets c_i+ = c_i - c + (x - y_i)/(K eta) (option II, line 12) and
 (Delta y_i, Delta c_i) = (y_i - x, c_i+ - c_i). The server steps x <- x + eta_g mean(Delta y) and
 c <- c + (|S|/N) mean(Delta c) (lines 16-17), means unweighted as in the paper.
 
+Two options reproduce NIID-Bench's SCAFFOLD (Li, Diao, Chen & He, ICDE 2022, "Federated Learning on
+Non-IID Data Silos: An Experimental Study"; ``experiments.py`` of Xtra-Computing/NIID-Bench), which runs
+with momentum 0.9: ``correction = "weights"`` applies w <- w - eta (c - c_i) after each (momentum) SGD
+step instead of adding c - c_i to the gradient (lines 347-350 there), and ``weighting = "samples"``
+averages Delta y with weights n_i / sum n (NIID-Bench's new global model is the sample-weighted mean of
+the local models, lines 1025-1036). The variates' update stays option II with the step count K and
+the local rate eta (line 364), and c's update the unweighted sum over the N clients (lines 679-690).
+
 Wire cost: down x and c, up Delta y and Delta c, i.e. twice FedAvg each way for models without buffers
 (the variates cover parameters only; BatchNorm's running statistics travel once, inside x and Delta y).
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 
@@ -21,7 +29,7 @@ from fedskew.algorithms.base import ClientContext, Replies, ServerContext, regis
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.aggregate import weighted_mean
 from fedskew.components.server_opt import param_keys, sgd_step, zeros_like
-from fedskew.components.terms import correction_hook
+from fedskew.components.terms import correction_hook, weight_correction_hook
 from fedskew.core.message import Message, arrays_with_prefix, state_to_arrays
 from fedskew.core.params import check
 from fedskew.privacy.uploads import Upload
@@ -39,6 +47,12 @@ class Scaffold(FedAvg):
     class Params(FedAvg.Params):
         averages_models: ClassVar[bool] = False  # [algorithm.aggregation] does not apply
         server_lr: float = 1.0  # eta_g; the paper's experiments use eta_g = 1 (Sec. 7)
+        # Where c - c_i acts: "gradient" adds it to the gradient (Alg. 1 line 10); "weights" moves the
+        # weights by -eta (c - c_i) after each optimiser step, outside momentum (NIID-Bench's code).
+        correction: Literal["gradient", "weights"] = "gradient"
+        # The mean of Delta y: "uniform" (Alg. 1 line 16) or weighted by the clients' sample counts
+        # (NIID-Bench's code, whose global model is FedAvg's weighted mean of the local models).
+        weighting: Literal["uniform", "samples"] = "uniform"
 
         renamed: ClassVar[dict[str, str]] = {"global_lr": "server_lr"}  # FedAvgM's and FedAdam's name
 
@@ -47,11 +61,21 @@ class Scaffold(FedAvg):
         def __post_init__(self) -> None:
             super().__post_init__()
             # Option II reads (x - y_i)/(K eta) as the mean corrected gradient, which holds for plain SGD
-            # steps (weight decay is fine: it is part of the local objective) but not with momentum.
-            check(self.momentum == 0, "momentum", self.momentum, "0 for SCAFFOLD (option II assumes plain SGD)")
+            # steps (weight decay is fine: it is part of the local objective) but not with momentum, where
+            # a correction added to the gradient is amplified by the momentum buffer. With the correction
+            # on the weights (NIID-Bench), (x - y_i)/(K eta) is the mean step over eta, momentum included,
+            # and the correction moves the weights by that much per step: momentum is allowed there.
+            check(
+                self.momentum == 0 or self.correction == "weights",
+                "momentum",
+                self.momentum,
+                '0 for SCAFFOLD (option II assumes plain SGD), unless correction = "weights" (NIID-Bench)',
+            )
 
     params: Params
     upload = Upload(measured_from=(("dy.", None), ("dc.", None)))  # updates of x and c, clipped together
+
+    sum_only_uploads = "equal"  # secure aggregation: only the train replies' unweighted mean (and their count) is read
 
     # ---- server ------------------------------------------------------------------------------
     def setup(self, server: ServerContext) -> None:
@@ -77,7 +101,11 @@ class Scaffold(FedAvg):
         if not replies:
             return
         equal = [1.0] * len(replies)
-        dy = weighted_mean([arrays_with_prefix(m.arrays, "dy.") for _, m in replies], equal)
+        by_size = [m.metrics["num_samples"] for _, m in replies]
+        dy = weighted_mean(
+            [arrays_with_prefix(m.arrays, "dy.") for _, m in replies],
+            by_size if self.params.weighting == "samples" else equal,
+        )
         dc = weighted_mean([arrays_with_prefix(m.arrays, "dc.") for _, m in replies], equal)
         x = {k: v.detach().clone() for k, v in server.model.state_dict().items()}
         floats = {k: d for k, d in dy.items() if d.is_floating_point()}
@@ -95,7 +123,11 @@ class Scaffold(FedAvg):
         x = arrays_with_prefix(msg.arrays, "x.")
         c = arrays_with_prefix(msg.arrays, "c.")
         c_i: dict[str, torch.Tensor] = client.state.get("c_i") or zeros_like(c)
-        hook = correction_hook({k: c[k] - c_i[k] for k in c})
+        diff = {k: c[k] - c_i[k] for k in c}
+        p = self.params
+        hook = (
+            correction_hook(diff) if p.correction == "gradient" else weight_correction_hook(diff, p.lr, p.weight_decay)
+        )
         res, reply = self.local_train(Message(arrays=x), client, grad_hooks=[hook])
         y = reply.arrays
         scale = 1.0 / (max(res.steps, 1) * self.params.lr)  # 1/(K eta)

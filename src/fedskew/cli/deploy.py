@@ -9,6 +9,9 @@ import sys
 from pathlib import Path
 
 from fedskew.cli.common import CONFIG_HELP, DATA_HELP, OVERRIDES_HELP, add_import, config_and_overrides, data_dir
+from fedskew.core.errors import ConfigError
+from fedskew.core.params import option_help
+from fedskew.engine.flower.settings import DeploySettings  # needs no Flower
 
 NAME = "deploy"
 TRAILING = "overrides"
@@ -24,8 +27,30 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     de.add_argument("--data-dir", help=DATA_HELP)
     de.add_argument("--label", default="", help="init: the variant to run when the config has several")
     de.add_argument("--force", action="store_true", help="overwrite an existing app folder")
+    helps = option_help(DeploySettings)
+    de.add_argument("--secagg", action="store_true",
+                    help="init: " + helps["secagg"] + "; methods whose server needs more are refused")
+    for key, kind in SECAGG_OPTIONS.items():
+        de.add_argument(f"--{key.replace('_', '-')}", type=kind, metavar="N" if kind is int else "X",
+                        help=f"init, with --secagg: {helps[key].removeprefix('SecAgg+: ')} (default "
+                             f"{getattr(DeploySettings, key)})")
     add_import(de)
     de.set_defaults(func=cmd_deploy)
+
+
+SECAGG_OPTIONS: dict[str, type] = {
+    "secagg_num_shares": int, "secagg_reconstruction_threshold": float, "secagg_clipping_range": float,
+    "secagg_quantization_range": int,
+}
+"""The parameters of secure aggregation ``deploy init`` takes as options (run settings of the app)."""
+
+
+def secagg_settings(args: argparse.Namespace) -> dict[str, object]:
+    """The run settings ``--secagg`` and its parameters give (checked with the others by ``write_app``)."""
+    given = {key: getattr(args, key) for key in SECAGG_OPTIONS if getattr(args, key, None) is not None}
+    if given and not args.secagg:
+        raise ConfigError(f"--{next(iter(given)).replace('_', '-')} is a parameter of secure aggregation: add --secagg")
+    return {"secagg": True, **given} if args.secagg else {}
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
@@ -34,8 +59,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
     config, overrides = config_and_overrides(args.config, args.overrides)  # `fedskew deploy init app rounds=5`
     if args.action == "init":
+        secure = secagg_settings(args)
         folder = write_app(
-            Path(args.folder), config, overrides, label=args.label, force=args.force, imports=args.imports
+            Path(args.folder), config, overrides, label=args.label, force=args.force, imports=args.imports,
+            settings=secure,
         )
         spec = resolve(read_config(config), parse_overrides(overrides), where=str(config or "default"),
                        imports=args.imports)[0]
@@ -44,6 +71,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         flwr = bin_dir / "flwr"
         path = "" if os.environ.get("VIRTUAL_ENV") else f'PATH="{bin_dir}:$PATH" '  # flwr starts flower-superlink
         install = "" if flwr.exists() else " (Flower is not installed: pip install -e '.[flower]' in fedskew's clone)"
+        if secure:
+            print("secure aggregation: on (SecAgg+; the run settings secagg_* in pyproject.toml, docs/deploy.md)")
         print(f"Flower App: {folder}\n"
               f"run it on Flower's local simulation ({nodes} simulated SuperNodes, one per partition){install}:\n"
               f"  {path}{flwr if flwr.exists() else 'flwr'} run {shlex.quote(str(folder))} --stream "

@@ -113,6 +113,22 @@ class Aggregation(Options):
         check(self.max_norm_ratio == 0 or self.max_norm_ratio >= 1, "max_norm_ratio", self.max_norm_ratio,
               ">= 1, or 0 for no bound")
 
+    def sum_only_refusal(self) -> str | None:
+        """What in these settings needs every client's update on its own, which secure aggregation hides (it reveals
+        only their weighted sum), as the rest of a sentence about the method, with the override that lifts it; None
+        for FedAvg's weighted mean."""
+        needs = "which needs every update on its own; SecAgg+ reveals only their sum"
+        if self.rule != "mean":
+            return (f"combines the updates by aggregation.rule = {self.rule!r}, {needs}: set "
+                    "algorithm.aggregation.rule=mean")
+        if self.clip_norm:
+            return (f"clips each update to aggregation.clip_norm = {self.clip_norm:g}, {needs}: set "
+                    "algorithm.aggregation.clip_norm=0")
+        if self.max_norm_ratio:
+            return (f"bounds each update by aggregation.max_norm_ratio = {self.max_norm_ratio:g} x the round's median "
+                    f"norm, {needs}: set algorithm.aggregation.max_norm_ratio=0")
+        return None
+
 
 def update_norms(items: Sequence[dict[str, torch.Tensor]], reference: dict[str, torch.Tensor]) -> list[float]:
     """L2 norm of each item's floating tensors minus ``reference``'s (the update a client sent), summed in

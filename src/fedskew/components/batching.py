@@ -163,7 +163,8 @@ def why_sequential(
 def _train(rendezvous: Rendezvous, t: LocalTraining) -> LocalResult | None:
     """Train ``t.model`` batched with the round's other clients if the training can be batched; None otherwise
     (``train_local`` then trains it as usual)."""
-    reason = why_sequential(t.model, t.x, t.terms, t.grad_hooks, t.logit_adjust)
+    reason = (why_sequential(t.model, t.x, t.terms, t.grad_hooks, t.logit_adjust) if t.private is None
+              else "DP-SGD (privacy.mode = \"sample\": per-sample gradients, clipped and noised)")
     if reason is not None:
         rendezvous.sequential(reason)
         return None

@@ -13,6 +13,8 @@ so a method file only says which pieces it adds:
   ICML 2021, Eq. 5).
 - :func:`correction_hook`: SCAFFOLD's gradient correction g + c - c_i (Karimireddy et al., ICML 2020,
   Alg. 1 line 10).
+- :func:`weight_correction_hook`: the same correction applied to the weights outside the optimiser, as
+  NIID-Bench's SCAFFOLD does (Li, Diao, Chen & He, ICDE 2022), which lets it run with momentum.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from torch import nn
 
 from fedskew.components.trainer import GradHook, LossTerm, stacked_term
 from fedskew.models.registry import FedModel
+from fedskew.privacy.dpsgd import data_free, per_sample
 
 
 def parameter_copy(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -114,7 +117,7 @@ def contrastive_term(
             z_prev = prev_model.features(x)
         return mu * model_contrastive_loss(tap.value, z_glob, z_prev, temperature)
 
-    return term
+    return per_sample(term)  # a batch mean of one value per sample (DP-SGD clips it in)
 
 
 def head_term(sample: Callable[[], tuple[torch.Tensor, torch.Tensor]], weight: float) -> LossTerm:
@@ -131,7 +134,7 @@ def head_term(sample: Callable[[], tuple[torch.Tensor, torch.Tensor]], weight: f
         assert isinstance(head, nn.Module)
         return weight * F.cross_entropy(head(feats), labels)
 
-    return term
+    return data_free(term)  # generated embeddings, none of the client's samples (DP-SGD adds it unclipped)
 
 
 def correction_hook(correction: dict[str, torch.Tensor]) -> GradHook:
@@ -145,5 +148,28 @@ def correction_hook(correction: dict[str, torch.Tensor]) -> GradHook:
         for name, p in model.named_parameters():
             if p.grad is not None:
                 p.grad.add_(correction[name])
+
+    return hook
+
+
+def weight_correction_hook(correction: dict[str, torch.Tensor], lr: float, weight_decay: float) -> GradHook:
+    """Move each parameter by ``-lr * correction[name]`` at every step, outside the optimiser.
+
+    NIID-Bench's SCAFFOLD (``train_net_scaffold`` in the authors' ``experiments.py``) takes an ordinary
+    SGD step (with momentum and weight decay) and then sets ``w <- w - lr (c - c_i)``, so the correction
+    never enters the momentum buffer. A hook runs before the step, so this one shifts the weights first
+    and adds ``weight_decay * lr * correction`` to the gradient, which cancels the decay the step would
+    otherwise apply to the shift: the step's ``grad + weight_decay * w`` is then the unshifted weights',
+    and the result is NIID-Bench's step-then-shift exactly (up to float rounding). Without momentum it
+    equals :func:`correction_hook` (both give ``w - lr (g + wd w + c - c_i)``).
+    """
+
+    def hook(model: nn.Module) -> None:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                shift = correction[name] * lr
+                p.sub_(shift)
+                if p.grad is not None and weight_decay:
+                    p.grad.add_(shift, alpha=weight_decay)
 
     return hook

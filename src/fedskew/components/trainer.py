@@ -19,6 +19,7 @@ from fedskew.core.device import current_compute, host_floats
 from fedskew.core.handoff import hand_off
 from fedskew.core.params import Options, minimums
 from fedskew.models.layout import as_model_format, is_channels_last, shuffled_batches
+from fedskew.privacy.dpsgd import PrivateGradients, SampleDP
 
 LossTerm = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """``term(model, x, y, logits) -> scalar`` added to the cross-entropy loss."""
@@ -139,6 +140,7 @@ class LocalTraining:
     terms: Sequence[LossTerm]
     grad_hooks: Sequence[GradHook]
     logit_adjust: LogitAdjust | None = None
+    private: SampleDP | None = None  # DP-SGD: never batched (components/batching.py says why)
 
 
 def train_local(
@@ -150,6 +152,7 @@ def train_local(
     terms: Sequence[LossTerm] = (),
     grad_hooks: Sequence[GradHook] = (),
     logit_adjust: LogitAdjust | None = None,
+    private: SampleDP | None = None,
 ) -> LocalResult:
     """Train ``model`` in place with SGD on ``(x, y)``.
 
@@ -168,17 +171,26 @@ def train_local(
     logit_adjust
         Changes the logits before the cross-entropy, see :data:`LogitAdjust`; None (the default) takes the
         cross-entropy of the model's logits.
+    private
+        Sample-level DP-SGD (:mod:`fedskew.privacy.dpsgd`): each step's gradient is the sum of per-sample
+        gradients clipped to ``private.clip``, plus Gaussian noise, over the batch size; ``private.steps`` and
+        ``private.sample_rate`` are filled. None (the default): plain SGD. A batched runner trains it one
+        client at a time.
 
     Under a batched runner (``clients_in_parallel``) the training is handed to it when it can be batched
     (:mod:`fedskew.core.handoff`, :mod:`fedskew.components.batching`): same batches and update rule, other
     clients alongside.
     """
-    batched = hand_off(LocalTraining(model, x, y, cfg, generator, terms, grad_hooks, logit_adjust))
+    compute = current_compute()
+    # DP-SGD refuses in one line, before anything trains, what it cannot privatise.
+    dp = None if private is None else PrivateGradients(model, terms, logit_adjust, private, compute)
+    batched = hand_off(LocalTraining(model, x, y, cfg, generator, terms, grad_hooks, logit_adjust, private))
     if batched is not None:
+        if dp is not None:
+            raise RuntimeError("a batched runner trained a DP-SGD client without its privacy")
         assert isinstance(batched, LocalResult)
         return batched
     model.train()
-    compute = current_compute()
     opt = torch.optim.SGD(
         model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
         **compute.sgd_options(),
@@ -192,20 +204,24 @@ def train_local(
     losses: list[torch.Tensor] = []
     for _ in range(cfg.epochs):
         # The epoch's order is drawn on the CPU and moved to the data's device once, not per step.
-        for idx in shuffled_batches(n, cfg.batch_size, generator, x.device):
+        for idx in (shuffled_batches if dp is None else dp.batches)(n, cfg.batch_size, generator, x.device):
             if cfg.max_steps is not None and steps >= cfg.max_steps:
                 break
             xb, yb = as_model_format(x[idx], cl), y[idx]
-            with precision.autocast():
-                logits = forward(xb)
-                if logit_adjust is None:
-                    loss = F.cross_entropy(logits, yb)
-                else:
-                    loss = F.cross_entropy(logit_adjust(logits, yb), yb)
-                for term in terms:
-                    loss = loss + term(model, xb, yb, logits)
-            opt.zero_grad(set_to_none=True)
-            precision.backward(loss)
+            if dp is not None:  # DP-SGD: the clipped per-sample gradients' noised sum, in each p.grad
+                opt.zero_grad(set_to_none=True)
+                loss = dp.step(xb, yb)
+            else:
+                with precision.autocast():
+                    logits = forward(xb)
+                    if logit_adjust is None:
+                        loss = F.cross_entropy(logits, yb)
+                    else:
+                        loss = F.cross_entropy(logit_adjust(logits, yb), yb)
+                    for term in terms:
+                        loss = loss + term(model, xb, yb, logits)
+                opt.zero_grad(set_to_none=True)
+                precision.backward(loss)
             if grad_hooks:
                 precision.unscale(opt)
             for hook in grad_hooks:

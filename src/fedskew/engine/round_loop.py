@@ -126,7 +126,14 @@ class RoundLoop:
             lambda c: self.algorithm.sample_limit(c, shard[c + 1] - shard[c], self.server),
         )
         outcomes = self.runner.run_clients(jobs)
+        rejected = len(self.book.rejected)
         replies = self.pipeline.receive(jobs, outcomes, fates, spec, self.client_states, up)
+        if len(self.book.rejected) > rejected and task in getattr(self.clients, "summed_tasks", ()):
+            cid, reason = self.book.rejected[rejected]
+            raise FedskewError(  # secure aggregation (engine/flower/secagg.py): the upload is inside the mean
+                f"round {self.round}: the {task!r} reply of client {cid} was rejected ({reason}), but secure "
+                "aggregation had already added its upload to the sum, which cannot be taken out; the run stops here"
+            )
         if self.device.type != "cpu":
             replies = [(cid, Message(to_device(m.arrays, self.device), m.config, m.metrics)) for cid, m in replies]
         if self.privacy is not None:  # every engine's replies pass here: central DP's noised mean, the accounting

@@ -99,6 +99,10 @@ class AggregationFree(Algorithm):
     params: Params
     upload = Withheld("condensed images", use='privacy.mode = "condensation"')
 
+    not_sum_only = (
+        "uploads condensed images, which the server must see one by one; SecAgg+ reveals only the sum of the uploads"
+    )
+
     # ---- server ------------------------------------------------------------------------------
     def download(self, server: ServerContext) -> dict[str, torch.Tensor]:
         """Arrays sent to every selected client: the global model (FedAF adds the global logits)."""

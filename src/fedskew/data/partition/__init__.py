@@ -10,7 +10,7 @@ name                     skew
 ======================== ======================================================================
 ``iid``                  none: equal-size uniform random split (the control)
 ``dirichlet``            label and size skew: per class, client shares ~ Dir(alpha) (NIID-Bench)
-``classes_per_client``   label skew: each client holds exactly ``classes`` classes (HFLDD's C)
+``classes_per_client``   label skew: each client holds exactly ``classes`` classes (HFLDD's C; NIID-Bench's #C=k)
 ``shards``               label skew: McMahan et al.'s sort-by-label shards
 ``quantity``             size skew only: client sizes ~ Dir(alpha), labels IID within a client
 ``mixed``                several partitioners, each over its own group of clients

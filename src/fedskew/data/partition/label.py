@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 
 from fedskew.core.errors import ConfigError
@@ -91,9 +93,24 @@ def dirichlet(
 
 
 class ClassesParams(PartitionParams, kw_only=True):
-    """Options of ``classes_per_client``: ``classes`` (required, >= 1), the classes every client holds."""
+    """Options of ``classes_per_client``.
+
+    Attributes
+    ----------
+    classes
+        The number of distinct classes every client holds, >= 1; required.
+    assignment
+        How the classes are dealt. ``"balanced"`` (default): each client takes the ``classes``
+        least-used classes so far (ties at random), so every class has the same number of holders
+        give or take one. ``"niid_bench"``: NIID-Bench's ``noniid-#label<k>`` (Li, Diao, Chen & He,
+        ICDE 2022, the paper's ``#C=k``; ``partition_data`` in the authors' ``utils.py``): client
+        ``i``'s first class is ``i mod K`` (``K`` the number of classes), its other ``classes - 1``
+        are drawn uniformly at random among the classes it does not hold yet, whatever other clients
+        hold, so the number of holders of a class (and the clients' sizes) varies with the draw.
+    """
 
     classes: int
+    assignment: Literal["balanced", "niid_bench"] = "balanced"
 
     at_least = minimums(classes=1)
 
@@ -102,28 +119,39 @@ class ClassesParams(PartitionParams, kw_only=True):
 def classes_per_client(
     labels: np.ndarray, rng: np.random.Generator, p: ClassesParams, domains: np.ndarray | None
 ) -> Partition:
-    """Label skew: every client holds exactly ``classes`` distinct classes (HFLDD's ``C``).
+    """Label skew: every client holds exactly ``classes`` distinct classes (HFLDD's ``C``,
+    NIID-Bench's ``#C=k``).
 
-    Classes are assigned client by client, each taking the ``classes`` least-used classes so far
-    (ties broken at random), so every class is held by the same number of clients give or take
-    one while the class combinations still vary with the seed. Each class's shuffled samples are
-    then split evenly among its holders. ``classes=1`` is the extreme case (one class per
-    client); ``classes`` equal to the number of classes gives every client every class.
+    Classes are assigned client by client, by ``assignment`` (see :class:`ClassesParams`):
+    ``"balanced"`` takes the ``classes`` least-used classes so far (ties broken at random), so
+    every class is held by the same number of clients give or take one while the class
+    combinations still vary with the seed; ``"niid_bench"`` follows NIID-Bench (first class
+    ``client mod K``, the others uniformly at random), so a class can have one holder or many.
+    Either way each class's shuffled samples are then split evenly (``numpy.array_split``, sizes
+    differing by at most one) among its holders, in client order. ``classes=1`` is the extreme case
+    (one class per client); ``classes`` equal to the number of classes gives every client every
+    class.
 
-    Only classes present in ``labels`` count. If ``num_clients * classes`` is below the number of
-    classes, some classes have no holder and their samples are left unused.
+    Only classes present in ``labels`` count (``K`` is their number; class ``j`` is the ``j``-th
+    smallest label). If ``num_clients * classes`` is below the number of classes, some classes may
+    have no holder and their samples are left unused (NIID-Bench fails there instead).
     """
     present = np.unique(labels)
     num_classes = len(present)
     if p.classes > num_classes:
         raise ConfigError(f"partition.classes={p.classes} exceeds the {num_classes} classes in the labels")
-    usage = np.zeros(num_classes, dtype=np.int64)
     holders: list[list[int]] = [[] for _ in range(num_classes)]
-    for client in range(p.num_clients):
-        # Integer usage plus a tie-breaker in [0, 1): least used first, random among equals.
-        for k in np.argsort(usage + rng.random(num_classes))[: p.classes]:
-            holders[k].append(client)
-            usage[k] += 1
+    if p.assignment == "niid_bench":
+        for client, held in enumerate(niid_bench_classes(p.num_clients, num_classes, p.classes, rng)):
+            for k in held:
+                holders[k].append(client)
+    else:
+        usage = np.zeros(num_classes, dtype=np.int64)
+        for client in range(p.num_clients):
+            # Integer usage plus a tie-breaker in [0, 1): least used first, random among equals.
+            for k in np.argsort(usage + rng.random(num_classes))[: p.classes]:
+                holders[k].append(client)
+                usage[k] += 1
     parts: list[list[np.ndarray]] = [[] for _ in range(p.num_clients)]
     for k, idx in enumerate(by_class(labels)):
         if not holders[k]:
@@ -136,6 +164,26 @@ def classes_per_client(
         for client, chunk in zip(holders[k], np.array_split(rng.permutation(idx), len(holders[k])), strict=True):
             parts[client].append(chunk)
     return Partition(finish(parts))
+
+
+def niid_bench_classes(num_clients: int, num_classes: int, classes: int, rng: np.random.Generator) -> list[list[int]]:
+    """The classes (indices ``0 .. num_classes - 1``) each client holds under NIID-Bench's ``#C=k`` rule.
+
+    As ``partition_data`` in NIID-Bench's ``utils.py`` (branch ``noniid-#label<k>``): client ``i``
+    first takes class ``i mod num_classes``, then ``classes - 1`` more, each drawn uniformly among
+    the classes it does not hold yet (NIID-Bench redraws ``random.randint(0, K - 1)`` until it hits
+    a new class, which is the same distribution). The draws come from ``rng``, not from Python's
+    ``random``, so the same seed does not give NIID-Bench's own partition, only one from the same
+    distribution.
+    """
+    chosen: list[list[int]] = []
+    for client in range(num_clients):
+        held = [client % num_classes]
+        for _ in range(classes - 1):
+            rest = [k for k in range(num_classes) if k not in held]
+            held.append(rest[int(rng.integers(len(rest)))])
+        chosen.append(held)
+    return chosen
 
 
 class ShardsParams(PartitionParams, kw_only=True):

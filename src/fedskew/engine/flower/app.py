@@ -14,7 +14,7 @@ from __future__ import annotations
 import shlex
 import shutil
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,8 @@ import tomli_w
 import torch
 
 from fedskew.core.errors import ConfigError
+from fedskew.core.params import as_table, build_params
+from fedskew.engine.flower.settings import DeploySettings, check_secure_aggregation
 
 EXPERIMENT = "experiment.toml"
 APP_MODULE = "fedskew_app"
@@ -67,17 +69,10 @@ clientapp = client(__file__, PLUGINS)
 '''
 """``fedskew_app.py``; ``{plugins}`` is the list of the app's plug-ins."""
 
-RUN_CONFIG_DEFAULTS: dict[str, Any] = {
-    "experiment": EXPERIMENT,  # the fedskew config inside this folder
-    "overrides": "",  # dotted overrides as on the fedskew command line: "rounds=5 partition.alpha=0.5"
-    "label": "",  # which variant to run when the config has several
-    "out": "runs/deploy",  # parent of the run folder, on the SuperLink's machine
-    "data_dir": "",  # the server's dataset folder (test set); default $FEDSKEW_DATA
-    "resume": False,  # continue out/<label>-seed<k> from its last checkpoint
-    "reply_timeout": 0.0,  # seconds an exchange waits for replies (0: until Flower reports the node lost)
-    "min_reply_fraction": 0.5,  # stop the run when fewer of an exchange's clients answer
-    "node_wait": 300.0,  # seconds to wait at the start for SuperNodes serving every partition
-}
+def run_config_defaults() -> dict[str, Any]:
+    """The app's run settings as ``fedskew deploy init`` writes them: every :class:`~.settings.DeploySettings`
+    field at its default (docs/deploy.md says what each means)."""
+    return as_table(DeploySettings())
 
 
 def resolve_experiment(
@@ -117,7 +112,7 @@ def one_run(
 
 def write_app(
     folder: Path, config: str | None, overrides: list[str], label: str = "", force: bool = False,
-    imports: Sequence[str] = (),
+    imports: Sequence[str] = (), settings: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write a Flower App folder running ``config`` (a file or built-in name) with ``overrides``.
 
@@ -125,9 +120,13 @@ def write_app(
     broken plug-in fails now, not on the server, and leaves nothing written. The plug-ins (the
     config's ``plugins``, a ``plugins`` override, ``imports``) are packed: each file is copied into
     ``plugins/``, and ``fedskew_app.py`` imports them, and the modules named, wherever the app runs.
+    ``settings`` are run settings other than their defaults (``secagg = true`` and its parameters), checked too:
+    with secure aggregation, a method or config it cannot carry is refused here (:func:`.settings.
+    check_secure_aggregation`).
     """
     from fedskew.config import builtin_configs
     from fedskew.config.files import read_text, with_plugin_base
+    from fedskew.config.schema import typed_config
 
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"{folder} is a file, not a folder: choose another app folder")
@@ -146,18 +145,20 @@ def write_app(
         raise ConfigError(f"config {config!r} not found: give a TOML file or a built-in config name")
     # A plugins override is packed with the others, so the app's overrides leave it out.
     kept = [o for o in overrides if o.partition("=")[0].strip() != "plugins"]
-    settings = {**RUN_CONFIG_DEFAULTS, "overrides": shlex.join(kept), "label": label}
+    run_settings = {**run_config_defaults(), **(settings or {}), "overrides": shlex.join(kept), "label": label}
+    checked = build_params(DeploySettings, run_settings, prefix="run setting ")
     try:
         raw = with_plugin_base(tomllib.loads(text), base, str(config or "default"))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config {config or 'default'}: invalid TOML: {e}") from None
     run = one_run(raw, shlex.join(overrides), label, str(config or "default"), imports=imports)
+    check_secure_aggregation(typed_config(run), checked)
     plugins = run.get("plugins", [])
     folder.mkdir(parents=True, exist_ok=True)
     packed = _pack_plugins(plugins, folder / PLUGINS_DIR)
     (folder / EXPERIMENT).write_text(text, encoding="utf-8")
     (folder / f"{APP_MODULE}.py").write_text(APP_CODE.format(plugins=repr(packed)), encoding="utf-8")
-    target.write_text(PYPROJECT + tomli_w.dumps({"tool": {"flwr": {"app": {"config": settings}}}}))
+    target.write_text(PYPROJECT + tomli_w.dumps({"tool": {"flwr": {"app": {"config": run_settings}}}}))
     return folder
 
 

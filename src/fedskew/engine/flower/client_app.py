@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
-from flwr.clientapp import ClientApp
 
 from fedskew.algorithms.base import EVALUATE, FederationInfo, make_algorithm
 from fedskew.config.schema import component
@@ -43,10 +42,10 @@ from fedskew.engine.flower.messages import (
     put_state,
     to_records,
 )
+from fedskew.engine.flower.mods import is_secure, make_client_app
+from fedskew.engine.flower.secagg import secure_upload
 from fedskew.engine.workers import client_step_on
 from fedskew.plugins import load_plugins
-
-app = ClientApp()
 
 
 def node_partitions(node_config: dict[str, Any]) -> list[int]:
@@ -127,9 +126,14 @@ def handle(message: Message, context: Context) -> Message:
         raise FedskewError(f"asked to run client {cid}, but this node serves partitions {partitions}")
     run = json.loads(str(head["run"]))
     info = info_from_json(str(head["info"]))
-    x, y, test = load_shard(cid, run, info, context.node_config)
     method = component("algorithm", run["algorithm"])  # its parameters checked here, as on the server
     algorithm = make_algorithm(method.name, method.params, info)
+    weighting = type(algorithm).sum_only()
+    secure = is_secure(message)
+    if secure and (task != "train" or weighting is None):
+        raise FedskewError(f"asked for a SecAgg+ upload of task {task!r} of algorithm {method.name!r}, which secure "
+                           "aggregation does not carry (docs/deploy.md)")
+    x, y, test = load_shard(cid, run, info, context.node_config)
     # The node's own config says where it computes (``device``, default auto); the run says the precision
     # and the launch-cutting switches (less those the node's device cannot run).
     device = resolve_device(str(context.node_config.get("device", "auto")))
@@ -138,22 +142,18 @@ def handle(message: Message, context: Context) -> Message:
         sgd_impl=str(run.get("sgd_impl", "default")), compile=str(run.get("compile", "off")),
         tf32=bool(run.get("tf32", False)),
     ).on_device(device)
+    request = from_records(message.content)
     reply, state = client_step_on(
-        algorithm, task, from_records(message.content), cid, rnd, x, y, info, get_state(context.state, cid), compute,
-        test=test,
+        algorithm, task, request, cid, rnd, x, y, info, get_state(context.state, cid), compute, test=test,
     )
     if task != EVALUATE:  # evaluating changes nothing the client keeps
         put_state(context.state, cid, state)
+    if secure:  # the upload SecAgg+ masks (secaggplus_mod, around this handler, takes it from here)
+        assert weighting is not None
+        return Message(secure_upload(request, reply, weighting, context), reply_to=message)
     return Message(to_records(reply), reply_to=message)
 
 
-@app.train()
-def train(message: Message, context: Context) -> Message:
-    """fedskew ``train`` tasks arrive as Flower train messages."""
-    return handle(message, context)
-
-
-@app.query()
-def query(message: Message, context: Context) -> Message:
-    """Every other task (a census, soft labels, relayed data) and the engine's partition census."""
-    return handle(message, context)
+app = make_client_app(handle)
+"""fedskew's ClientApp: ``train`` tasks arrive as Flower train messages (with secure aggregation, through Flower's
+``secaggplus_mod``, which answers the protocol's other steps itself), every other task as query messages."""

@@ -30,18 +30,20 @@ from flwr.common.config import get_project_dir
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
-from fedskew.algorithms.base import FederationInfo
+from fedskew.algorithms.base import ALGORITHMS, FederationInfo
 from fedskew.config.files import read_toml
 from fedskew.config.resume import same_run
 from fedskew.config.schema import RunConfig, full_config, typed_config
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.core.message import Message as FedskewMessage
-from fedskew.core.params import Options, build_params, maximums, minimums
+from fedskew.core.params import build_params
 from fedskew.engine.checkpoint import load_checkpoint
 from fedskew.engine.federation import federation_for
 from fedskew.engine.flower.app import resolve_experiment
 from fedskew.engine.flower.messages import HEADER, HELLO, from_records, info_to_json, to_records
+from fedskew.engine.flower.secagg import SecureTrain, same_request
+from fedskew.engine.flower.settings import DeploySettings, check_secure_aggregation
 from fedskew.engine.round_loop import RunResult
 from fedskew.engine.runner import ClientJob, NoReply
 from fedskew.engine.session import start_run
@@ -54,24 +56,6 @@ from fedskew.runs import (
 )
 
 log = logging.getLogger("fedskew")
-
-class DeploySettings(Options, frozen=True):
-    """The run settings of a deployment (the app's ``[tool.flwr.app.config]``; see docs/deploy.md)."""
-
-    experiment: str = "experiment.toml"
-    overrides: str = ""
-    label: str = ""
-    out: str = "runs/deploy"
-    data_dir: str = ""
-    resume: bool = False
-    reply_timeout: float = 0.0
-    min_reply_fraction: float = 0.5
-    node_wait: float = 300.0
-
-    at_least = minimums(reply_timeout=0)  # 0: no timeout
-    at_most = maximums(min_reply_fraction=1)
-    positive = ("min_reply_fraction", "node_wait")
-
 
 class FlowerClients:
     """Runs the simulator's client jobs on the SuperNodes that serve them.
@@ -91,6 +75,8 @@ class FlowerClients:
         An exchange answered by fewer of its clients stops the run.
     poll
         Seconds between checks for replies.
+    secure
+        Secure aggregation: ``train`` exchanges go through SecAgg+ (:mod:`.secagg`); None: every exchange is plain.
     """
 
     def __init__(
@@ -102,6 +88,7 @@ class FlowerClients:
         reply_timeout: float = 0.0,
         min_reply_fraction: float = 0.5,
         poll: float = 0.2,
+        secure: SecureTrain | None = None,
     ) -> None:
         self.grid = grid
         self.num_clients = info.num_clients
@@ -114,11 +101,41 @@ class FlowerClients:
         self.poll = poll
         self.nodes: dict[int, int] = {}  # client id -> SuperNode id
         self.lost: dict[int, str] = {}  # SuperNode id -> why it is no longer asked
+        self.secure = secure
+        self.errors: dict[int, str] = {}  # SuperNode id -> why it failed the last secure exchange
+        self.summed_tasks = frozenset({"train"} if secure else ())
+        """Tasks whose replies are summed before the server sees them: a reply the engine rejects stops the run."""
 
     # ---- Flower plumbing ---------------------------------------------------------------------------
     def _message(self, node: int, task: str, cid: int, rnd: int, content: RecordDict) -> Message:
         content[HEADER] = ConfigRecord({"task": task, "cid": cid, "round": rnd, "run": self._run, "info": self._info})
         return Message(content, node, "train" if task == "train" else "query", group_id=str(rnd))
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+        """Flower's ``Grid.send_and_receive``, which SecAgg+'s workflow calls for each stage, polling every ``poll``
+        seconds (Flower's own sleeps 3 s) until ``reply_timeout``; a node that fails is noted in ``errors``."""
+        sent = list(messages)
+        pending: dict[str, int] = {}
+        for mid, m in zip(self._push(sent), sent, strict=True):
+            if mid is None:
+                self.errors.setdefault(m.metadata.dst_node_id, "the SuperLink did not accept the request")
+            else:
+                pending[mid] = m.metadata.dst_node_id
+        deadline = time.monotonic() + self.reply_timeout if self.reply_timeout > 0 else math.inf
+        replies = []
+        while pending:
+            for reply in self._pull(pending):
+                node = pending.pop(reply.metadata.reply_to_message_id)
+                if reply.has_error():
+                    self.errors.setdefault(node, self._error(node, reply.error))
+                replies.append(reply)
+            if not pending or time.monotonic() >= deadline:
+                break
+            time.sleep(self.poll)
+        for node in pending.values():
+            self.lost[node] = reason = f"no reply within {self.reply_timeout:g} s"
+            self.errors.setdefault(node, reason)
+        return replies
 
     def _push(self, messages: list[Message]) -> list[str | None]:
         """Message ids in order; None for a message the SuperLink refused (all, if it refused the batch)."""
@@ -162,6 +179,7 @@ class FlowerClients:
             missing = [c for c in range(self.num_clients) if c not in self.nodes]
             if not missing:
                 log.info("%d clients on %d SuperNodes", self.num_clients, len(set(self.nodes.values())))
+                self._one_partition_each()
                 return
             if time.monotonic() > deadline:
                 raise FedskewError(
@@ -180,13 +198,25 @@ class FlowerClients:
             else:
                 self.nodes[cid] = node
 
+    def _one_partition_each(self) -> None:
+        """Secure aggregation masks one upload per SuperNode: refuse a node that serves several partitions."""
+        served: dict[int, list[int]] = {}
+        for cid, node in self.nodes.items():
+            served.setdefault(node, []).append(cid)
+        several = [(node, cids) for node, cids in served.items() if len(cids) > 1]
+        if self.secure is not None and several:
+            raise FedskewError(f"secure aggregation masks one upload per SuperNode, but SuperNode {several[0][0]} "
+                               f"serves partitions {sorted(several[0][1])}: start one SuperNode per partition")
+
     # ---- the exchange ------------------------------------------------------------------------------
     def run_clients(self, jobs: list[ClientJob]) -> list[tuple[FedskewMessage, dict[str, Any]] | NoReply]:
         """Send each job to its client's node and return the replies (or why there is none) in order.
 
         The job's client state is not sent: it lives on the node. Replies therefore carry an empty
-        state back to the simulator.
+        state back to the simulator. With secure aggregation, ``train`` jobs go through SecAgg+ (:meth:`_secure`).
         """
+        if self.secure is not None and jobs and jobs[0].task == "train":
+            return self._secure(jobs)
         outcomes: list[tuple[FedskewMessage, dict[str, Any]] | NoReply | None] = [None] * len(jobs)
         messages, index = [], []
         for i, job in enumerate(jobs):
@@ -226,11 +256,43 @@ class FlowerClients:
             return NoReply(f"unreadable reply: {e}")
 
     def _failure(self, job: ClientJob, error: Error) -> NoReply:
-        node = self.nodes[job.cid]
+        return NoReply(self._error(self.nodes[job.cid], error))
+
+    def _error(self, node: int, error: Error) -> str:
+        """Why ``node`` answered with ``error``; a node Flower reports unavailable is not asked again."""
         if error.code == ErrorCode.NODE_UNAVAILABLE:
             self.lost[node] = "Flower reported it unavailable"
-            return NoReply(f"node unavailable: {error.reason}")
-        return NoReply(f"Flower error {error.code}: {error.reason}")
+            return f"node unavailable: {error.reason}"
+        return f"Flower error {error.code}: {error.reason}"
+
+    def _secure(self, jobs: list[ClientJob]) -> list[tuple[FedskewMessage, dict[str, Any]] | NoReply]:
+        """A ``train`` exchange through SecAgg+: every client that took part gets the revealed mean as its reply."""
+        assert self.secure is not None
+        outcomes: list[tuple[FedskewMessage, dict[str, Any]] | NoReply | None] = [None] * len(jobs)
+        requests: dict[int, RecordDict] = {}
+        index: dict[int, int] = {}  # node -> job
+        for i, job in enumerate(jobs):
+            node = self.nodes[job.cid]
+            if node in self.lost:
+                outcomes[i] = NoReply(f"node lost earlier: {self.lost[node]}")
+            elif not same_request(job.msg, jobs[0].msg):
+                raise FedskewError(f"secure aggregation: round {job.round} sent client {job.cid} another train "
+                                   f"request than client {jobs[0].cid}; a method declaring sum_only_uploads sends one")
+            else:
+                requests[node], index[node] = self._message(node, job.task, job.cid, job.round,
+                                                            to_records(job.msg)).content, i
+        self.errors = {}
+        if len(requests) > 1:
+            got = self.secure.run(self, requests, {n: jobs[i].cid for n, i in index.items()}, jobs[0].round,
+                                  jobs[0].msg)
+        else:
+            got = dict.fromkeys(requests, "SecAgg+ needs at least 2 clients, and only this one was reachable")
+        for node, i in index.items():
+            reply = got[node]
+            outcomes[i] = (reply, {}) if isinstance(reply, FedskewMessage) else NoReply(self.errors.get(node, reply))
+        done = [o for o in outcomes if o is not None]
+        self._check(jobs, done)
+        return done
 
     def _check(self, jobs: list[ClientJob], outcomes: list[tuple[FedskewMessage, dict[str, Any]] | NoReply]) -> None:
         failed = [(job.cid, o.reason) for job, o in zip(jobs, outcomes, strict=True) if isinstance(o, NoReply)]
@@ -282,14 +344,21 @@ def deploy(grid: Grid, settings: DeploySettings, app_dir: Path, plugins: Sequenc
     """
     config = typed_config(resolve_experiment(app_dir / settings.experiment, settings.overrides, settings.label,
                                              plugins))
+    check_secure_aggregation(config, settings)  # before the run folder is touched or a node asked
     run_dir = Path(settings.out).expanduser() / run_folder_name(config.label, config.run.seed)
     with locked_run_folder(run_dir):  # one deployment (or fedskew run) per run folder at a time
         stored = _stored_run(run_dir, config, settings.resume)
         data_dir = settings.data_dir or os.environ.get("FEDSKEW_DATA") or None
         fed = federation_for(config, data_dir)
+        secure = None
+        if settings.secagg:  # the method's weighting, and the shard sizes its weights are fractions of
+            weighting = ALGORITHMS.get(config.algorithm.name).sum_only()
+            assert weighting is not None  # check_secure_aggregation refused the others
+            sizes = [int(fed.offsets[c + 1] - fed.offsets[c]) for c in range(fed.info.num_clients)]
+            secure = SecureTrain(settings, weighting, sizes)
         clients = FlowerClients(  # the tables the nodes need, on the wire in the form config.toml holds
             grid, full_config(config), fed.info, reply_timeout=settings.reply_timeout,
-            min_reply_fraction=settings.min_reply_fraction,
+            min_reply_fraction=settings.min_reply_fraction, secure=secure,
         )
 
         def progress(rec: dict[str, Any]) -> None:
