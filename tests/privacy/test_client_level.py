@@ -133,8 +133,11 @@ def test_a_private_run_a_method_cannot_carry_is_refused_in_one_line(name: str, t
 
 
 def test_central_dp_replaces_a_robust_aggregation_and_calibration_needs_known_steps() -> None:
-    with pytest.raises(ConfigError, match=r'privacy.mode = "central" replaces \[algorithm.aggregation\]'):
+    with pytest.raises(ConfigError, match=r'privacy.mode = "central" replaces \[algorithm.aggregation\] \(the '
+                       r"noised mean of the clipped updates is the aggregate\): remove algorithm.aggregation.rule$"):
         typed_config(tiny_config(privacy={"mode": "central"}, algorithm={"aggregation": {"rule": "median"}}))
+    # the outlier bound has nothing to judge among the equal replies: free to set (secure aggregation sets it to 0)
+    typed_config(tiny_config(privacy={"mode": "central"}, algorithm={"aggregation": {"max_norm_ratio": 0}}))
     typed_config(tiny_config(privacy={"mode": "local"}, algorithm={"aggregation": {"rule": "median"}}))  # fine
     typed_config(tiny_config(privacy={"mode": "central", "on_target": "calibrate", "target_epsilon": 2.0,
                                       "noise_multiplier": 0}))  # derived: the given value does not count

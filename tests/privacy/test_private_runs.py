@@ -29,7 +29,6 @@ from tests.helpers.configs import config_for, methods, tiny_config
 pytest.importorskip("opacus")  # the privacy extra: scripts/test.sh installs it
 
 SHARING = sorted(n for n in ALGORITHMS.names() if isinstance(ALGORITHMS.get(n).upload, Upload))
-CENTRAL = [n for n in SHARING if not ALGORITHMS.get(n).upload.central]  # type: ignore[union-attr]
 
 
 def _run(cfg: dict[str, Any], path: Path) -> RoundLoop:
@@ -48,12 +47,16 @@ def _summary(path: Path) -> dict[str, Any]:
     return json.loads((path / "summary.json").read_text())
 
 
-@pytest.mark.parametrize("mode", ["central", "local"])
+@pytest.mark.parametrize("mode", ["central", "local", "sample"])
 @pytest.mark.parametrize("name", methods(SHARING))
 def test_every_method_that_shares_its_model_runs_privately(tmp_path: Path, name: str, mode: str) -> None:
-    if mode == "central" and name not in CENTRAL:
-        pytest.skip(f"{name} is refused under central DP (test_client_level)")
+    upload = ALGORITHMS.get(name).upload
+    assert isinstance(upload, Upload)
+    if (mode == "central" and upload.central) or (mode == "sample" and upload.dpsgd):
+        pytest.skip(f"{name} is refused under {mode} DP (test_client_level)")
     cfg = config_for(name, rounds=2, privacy={"mode": mode, "noise_multiplier": 0.8, "clip": 0.1})
+    if mode == "sample":  # DP-SGD refuses BatchNorm: the ConvNet with a per-sample normalisation
+        cfg["model"]["net_norm"] = "instancenorm"
     loop = _run(cfg, tmp_path / name)
     recs = _records(tmp_path / name)
     assert all(r["accuracy"] is not None and r["rejected"] == [] for r in recs)
@@ -252,12 +255,17 @@ def test_sample_mode_hands_train_local_a_sampledp_and_accounts_what_it_reports(
 
 
 def test_sample_mode_with_the_real_dpsgd(tmp_path: Path) -> None:
-    pytest.importorskip("fedskew.privacy.dpsgd", reason="DP-SGD (src/fedskew/privacy/dpsgd.py, issue 49's "
-                        "sample mode, another engineer's) is not on this branch yet: the glue is tested above")
+    """DP-SGD (fedskew.privacy.dpsgd) through the glue: each client's accountant holds (z, batch / n, its steps)."""
     cfg = tiny_config(rounds=2, privacy={"mode": "sample", "noise_multiplier": 1.0, "clip": 1.0})
-    _run(cfg, tmp_path / "run")
+    loop = _run(cfg, tmp_path / "run")
     recs = _records(tmp_path / "run")
     assert 0 < recs[0]["epsilon_max"] <= recs[1]["epsilon_max"]
+    sizes = loop.fed.offsets
+    assert loop.privacy is not None and loop.privacy.clients
+    for cid, acc in loop.privacy.clients.items():
+        n = sizes[cid + 1] - sizes[cid]
+        rounds = sum(cid in r["clients"] for r in recs)
+        assert acc.history == [(1.0, min(1.0, 16 / n), rounds * -(-n // 16))]
 
 
 @pytest.mark.slow

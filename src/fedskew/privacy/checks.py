@@ -68,9 +68,14 @@ def check_privacy(privacy: PrivacyParams, algorithm: str, upload: Upload | Withh
         raise ConfigError(f'privacy.mode = "sample" cannot privatise {algorithm!r}: {upload.dpsgd}; use '
                           'privacy.mode = "central" or "local"')
     aggregation = getattr(params, "aggregation", None)
-    if mode == "central" and aggregation is not None and aggregation != type(aggregation)():
-        raise ConfigError('privacy.mode = "central" replaces [algorithm.aggregation] (the noised mean of the clipped '
-                          "updates is the aggregate): remove its settings")
+    if mode == "central" and aggregation is not None:
+        # The replies the rule sees are all equal (the noised mean): a robust rule would do nothing, clip_norm would
+        # clip the mean again. The outlier bound (max_norm_ratio) has nothing to judge among equal replies.
+        plain = type(aggregation)()
+        changed = [k for k in ("rule", "trim", "clip_norm") if getattr(aggregation, k) != getattr(plain, k)]
+        if changed:
+            raise ConfigError(f'privacy.mode = "central" replaces [algorithm.aggregation] (the noised mean of the '
+                              f"clipped updates is the aggregate): remove algorithm.aggregation.{changed[0]}")
     if mode == "sample" and privacy.on_target == "calibrate":
         raise ConfigError('privacy.on_target = "calibrate" needs privacy.mode = "central" or "local" (DP-SGD\'s steps '
                           'and sampling rates are known only as the clients train): use on_target = "stop"')
