@@ -22,6 +22,7 @@ from fedskew.config.schema import (
 )
 from fedskew.core.errors import ConfigError
 from fedskew.core.params import Options, build_params, maximums, minimums, option, option_help, resumable_options
+from tests.helpers.configs import tiny_config
 
 
 class _Sized(Options):
@@ -60,7 +61,7 @@ def test_the_top_level_keys_and_the_resumable_set_are_generated_from_the_classes
     assert all(TOP_LEVEL[k] for k in TOP_LEVEL), [k for k in TOP_LEVEL if not TOP_LEVEL[k]]
     assert RESUMABLE == (
         "rounds", "workers", "workers_per_device", "checkpoint_every", "device", "amp", "sgd_impl", "compile", "tf32",
-        "clients_in_parallel", "logging", "report",
+        "clients_in_parallel", "logging", "report", "privacy.target_epsilon",
     )
 
 
@@ -90,6 +91,11 @@ def test_same_run_ignores_what_a_resume_may_change_and_names_the_rest() -> None:
     stored = full_config(_config())
     assert same_run(stored, _config()) == []
     assert same_run(stored, _config(rounds=9, workers=2, **{"logging.tensorboard": False})) == []
+    # A key of a table that is not resumable as a whole: a privacy budget may be raised, the mechanism not.
+    private = full_config(tiny_config(privacy={"mode": "central", "target_epsilon": 4.0}))
+    assert same_run(private, tiny_config(privacy={"mode": "central", "target_epsilon": 8.0})) == []
+    assert same_run(private, tiny_config(privacy={"mode": "central", "target_epsilon": 8.0, "clip": 2.0})) == [
+        "privacy.clip"]
     changed = same_run(stored, _config(**{"algorithm.lr": 0.5, "partition.alpha": 0.3, "seed": 3}))
     assert changed == ["algorithm.lr", "partition.alpha", "seed"]
     assert tables_of(changed) == ["algorithm", "partition", "seed"]

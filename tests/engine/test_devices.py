@@ -176,7 +176,7 @@ def test_a_resume_may_move_the_run_to_another_device(tmp_path: Path) -> None:
     assert res.records == full
     with pytest.raises(ConfigError, match=r"--resume accepts only the overrides rounds, workers, workers_per_device, "
                        r"checkpoint_every, device, amp, sgd_impl, compile, tf32, clients_in_parallel, logging, report, "
-                       r"not 'seed'"):
+                       r"privacy.target_epsilon, not 'seed'"):
         resume_run(tmp_path / "part", {"seed": 1}, data_dir=None, progress=False)
 
 

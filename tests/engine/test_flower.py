@@ -191,6 +191,16 @@ def test_deploy_equals_simulation(probe: str, tmp_path: Path, algorithm: str) ->
             assert get_state(grid.contexts[grid.node_of(cid)].state, cid)["rounds"] == chosen.count(cid)
 
 
+@pytest.mark.parametrize("privacy", [{"mode": "central", "adaptive_clip": True, "count_noise": 1.0},
+                                     {"mode": "local", "clip": 0.5}], ids=["central", "local"])
+def test_private_runs_over_flower_equal_simulation(probe: str, tmp_path: Path, privacy: dict[str, Any]) -> None:
+    """[privacy] over Flower: central DP's noised mean in the ServerApp's round loop, local DP's noise added on the
+    nodes (the upload request tells the ClientApp its mechanism): the simulator's metrics, epsilon included."""
+    cfg = tiny_config(rounds=2, algorithm={"name": "scaffold", "clients_per_round": 4}, privacy=privacy)
+    run_dir, _ = _deploy_on_two_nodes(cfg, tmp_path)
+    assert all(r["epsilon"] > 0 for r in _records(run_dir))
+
+
 def test_silent_node_times_out_and_is_not_asked_again(probe: str, tmp_path: Path) -> None:
     cfg = tiny_config(algorithm={"name": "fedavg", "clients_per_round": 6}, rounds=2)
     grid = FakeGrid([{"partition-id": "0,1,2,3,4"}, {"partition-id": 5}])

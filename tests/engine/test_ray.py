@@ -172,6 +172,19 @@ def test_cluster_metrics_equal_the_inline_engine(
 
 
 @needs_ray
+@pytest.mark.parametrize("privacy", [{"mode": "central"}, {"mode": "local", "clip": 0.5}], ids=["central", "local"])
+@pytest.mark.slow
+def test_private_runs_on_the_cluster_equal_the_inline_engine(
+    tmp_path: Path, cluster: LocalRayCluster, privacy: dict[str, Any]
+) -> None:
+    """[privacy]: central DP at the driver's exchange, local DP's noise in the Ray workers (its stream is the
+    client's, wherever it runs): the inline engine's metrics, epsilon included."""
+    inline = _run(tiny_config(workers=1, privacy=privacy), tmp_path / "inline")
+    on_ray = tiny_config(engine="ray", ray={"address": cluster.address}, privacy=privacy)
+    assert _run(on_ray, tmp_path / "ray") == inline and b'"epsilon"' in inline
+
+
+@needs_ray
 @pytest.mark.slow
 def test_resume_on_the_cluster_equals_an_uninterrupted_run(tmp_path: Path, cluster: LocalRayCluster) -> None:
     def config(rounds: int) -> dict[str, Any]:

@@ -34,6 +34,8 @@ personalised model the paper evaluates (not v_i alone, nor w; PFLlib#51).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
@@ -44,6 +46,7 @@ from fedskew.core.device import current_compute
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.seeding import seeded_init
 from fedskew.models.layout import as_model_format, is_channels_last, shuffled_batches, use_channels_last
+from fedskew.privacy.uploads import WEIGHTS
 
 
 def mixture(v: dict[str, torch.Tensor], w: dict[str, torch.Tensor], alpha: float) -> dict[str, torch.Tensor]:
@@ -72,6 +75,7 @@ class APFL(FedAvg):
         unit = ("alpha",)
 
     params: Params
+    upload = replace(WEIGHTS, dpsgd="its clients train with a loop of their own, not train_local, which DP-SGD runs in")
 
     sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
 

@@ -26,6 +26,8 @@ from fedskew.models import create_model
 from fedskew.models.evaluation import evaluate_model
 from fedskew.models.heads import attach_head
 from fedskew.models.layout import use_channels_last
+from fedskew.privacy.client import ClientPrivacy
+from fedskew.privacy.uploads import Upload, Withheld
 
 EVALUATE = "evaluate"
 """The engine's own client task: evaluate the global and the client's own model on the client's test split
@@ -177,6 +179,12 @@ class ClientContext:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     x_test: torch.Tensor | None = None  # the client's own test split: only in the engine's ``evaluate`` task
     y_test: torch.Tensor | None = None
+    privacy: ClientPrivacy | None = None  # the mechanism the request asks of this client ([privacy])
+
+    def dpsgd(self) -> dict[str, Any]:
+        """Keyword arguments for the ``train_local`` that trains what the client uploads: ``private`` (a
+        :class:`~fedskew.privacy.dpsgd.SampleDP`) under ``privacy.mode = "sample"``, else none."""
+        return self.privacy.train_options() if self.privacy is not None else {}
 
     @property
     def num_samples(self) -> int:
@@ -239,6 +247,10 @@ class Algorithm:
     )
     """Why secure aggregation cannot run this method, as the rest of a sentence that starts with its name (the
     refusal quotes it); inherited, so a family of methods may share one reason."""
+    upload: ClassVar[Upload | Withheld] = Withheld("what it does not declare (Algorithm.upload, docs/privacy.md)")
+    """What the clients' ``train`` replies carry, for ``[privacy]``: an :class:`~fedskew.privacy.uploads.Upload`
+    (model weights or updates, measured from the request) or a :class:`~fedskew.privacy.uploads.Withheld` saying
+    what else they upload (condensed images, class counts ...), which private runs refuse."""
 
     class Params(Options):
         """A method's hyper-parameters: a dataclass (no decorator needed) whose defaults are the paper's

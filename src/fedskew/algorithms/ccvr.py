@@ -38,6 +38,7 @@ from fedskew.algorithms.fedavg import FedAvg
 from fedskew.core.errors import ConfigError
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import minimums
+from fedskew.privacy.uploads import Withheld
 
 Calibrate = Literal["final", "every_round"]
 FEATURE_STATS = "feature_stats"
@@ -175,6 +176,7 @@ class CCVR(FedAvg):
                 raise ConfigError(f"ridge must be a finite number, got {self.ridge}")
 
     params: Params
+    upload = Withheld("class-wise feature statistics (means, covariances) for its calibration, beside its model")
 
     not_sum_only = (
         "calibrates on each client's per-class feature means and covariances, which the server must see one by one; "

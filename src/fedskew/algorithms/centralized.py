@@ -13,6 +13,7 @@ from fedskew.algorithms.base import Algorithm, ClientContext, ServerContext, reg
 from fedskew.components.trainer import SGDParams, train_local
 from fedskew.core.message import Message
 from fedskew.core.params import minimums
+from fedskew.privacy.uploads import Withheld
 
 
 @register_algorithm("centralized")
@@ -27,6 +28,8 @@ class Centralized(Algorithm):
         at_least = minimums(epochs_per_round=1)
 
     params: Params
+    upload = Withheld("its raw training data", use="a federated method (algorithm.name=fedavg on the command line "
+                      "runs one; in a file, set privacy.mode in the private variants only)")
 
     not_sum_only = (
         "pools the clients' training data on the server: there is no upload to aggregate"

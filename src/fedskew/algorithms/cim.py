@@ -52,6 +52,7 @@ from fedskew.components.cim_selection import (
 from fedskew.components.trainer import LocalConfig, train_local
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import minimums
+from fedskew.privacy.uploads import Withheld
 
 
 @register_algorithm("cim")
@@ -80,6 +81,7 @@ class CIM(FedAvg):
         positive = ("eta_max",)
 
     params: Params
+    upload = Withheld("its class counts (the census the server allocates oversampling from)")
 
     not_sum_only = (
         "reads each client's class counts every round to select clients and to measure oversampling; SecAgg+ reveals "

@@ -38,6 +38,7 @@ personalised models Alg. 1 outputs); the global model before the client first tr
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
 import torch
 
@@ -46,6 +47,7 @@ from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.personal import batch_loss, parameter_layers, trainable
 from fedskew.core.message import Message
 from fedskew.core.params import maximums, minimums
+from fedskew.privacy.uploads import WEIGHTS
 
 
 @register_algorithm("fedala")
@@ -72,6 +74,7 @@ class FedALA(FedAvg):
         positive = ("eta",)
 
     params: Params
+    upload = replace(WEIGHTS, dpsgd="its adaptive local aggregation learns from the client's data outside DP-SGD")
 
     sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
 

@@ -24,6 +24,7 @@ from fedskew.components.trainer import (
 from fedskew.core.errors import ConfigError
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import minimums
+from fedskew.privacy.uploads import WEIGHTS, Upload, Withheld
 
 
 @register_algorithm("fedavg")
@@ -55,6 +56,7 @@ class FedAvg(Algorithm):
                                   "remove the [algorithm.aggregation] settings")
 
     params: Params
+    upload: ClassVar[Upload | Withheld] = WEIGHTS  # the clients' models: [privacy] clips and noises each one's change
 
     sum_only_uploads: ClassVar[SumOnly] = "num_samples"  # the train replies' num_samples-weighted mean is all it reads
 
@@ -123,7 +125,7 @@ class FedAvg(Algorithm):
         model = client.model(msg.arrays)
         res = train_local(
             model, client.x, client.y, self.local_config(), client.generator("train"),
-            terms or [], grad_hooks or [], self.logit_adjust(client),
+            terms or [], grad_hooks or [], self.logit_adjust(client), **client.dpsgd(),
         )
         reply = Message(
             arrays=state_to_arrays(model.state_dict()),

@@ -79,7 +79,8 @@ class FedBABU(FedPer):
         model = client.model({**msg.arrays, **head})
         body = {name for name, _ in model.named_parameters()} - set(head)
         with trainable(model, body):
-            res = train_local(model, client.x, client.y, self.local_config(), client.generator("train"))
+            res = train_local(model, client.x, client.y, self.local_config(), client.generator("train"),
+                              **client.dpsgd())
         return Message(
             arrays=state_to_arrays(without(model.state_dict(), set(head))),
             metrics={"num_samples": float(res.num_samples), "steps": float(res.steps), "train_loss": res.mean_loss},

@@ -45,6 +45,7 @@ from fedskew.condense import GMConfig, gradient_matching
 from fedskew.core.device import current_compute
 from fedskew.core.message import Message, arrays_with_prefix
 from fedskew.core.params import minimums
+from fedskew.privacy.uploads import Withheld
 
 # The FedDC authors' code (bigdata-inha/FedDC at c90c48f), file:line of each setting; docs/algorithms.md.
 AUTHORS_CODE: dict[str, Any] = {
@@ -146,6 +147,7 @@ class FedDC(FedAvg):
         at_least = minimums(image_weight_decay=0, clip_norm=0, inner_loop=0, net_momentum=0, outer_loop=1)
 
     params: Params
+    upload = Withheld("condensed images", use='privacy.mode = "condensation"')
 
     not_sum_only = (
         "uploads condensed images, which the server must see one by one to train on them; SecAgg+ reveals only the "

@@ -47,6 +47,7 @@ from fedskew.components.terms import linear_term, proximal_term
 from fedskew.components.trainer import LossTerm
 from fedskew.core.message import Message, arrays_with_prefix, state_to_arrays
 from fedskew.core.params import check, minimums
+from fedskew.privacy.uploads import Upload
 
 
 @register_algorithm("feddc_drift")
@@ -73,6 +74,7 @@ class FedDCDrift(FedAvg):
             check(self.momentum == 0, "momentum", self.momentum, "0 for feddc_drift (its correction assumes plain SGD)")
 
     params: Params
+    upload = Upload(measured_from=(("theta.", "w."), ("dg.", None)))  # the model from w, and the change of g
 
     sum_only_uploads = "equal"  # secure aggregation: only the train replies' unweighted mean (and their count) is read
 

@@ -29,6 +29,7 @@ Wire: FedAvg's (the term is local).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal, cast
 
 import torch
@@ -42,6 +43,7 @@ from fedskew.core.message import Message
 from fedskew.core.params import minimums
 from fedskew.models.registry import FedModel
 from fedskew.privacy.dpsgd import couples_samples
+from fedskew.privacy.uploads import WEIGHTS
 
 EPS = 1e-8
 """Added to each dimension's variance before the square root (the authors' ``loss.py`` line 34)."""
@@ -114,6 +116,8 @@ class FedDecorr(FedAvg):
         at_least = minimums(beta=0)
 
     params: Params
+    upload = replace(WEIGHTS, dpsgd="its decorrelation loss couples the samples of a batch, so no gradient is "
+                     "one sample's")
 
     def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
         if task != "train" or self.params.beta == 0:

@@ -36,6 +36,7 @@ from fedskew.core.errors import ConfigError
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import minimums
 from fedskew.models.heads import ETFClassifier
+from fedskew.privacy.uploads import WEIGHTS
 
 ETF_KEY = "classifier.etf"
 """The state-dict key of the fixed frame (never on the wire, never averaged)."""
@@ -78,6 +79,7 @@ class FedETF(FedAvg):
         positive = ("temperature_init", "finetune_etf_lr", "finetune_projection_lr")
 
     params: Params
+    upload = replace(WEIGHTS, dpsgd="its loss uses the client's class counts, which DP-SGD does not privatise")
 
     sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
 

@@ -38,6 +38,7 @@ from fedskew.core.message import Message, arrays_with_prefix, state_to_arrays
 from fedskew.core.params import minimums
 from fedskew.core.seeding import seeded_init
 from fedskew.models.registry import FedModel
+from fedskew.privacy.uploads import Withheld
 
 
 class FeatureGenerator(nn.Module):
@@ -89,6 +90,7 @@ class FedGen(FedAvg):
         positive = ("gen_lr",)
 
     params: Params
+    upload = Withheld("its label counts beside its model")
 
     not_sum_only = (
         "trains its generator on each client's classifier head and label counts, which the server must see one by "

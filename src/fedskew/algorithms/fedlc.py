@@ -6,12 +6,15 @@ lacks (n_c = 0, n_c^(-1/4) infinite) leaves the softmax. The counts stay on the 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from fedskew.algorithms.base import ClientContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.trainer import LogitAdjust
 from fedskew.core.params import minimums
+from fedskew.privacy.uploads import WEIGHTS
 
 
 def calibrated_logits(logits: torch.Tensor, counts: torch.Tensor, tau: float) -> torch.Tensor:
@@ -40,6 +43,7 @@ class FedLC(FedAvg):
         at_least = minimums(tau=0)
 
     params: Params
+    upload = replace(WEIGHTS, dpsgd="its loss uses the client's class counts, which DP-SGD does not privatise")
 
     sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
 

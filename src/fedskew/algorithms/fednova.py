@@ -13,6 +13,7 @@ FedAvg's cost).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import ClassVar
 
 import torch
@@ -22,6 +23,7 @@ from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.aggregate import weighted_mean
 from fedskew.components.server_opt import param_keys
 from fedskew.core.message import Message
+from fedskew.privacy.uploads import WEIGHTS
 
 
 def normalizing_coefficient(tau: int, rho: float) -> float:
@@ -48,6 +50,8 @@ class FedNova(FedAvg):
         averages_models: ClassVar[bool] = False  # normalised steps: [algorithm.aggregation] does not apply
 
     params: Params
+    upload = replace(WEIGHTS, central="its aggregate scales each client's update by that client's own step count "
+                     "(a_i), which a noised mean cannot carry")
 
     not_sum_only = (
         "weights each client's update by its own count of local steps (normalised averaging), which the server "

@@ -22,12 +22,15 @@ with the client's own head (the seeded initial head before it first trains), as 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fedskew.algorithms.base import ClientContext, register_algorithm
 from fedskew.algorithms.fedper import FedPer
 from fedskew.components.personal import only, trainable, without
 from fedskew.components.trainer import train_local
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import minimums
+from fedskew.privacy.uploads import WEIGHTS
 
 
 @register_algorithm("fedrep")
@@ -49,6 +52,7 @@ class FedRep(FedPer):
         at_least = minimums(head_epochs=0)
 
     params: Params
+    upload = replace(WEIGHTS, dpsgd="its personal head, trained without DP-SGD, shapes the shared body's gradients")
 
     sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
 

@@ -24,6 +24,8 @@ the global model with that classifier, and the per-client evaluation scores it a
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -35,6 +37,7 @@ from fedskew.core.device import current_compute
 from fedskew.core.errors import ConfigError
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.models.layout import as_model_format, is_channels_last, shuffled_batches
+from fedskew.privacy.uploads import WEIGHTS
 
 HEAD = ("classifier.weight", "classifier.bias")
 """The generic head's state-dict keys (``FedModel.classifier``); the personal head has the same shapes."""
@@ -65,6 +68,7 @@ class FedRoD(FedAvg):
     )
 
     own_model = "the global model with the client's personal head added to its generic head"
+    upload = replace(WEIGHTS, dpsgd="its clients train with a loop of their own, not train_local, which DP-SGD runs in")
 
     params: FedAvg.Params
 

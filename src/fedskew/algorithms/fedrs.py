@@ -6,11 +6,14 @@ less. The client's classes come from its own labels and stay on the client: the 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from fedskew.algorithms.base import ClientContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.trainer import LogitAdjust
+from fedskew.privacy.uploads import WEIGHTS
 
 
 def restriction(counts: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -43,6 +46,7 @@ class FedRS(FedAvg):
         unit = ("alpha",)
 
     params: Params
+    upload = replace(WEIGHTS, dpsgd="its loss uses the client's class counts, which DP-SGD does not privatise")
 
     sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
 

@@ -31,6 +31,7 @@ from fedskew.components.aggregate import weighted_mean
 from fedskew.components.clustering import random_clusters
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import minimums
+from fedskew.privacy.uploads import Withheld
 
 
 @register_algorithm("fedseq")
@@ -49,6 +50,8 @@ class FedSeq(FedAvg):
         at_least = minimums(num_clusters=1)
 
     params: Params
+    upload = Withheld("models that pass from client to client (each trains on its predecessor's, which no server-side "
+                      "mean protects)")
 
     not_sum_only = (
         "hands each client's model on to the next client through the server (sequential training), so the server "

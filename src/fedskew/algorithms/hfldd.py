@@ -90,6 +90,7 @@ from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import minimums
 from fedskew.models.layout import as_model_format, is_channels_last
+from fedskew.privacy.uploads import Withheld
 from fedskew.runs import SYNTHETIC_ARTIFACT
 
 PREDICT_CHUNK = 500
@@ -205,6 +206,7 @@ class HFLDD(FedAvg):
         positive = ("pretrain_lr", "kip_lr")
 
     params: Params
+    upload = Withheld("condensed images", use='privacy.mode = "condensation"')
 
     not_sum_only = (
         "relays each client's distilled data to its cluster header through the server, which sees it one by one; "

@@ -18,6 +18,7 @@ import torch
 from fedskew.algorithms.base import ClientContext, ServerContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
 from fedskew.core.message import Message
+from fedskew.privacy.uploads import Withheld
 
 
 @register_algorithm("local")
@@ -37,6 +38,7 @@ class Local(FedAvg):
         averages_models: ClassVar[bool] = False  # nothing is averaged: [algorithm.aggregation] does not apply
 
     params: Params
+    upload = Withheld("nothing (its clients train alone)", use='privacy.mode = "off"')
 
     not_sum_only = (
         "trains no global model: its clients upload nothing to aggregate"

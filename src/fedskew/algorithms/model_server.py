@@ -8,7 +8,7 @@ robust rules reject outlying updates, each named in the round's ``rejected``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -16,11 +16,14 @@ from fedskew.algorithms.base import Algorithm, Replies, ServerContext
 from fedskew.components.aggregate import robust_average
 from fedskew.components.selection import uniform_sample
 from fedskew.core.message import Message, state_to_arrays
+from fedskew.privacy.uploads import WEIGHTS, Upload, Withheld
 
 
 class ModelAveragingServer(Algorithm):
     """``configure``, ``reply_spec`` and the averaged model for a method whose ``Params`` have
     ``clients_per_round`` and ``aggregation``; a subclass's ``aggregate`` decides what to do with the mean."""
+
+    upload: ClassVar[Upload | Withheld] = WEIGHTS
 
     @classmethod
     def secagg_refusal(cls, params: Any) -> str | None:

@@ -29,7 +29,7 @@ CharlieDinh/pFedMe#14).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import field
+from dataclasses import field, replace
 from functools import partial
 from typing import ClassVar, Literal
 
@@ -42,6 +42,7 @@ from fedskew.components.aggregate import Aggregation
 from fedskew.components.personal import batch_loss, batch_stream, gradients
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import minimums
+from fedskew.privacy.uploads import WEIGHTS
 
 Loss = Callable[[nn.Module], torch.Tensor]
 
@@ -107,6 +108,7 @@ class PerFedAvg(ModelAveragingServer):
         at_least = minimums(batch_size=1, local_steps=1)
 
     params: Params
+    upload = replace(WEIGHTS, dpsgd="its clients train with a loop of their own, not train_local, which DP-SGD runs in")
 
     sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
 

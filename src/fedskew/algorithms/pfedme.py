@@ -35,7 +35,7 @@ the paper evaluates ("pFedMe (PM)"); the global model before the client first tr
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import field
+from dataclasses import field, replace
 from functools import partial
 from typing import ClassVar
 
@@ -48,6 +48,7 @@ from fedskew.components.aggregate import Aggregation
 from fedskew.components.personal import batch_loss, batch_stream
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import minimums
+from fedskew.privacy.uploads import WEIGHTS
 
 
 def moreau_steps(
@@ -104,6 +105,7 @@ class PFedMe(ModelAveragingServer):
         at_least = minimums(batch_size=1, inner_steps=1, local_rounds=1)
 
     params: Params
+    upload = replace(WEIGHTS, dpsgd="its clients train with a loop of their own, not train_local, which DP-SGD runs in")
 
     sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
 

@@ -32,6 +32,7 @@ from fedskew.components.server_opt import param_keys, sgd_step, zeros_like
 from fedskew.components.terms import correction_hook, weight_correction_hook
 from fedskew.core.message import Message, arrays_with_prefix, state_to_arrays
 from fedskew.core.params import check
+from fedskew.privacy.uploads import Upload
 
 
 @register_algorithm("scaffold")
@@ -72,6 +73,7 @@ class Scaffold(FedAvg):
             )
 
     params: Params
+    upload = Upload(measured_from=(("dy.", None), ("dc.", None)))  # updates of x and c, clipped together
 
     sum_only_uploads = "equal"  # secure aggregation: only the train replies' unweighted mean (and their count) is read
 

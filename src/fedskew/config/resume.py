@@ -24,9 +24,13 @@ def same_run(stored: Mapping[str, Any], now: Mapping[str, Any] | RunConfig) -> l
     then = flat_keys(comparable_config(dict(stored)))
     later = flat_keys(full_config(now) if isinstance(now, RunConfig) else comparable_config(dict(now)))
     return sorted(
-        k for k in then.keys() | later.keys()
-        if k.split(".")[0] not in RESUMABLE and not same_value(then.get(k), later.get(k))
+        k for k in then.keys() | later.keys() if not resumable(k) and not same_value(then.get(k), later.get(k))
     )
+
+
+def resumable(key: str) -> bool:
+    """Whether a resume may change the dotted ``key``: a :data:`RESUMABLE` key, or any key of a resumable table."""
+    return key in RESUMABLE or key.split(".")[0] in RESUMABLE
 
 
 def same_length(stored: Mapping[str, Any], now: RunConfig) -> bool:
@@ -38,7 +42,7 @@ def same_length(stored: Mapping[str, Any], now: RunConfig) -> bool:
 def check_resume_overrides(overrides: Mapping[str, Any]) -> None:
     """Refuse, in one line, an override a resumed run may not take (only :data:`RESUMABLE` keys)."""
     for key in overrides:
-        if key.split(".")[0] not in RESUMABLE:
+        if not resumable(key):
             raise ConfigError(f"--resume accepts only the overrides {', '.join(RESUMABLE)}, not {key!r}")
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -24,6 +25,7 @@ from fedskew.core.errors import ConfigError
 from fedskew.core.figures import FigureStyle
 from fedskew.core.params import Options, build_params, check, maximums, minimums, option, option_help, resumable_options
 from fedskew.plugins import check_specs, load_plugins
+from fedskew.privacy.checks import check_privacy
 from fedskew.privacy.params import PrivacyParams
 from fedskew.runs import check_folder_name, check_label
 
@@ -199,6 +201,10 @@ TOP_LEVEL: dict[str, str] = {
 RESUMABLE: tuple[str, ...] = (
     *resumable_options(RunSettings),
     *(f.name for f in dataclasses.fields(RunConfig) if f.metadata.get("resumable")),
+    # Single keys of the other tables (privacy.target_epsilon: a budget may be raised to go on).
+    *(f"{name}.{key}" for name, kind in typing.get_type_hints(RunConfig).items()
+      if name in SECTIONS and isinstance(kind, type) and issubclass(kind, Options)
+      and not RunConfig.__dataclass_fields__[name].metadata.get("resumable") for key in resumable_options(kind)),
 )
 """What a resumed run may change (the fields declared ``resumable``): its length, where it computes
 (checkpoints are device-free) and in which precision (an fp16 GPU run can go on on a CPU with ``amp=off`` or
@@ -296,6 +302,10 @@ def typed_config(cfg: dict[str, Any]) -> RunConfig:
         from fedskew.algorithms.condensation.private import with_private_condensation
 
         parts["algorithm"] = with_private_condensation(parts["algorithm"], privacy)
+    else:
+        method = parts["algorithm"]
+        check_privacy(privacy, method.name, _registry("algorithm").get(method.name).upload, method.params,
+                      parts["partition"].params.num_clients)
     look = build_params(FigureStyle, cfg.get("report", {}), prefix="report.") if cfg.get("report") else FigureStyle()
     return RunConfig(run=run, faults=faults, ray=ray, eval=evaluation, logging=logs, privacy=privacy, report=look,
                      source=cfg, **parts)

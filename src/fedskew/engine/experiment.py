@@ -205,9 +205,9 @@ def run_state(run_dir: Path, config: RunConfig) -> str:
     """What ``--resume`` does with the run folder ``run_dir`` of a run configured as ``config``.
 
     ``"done"``: finished with this config (its summary is there); ``"partial"``: it continues from its
-    checkpoint (interrupted, or finished with fewer ``rounds``); ``"new"``: it starts (no folder, or
-    stopped before its first checkpoint). A folder whose config differs in anything a resume may not
-    change (:data:`RESUMABLE`) is refused in one line naming the key, before any run starts.
+    checkpoint (interrupted, finished with fewer ``rounds``, or stopped by its privacy budget); ``"new"``: it
+    starts (no folder, or stopped before its first checkpoint). A folder whose config differs in anything a
+    resume may not change (:data:`RESUMABLE`) is refused in one line naming the key, before any run starts.
     """
     recorded = run_dir / CONFIG_FILE
     if not (run_dir / METRICS_FILE).exists() or not recorded.exists():
@@ -223,12 +223,21 @@ def run_state(run_dir: Path, config: RunConfig) -> str:
         )
     ck_path = run_dir / CHECKPOINTS_DIR / CHECKPOINT_FILE
     summary = run_dir / SUMMARY_FILE
-    if summary.exists() and same_length(stored, config):
+    if summary.exists() and same_length(stored, config) and not stopped_early(summary):
         return "done"
     if not ck_path.exists():
         return "new"
     check_resume(load_checkpoint(run_dir / CHECKPOINTS_DIR), ck_path, stored, config.run.rounds)
     return "partial"
+
+
+def stopped_early(summary: Path) -> bool:
+    """Whether the run whose ``summary.json`` this is stopped before its last round (its ``privacy.target_epsilon``
+    was spent): ``--resume`` then continues it, which goes on where a larger budget allows."""
+    try:
+        return "stopped" in json.loads(summary.read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        return False  # reading the run back names the damaged file
 
 
 def _finished(run_dir: Path) -> RunResult:

@@ -31,7 +31,7 @@ from fedskew.core.device import (
 from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.engine.callbacks import Record, RoundCallback, RoundTime, standard_callbacks
-from fedskew.engine.callbacks.checkpoints import restore_state
+from fedskew.engine.callbacks.checkpoints import restore_state, save_state
 from fedskew.engine.client_eval import ClientEvaluation
 from fedskew.engine.federation import Federation, federation_for
 from fedskew.engine.pipeline import ReplyPipeline, RoundBook, Task
@@ -39,6 +39,7 @@ from fedskew.engine.runner import ClientJob, ClientSide, EngineCache, EngineCont
 from fedskew.engine.summary import Recorder, run_summary
 from fedskew.metrics import Ledger
 from fedskew.models.evaluation import EVAL_CHUNK, EvalCounts, chunk_bounds
+from fedskew.privacy.run import RunPrivacy
 
 log = logging.getLogger("fedskew")
 
@@ -73,6 +74,7 @@ class RoundLoop:
         self.config = config
         self.fed = federation or federation_for(config, data_dir)
         self.algorithm = ALGORITHMS.get(config.algorithm.name)(config.algorithm.params, self.fed.info)
+        self.privacy = RunPrivacy.of(config, self.algorithm, self.fed.info.num_clients)  # None: [privacy] is off
         self.label = config.label
         self.client_eval = ClientEvaluation(self.fed, self.algorithm, config.eval, self.max_bytes)
         self.ledger = Ledger()
@@ -106,6 +108,8 @@ class RoundLoop:
         """Deliver each message to its client, run ``client_step`` there, return the usable replies in order
         (:mod:`fedskew.engine.pipeline` books the others as the round's ``failed`` or ``rejected``)."""
         assert self.runner is not None
+        if self.privacy is not None:  # local DP and DP-SGD: the upload requests say the clients' mechanism
+            messages = self.privacy.requests(task, messages)
         jobs, fates = [], {}
         for cid, msg in messages:
             if not 0 <= cid < self.fed.info.num_clients:
@@ -114,9 +118,11 @@ class RoundLoop:
             if fates[cid] != "dropout":
                 jobs.append(ClientJob(task, cid, self.round, self._on_wire(msg), self.client_states.get(cid, {})))
         shard = self.fed.offsets
+        scalars = self.algorithm.reply_scalars(task, self.server)
+        if self.privacy is not None:
+            scalars = {**scalars, **self.privacy.reply_scalars(task)}
         spec = Task(
-            task, self.algorithm.reply_spec(task, self.server), self.algorithm.reply_scalars(task, self.server),
-            self.fed.info.num_classes, self.max_bytes,
+            task, self.algorithm.reply_spec(task, self.server), scalars, self.fed.info.num_classes, self.max_bytes,
             lambda c: self.algorithm.sample_limit(c, shard[c + 1] - shard[c], self.server),
         )
         outcomes = self.runner.run_clients(jobs)
@@ -128,9 +134,11 @@ class RoundLoop:
                 f"round {self.round}: the {task!r} reply of client {cid} was rejected ({reason}), but secure "
                 "aggregation had already added its upload to the sum, which cannot be taken out; the run stops here"
             )
-        if self.device.type == "cpu":
-            return replies
-        return [(cid, Message(to_device(m.arrays, self.device), m.config, m.metrics)) for cid, m in replies]
+        if self.device.type != "cpu":
+            replies = [(cid, Message(to_device(m.arrays, self.device), m.config, m.metrics)) for cid, m in replies]
+        if self.privacy is not None:  # every engine's replies pass here: central DP's noised mean, the accounting
+            replies = self.privacy.received(task, self.round, [j.cid for j in jobs], dict(messages), replies)
+        return replies
 
     def _reject(self, cid: int, reason: str) -> None:
         """The server half dropped an accepted reply (an outlying update, a robust rule's cut)."""
@@ -195,6 +203,8 @@ class RoundLoop:
             for callback in self.callbacks:
                 callback.begin(self, records)
             while self.round < self.config.run.rounds:
+                if self._budget_spent(records):
+                    break
                 self.round += 1
                 started = time.perf_counter()
                 rec, t_eval = self._one_round()
@@ -205,6 +215,8 @@ class RoundLoop:
                 self.runner.close()  # the workers go before the last files are written
                 self.runner = None
             summary = run_summary(self.config, self.fed, records)
+            if self.privacy is not None:
+                summary.update(self.privacy.summary())
             for callback in self.callbacks:
                 callback.finish(self, summary)  # model.pt, then summary.json: the run is finished
         finally:
@@ -215,8 +227,20 @@ class RoundLoop:
                 callback.close()
         return RunResult(self.run_dir, summary, records)
 
+    def _budget_spent(self, records: list[Record]) -> bool:
+        """Whether ``privacy.target_epsilon`` ends the run before the next round: it then says so in one line and
+        keeps a checkpoint of this round, from which ``--resume`` with a larger budget goes on."""
+        line = self.privacy.stops_before(self.round + 1) if self.privacy is not None else None
+        if line is None:
+            return False
+        log.warning("%s", line)
+        save_state(self, records)
+        return True
+
     def _setup(self) -> list[Record]:
         self.server.round = 0
+        if self.privacy is not None:
+            self.privacy.begin()  # a calibrated noise multiplier is derived once, before round 1
         with use_compute(self.compute):
             self.algorithm.setup(self.server)
         return []
@@ -234,6 +258,8 @@ class RoundLoop:
         self.server.rounds = self.config.run.rounds
         with use_compute(self.compute):  # the server half's own training (FedDM, FedGen ...) on the run's device
             self.algorithm.round(self.server)
+        if self.privacy is not None:
+            self.server.metrics.update(self.privacy.record())
         run = self.config.run
         evaluate = self.round % run.eval_every == 0 or self.round == run.rounds
         t0 = time.perf_counter()

@@ -6,8 +6,8 @@ run's own files, which never change with them (``metrics.jsonl`` is the same wit
 
 - each numeric value of a round's record as a scalar at step = round, grouped by section
   (:func:`tensorboard_tag`): ``eval/`` (accuracy, loss, class variance, per-client summaries), ``comm/``
-  (the bytes), ``clients/`` (samples, and how many clients took part, failed or were rejected) and
-  ``algorithm/`` (an algorithm's own figures);
+  (the bytes), ``clients/`` (samples, and how many clients took part, failed or were rejected),
+  ``privacy/`` (epsilon and the adaptive clip of a private run) and ``algorithm/`` (an algorithm's own figures);
 - the run's settings in TensorBoard's hyper-parameters view (``HPARAMS``), beside ``eval/accuracy`` and
   ``eval/loss``;
 - the per-class accuracies as ``per_class/<class name>`` (a class the test set lacks has none);
@@ -84,9 +84,11 @@ def _quiet_writer_threads() -> None:
 
 
 GROUPS = (("eval/", ("accuracy", "loss", "class_variance", "client_", "personal_")), ("comm/", ("bytes_",)),
-          ("clients/", ("samples", "clients", "failed", "rejected", "untrained_clients")))
-"""TensorBoard sections by record key prefix: evaluation, communication, participation; an algorithm's own
-figures go under ``algorithm/`` and the per-class accuracies under ``per_class/``."""
+          ("clients/", ("samples", "clients", "failed", "rejected", "untrained_clients")),
+          ("privacy/", ("epsilon", "epsilon_", "privacy_")))
+"""TensorBoard sections by record key prefix: evaluation, communication, participation, differential privacy
+(``epsilon``, ``epsilon_max``, ``privacy_clip``); an algorithm's own figures go under ``algorithm/`` and the
+per-class accuracies under ``per_class/``."""
 COUNTED = {"clients": "clients/took_part", "failed": "clients/failed", "rejected": "clients/rejected"}
 """Lists of a record logged as how many they hold."""
 HPARAM_METRICS = ("eval/accuracy", "eval/loss")

@@ -36,6 +36,7 @@ from fedskew.engine.runner import ClientJob
 from fedskew.models.evaluation import EvalCounts, evaluate_chunk
 from fedskew.models.layout import use_channels_last
 from fedskew.plugins import load_plugins, loaded_plugins
+from fedskew.privacy.client import ClientPrivacy
 
 __all__ = ["BROKEN", "RunSetup", "WorkerPool", "Workers", "client_step_on"]
 
@@ -94,9 +95,10 @@ def client_step_on(
     if not on_cpu:
         msg = Message(to_device(msg.arrays, device), msg.config, msg.metrics)
         state = to_device(state, device)
+    privacy = ClientPrivacy.of(msg.config, info.seed, rnd, cid)  # what [privacy] asks of this upload, if anything
     ctx = ClientContext(
         cid=cid, round=rnd, x=x.to(device, non_blocking=True), y=y.to(device), fed=algo.fed, state=state,
-        model_cache=model_cache if model_cache is not None else {}, device=device,
+        model_cache=model_cache if model_cache is not None else {}, device=device, privacy=privacy,
     )
     with num_threads(1), use_compute(compute):
         if task == EVALUATE:
@@ -106,6 +108,8 @@ def client_step_on(
             reply = algo.evaluate_client(msg, ctx)
         else:
             reply = algo.client_step(task, msg, ctx)
+            if privacy is not None:  # local DP's noise, or DP-SGD's steps, before the reply leaves the client
+                reply = privacy.finish(algo.upload, msg, reply)
     if on_cpu:
         return reply, ctx.state
     return Message(to_cpu(reply.arrays), reply.config, reply.metrics), to_device(ctx.state, torch.device("cpu"))

@@ -67,6 +67,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("mb_server_to_client", "MB down", "megabytes the server sent", decimals=3),
     Column("mb_client_to_server", "MB up", "megabytes the clients sent", decimals=3),
     Column("mb_client_to_client", "MB c2c", "megabytes clients sent each other", decimals=3),
+    Column("epsilon", "epsilon", "the (epsilon, privacy.delta) differential privacy the run spent ([privacy]; local "
+           "and sample modes: the most any client spent)", better="lower", source="epsilon"),
     Column("rounds_to_target", "rounds to target", "first round at target_accuracy", decimals=1, better="lower",
            whole=True),
     Column("mb_to_target", "MB to target", "megabytes sent until target_accuracy", decimals=3, better="lower"),

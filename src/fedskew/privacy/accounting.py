@@ -7,6 +7,7 @@ epsilon. Needs ``pip install opacus`` (``fedskew[privacy]``).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from typing import Any, Literal
 
@@ -70,12 +71,28 @@ class Accountant:
         return sum(n for _, _, n in self.history)
 
     def epsilon(self, delta: float) -> float:
-        """The epsilon of the releases so far at this delta (0 before any)."""
+        """The epsilon of the releases so far at this delta (0 before any).
+
+        ``rdp``: Opacus's ``RDPAccountant.get_epsilon``, computed as it does (the RDP of each history entry at
+        Opacus's default orders, summed, then converted), with each (noise multiplier, sampling rate)'s RDP of
+        one step computed once per process: a run asks for epsilon every round, for every client in local mode.
+        """
         if not self.history:
             return 0.0
+        if self.kind == "rdp":
+            require_opacus()
+            from opacus.accountants import RDPAccountant
+            from opacus.accountants.analysis import rdp as analysis
+
+            rdp = sum([_rdp_of_one_step(q, z) * n for z, q, n in self.history])
+            eps, _ = analysis.get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp, delta=delta)
+            return float(eps)
         accountant = _opacus_accountant(self.kind)
         accountant.history = list(self.history)
         return float(accountant.get_epsilon(delta=delta))
+
+    def copy(self) -> Accountant:
+        return Accountant(self.kind, list(self.history))
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps: the kind and the history (plain lists, exact floats)."""
@@ -84,6 +101,19 @@ class Accountant:
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Accountant:
         return cls(state["kind"], [(float(z), float(q), int(n)) for z, q, n in state["history"]])
+
+
+@functools.lru_cache(maxsize=1024)
+def _rdp_of_one_step(sample_rate: float, noise_multiplier: float) -> Any:
+    """The RDP of one sampled Gaussian step at Opacus's default orders (``compute_rdp`` with ``steps=1``, which
+    scales linearly in the steps: Opacus's own ``compute_rdp(steps=n)`` is this times ``n``)."""
+    from opacus.accountants import RDPAccountant
+    from opacus.accountants.analysis import rdp as analysis
+
+    rdp = analysis.compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1,
+                               orders=RDPAccountant.DEFAULT_ALPHAS)
+    rdp.setflags(write=False)
+    return rdp
 
 
 def noise_for_epsilon(target_epsilon: float, delta: float, sample_rate: float, steps: int, kind: Kind = "rdp") -> float:

@@ -74,15 +74,19 @@ def next_clip(clip: float, below: float, target_quantile: float, lr: float) -> f
     return clip * math.exp(-lr * (below - target_quantile))
 
 
-def noisy_fraction_below(norms: Sequence[float], clip: float, count_std: float, generator: torch.Generator) -> float:
+def noisy_fraction_below(
+    norms: Sequence[float], clip: float, count_std: float, generator: torch.Generator, total: int | None = None,
+) -> float:
     """The fraction of ``norms`` that are <= ``clip``, released privately: the count plus N(0, count_std^2),
-    divided by the number of norms (Andrew et al., 2021: each client contributes one bit, sensitivity 1)."""
-    if not norms:
+    divided by ``total`` (None: the number of norms; DP-FedAvg's fixed denominator, the clients a round samples,
+    where some may not answer) (Andrew et al., 2021: each client contributes one bit, sensitivity 1)."""
+    denominator = len(norms) if total is None else total
+    if denominator <= 0:
         return 0.0
     count = sum(1.0 for n in norms if n <= clip)
     if count_std > 0:
         count += float(torch.randn((), generator=generator, dtype=torch.float64)) * count_std
-    return count / len(norms)
+    return count / denominator
 
 
 def adaptive_noise_multiplier(noise_multiplier: float, count_std: float) -> float:

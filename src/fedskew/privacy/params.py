@@ -64,6 +64,9 @@ class PrivacyParams(Options):
         if self.adaptive_clip:
             check(self.mode == "central", "adaptive_clip", self.adaptive_clip,
                   'false unless privacy.mode = "central"')
+        if self.target_epsilon is not None:
+            check(self.on, "target_epsilon", self.target_epsilon, 'unset while privacy.mode = "off" (a budget needs a '
+                  "mechanism to spend it)")
         if self.on_target == "calibrate":
             check(self.target_epsilon is not None, "on_target", self.on_target,
                   '"stop" unless privacy.target_epsilon is set')

@@ -54,6 +54,11 @@ def _accuracy(run: RunData) -> dict[int, float]:
     return {r["round"]: float(r["accuracy"]) * 100 for r in run.records if is_number(r.get("accuracy"))}
 
 
+def _epsilon(run: RunData) -> dict[int, float]:
+    """A private run's epsilon after each round (``[privacy]``; none for other runs)."""
+    return {r["round"]: float(r["epsilon"]) for r in run.records if is_number(r.get("epsilon"))}
+
+
 def _class_variance(run: RunData) -> dict[int, float]:
     return {r["round"]: float(r["class_variance"]) for r in run.records if is_number(r.get("class_variance"))}
 
@@ -289,6 +294,9 @@ def _plot_curves(runs: list[RunData], out_dir: Path, style: FigureStyle,
     _finish(ax, title, n_max, style)
     written.append(_save(fig, out_dir / "bytes", fmt, dpi))
 
+    if any(_epsilon(run) for run in runs):
+        written.append(_privacy_curve(groups, styles, title, n_max, style, out_dir))
+
     cmap = colormaps["viridis"].with_extremes(bad="lightgrey")
     used: set[str] = set()
     for label, group in groups.items():
@@ -322,6 +330,24 @@ def _plot_curves(runs: list[RunData], out_dir: Path, style: FigureStyle,
             ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         written.append(_save(fig, out_dir / f"per_class_{slug}", fmt, dpi))
     return written
+
+
+def _privacy_curve(groups: dict[str, list[RunData]], styles: dict[str, dict[str, Any]], title: str, n_max: int,
+                   style: FigureStyle, out_dir: Path) -> Path:
+    """``privacy.png``: test accuracy against the epsilon spent so far (rounds evaluated in every seed), one curve
+    per private label: the privacy-utility trade-off of ``[privacy]`` runs."""
+    fig = Figure(figsize=style.size(7, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    for label, group in groups.items():
+        x_acc, acc = _aligned(group, _accuracy)
+        x_eps, eps = _aligned(group, _epsilon)
+        keep = np.isin(x_eps, x_acc)
+        if x_acc.size and keep.any():
+            shared = np.isin(x_acc, x_eps)
+            _line_with_band(ax, eps[:, keep].mean(axis=0), acc[:, shared], styles[label], label, len(groups))
+    ax.set(xlabel="epsilon spent (privacy.delta of each run)", ylabel="test accuracy (%)")
+    _finish(ax, title, n_max, style)
+    return _save(fig, out_dir / "privacy", style.format, style.dpi)
 
 
 def _per_class_stack(group: list[RunData]) -> tuple[np.ndarray, np.ndarray]:

@@ -190,6 +190,7 @@ def comparison_table(runs: list[RunData]) -> list[dict[str, Any]]:
         {int(r) for run in runs for r in (run.summary.get("accuracy_at") or {})},
     )
     with_target = any(run.summary.get("rounds_to_target") is not None for run in runs)
+    private = any(run.summary.get("epsilon") is not None for run in runs)  # [privacy] runs: an epsilon column
     local = {run.summary.get("seed"): _client_vector(run, "personal_accuracy") for run in runs
              if run.summary.get("algorithm") == "local"}
     rows = []
@@ -220,6 +221,8 @@ def comparison_table(runs: list[RunData]) -> list[dict[str, Any]]:
         row["class_std_pp"], row["class_std_pp_std"] = _mean_std((_class_std_pp(run) for run in group), 1, 2)
         for d in DIRECTIONS:
             row[f"mb_{d}"] = _mean_std((s.get(f"bytes_{d}", 0) for s in summaries), 1 / MB, 3)[0]
+        if private:
+            row["epsilon"], row["epsilon_std"] = _summary_mean(summaries, CATALOG["epsilon"])
         if with_target:
             targets = {run.recorded("target_accuracy") for run in group}
             target = targets.pop() if len(targets) == 1 else None

@@ -47,6 +47,7 @@ from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import Options, maximums, minimums
 from fedskew.core.seeding import seeded_init
 from fedskew.privacy.params import PrivacyParams
+from fedskew.privacy.uploads import Withheld
 
 SERVER_KEYS = ("epochs", "batch_size", "lr", "momentum", "weight_decay")
 """The server-training settings that used to be top-level keys of these methods."""
@@ -115,6 +116,7 @@ class AggregationFree(Algorithm):
         renamed: ClassVar[dict[str, str]] = {k: f"server.{k}" for k in SERVER_KEYS}
 
     params: Params
+    upload = Withheld("condensed images", use='privacy.mode = "condensation"')
 
     not_sum_only = (
         "uploads condensed images, which the server must see one by one; SecAgg+ reveals only the sum of the uploads"

@@ -12,6 +12,7 @@ from fedskew.algorithms.base import ServerContext
 from fedskew.config.schema import RunConfig
 from fedskew.engine.federation import Federation
 from fedskew.metrics import Ledger
+from fedskew.privacy.run import RunPrivacy
 
 Record = dict[str, Any]
 """One round's record, as a line of ``metrics.jsonl`` holds it."""
@@ -30,6 +31,7 @@ class Loop(Protocol):
     label: str
     round: int
     client_states: dict[int, dict[str, Any]]
+    privacy: RunPrivacy | None
 
 
 @dataclass(frozen=True)

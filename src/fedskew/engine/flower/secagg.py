@@ -43,12 +43,15 @@ from flwr.server.workflow.secure_aggregation.secaggplus_workflow import Workflow
 from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message
 from fedskew.engine.flower.settings import SECAGG_MODULUS, DeploySettings
+from fedskew.privacy.client import DP_SAMPLE_RATE, DP_STEPS
 
 if TYPE_CHECKING:
     from flwr.serverapp import Grid
 
 log = logging.getLogger("fedskew")
 
+ACCOUNTED = (DP_STEPS, DP_SAMPLE_RATE)
+"""A reply's metrics the server's privacy accountant reads (``privacy.mode = "sample"``), kept beside the sum."""
 UPLOAD, WEIGHT, CLEAR, STATUS = "fitres.parameters", "fitres.num_examples", "fitres.metrics", "fitres.status"
 """The records of a reply the ``secaggplus_mod`` reads (Flower's legacy ``FitRes``): the arrays it masks, the weight,
 and what travels in the clear."""
@@ -70,6 +73,8 @@ def secure_upload(request: Message, reply: Message, weighting: str, context: Con
     floats: list[np.ndarray] = []
     layout: list[list[str]] = []
     clear: dict[str, Any] = {"num_samples": float(reply.metrics.get("num_samples", 0.0))}
+    # DP-SGD's accounting ([privacy] mode = "sample"): the noisy steps and their sampling rate, in the clear
+    clear.update({k: float(reply.metrics[k]) for k in ACCOUNTED if k in reply.metrics})
     for name, t in reply.arrays.items():
         t = t.detach().cpu()
         if not t.is_floating_point():  # a counter: it travels in the clear
@@ -239,7 +244,8 @@ def _replies(mean: list[np.ndarray], clear: Mapping[int, Mapping[str, Any]], bas
                 arrays[name] = torch.from_numpy(bytes_to_ndarray(value).copy()).to(_dtype(dtype))
             else:
                 arrays[name] = shared[name]
-        out[node] = Message(arrays=arrays, metrics={"num_samples": float(c["num_samples"])})
+        metrics = {"num_samples": float(c["num_samples"]), **{k: float(c[k]) for k in ACCOUNTED if k in c}}
+        out[node] = Message(arrays=arrays, metrics=metrics)
     return out
 
 
