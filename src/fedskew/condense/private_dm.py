@@ -22,7 +22,7 @@ disjoint), so the vector of all the classes' sums has sensitivity ``clip`` and i
 mechanism with multiplier ``noise_multiplier`` per step, subsampled at the image's class rate; every step
 composes (Opacus's accountant, :class:`fedskew.privacy.accounting.Accountant`). Everything else a step uses
 (the network, the DSA draw, the synthetic images) is independent of the private data given the earlier
-releases, so the uploaded images are post-processing of the releases (docs/privacy_condensation.md).
+releases, so the uploaded images are post-processing of the releases (docs/private_condensation.md).
 
 What the guarantee needs, checked here: a network whose embedding of one image does not depend on the rest
 of its batch (no BatchNorm normalising with batch statistics, :func:`couples_batch`), and a start that uses

@@ -24,7 +24,7 @@ BatchNorm mixes the samples of a batch and is refused (as Opacus does); group or
 per sample. The noise comes from ``SampleDP.generator`` (:mod:`fedskew.privacy.mechanisms`), so a run is
 reproducible. Batches are the trainer's shuffled fixed-size batches (each sample once per epoch, the last
 batch smaller) unless ``poisson`` asks for Poisson sampling; the accountant's sampled Gaussian mechanism
-assumes Poisson sampling, so with shuffled batches its epsilon is an approximation (docs/privacy_dpsgd.md).
+assumes Poisson sampling, so with shuffled batches its epsilon is an approximation (docs/privacy.md, "sample").
 """
 
 from __future__ import annotations

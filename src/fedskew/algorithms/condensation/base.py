@@ -107,7 +107,7 @@ class AggregationFree(Algorithm):
         # measured better on the quick configs (docs/algorithms.md, "Distribution matching: ...").
         bn_statistics: Literal["separate", "pooled"] = "pooled"
         # privacy.mode = "condensation": one Poisson rate for every class's real images (None: real_batch / n_c
-        # per class, a class of at most real_batch images taken whole every step; docs/privacy_condensation.md).
+        # per class, a class of at most real_batch images taken whole every step; docs/private_condensation.md).
         private_sample_rate: float | None = None
 
         at_most = maximums(private_sample_rate=1.0)

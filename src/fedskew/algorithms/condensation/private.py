@@ -4,7 +4,7 @@ FedDM's and FedAF's clients condense by distribution matching against privately 
 (:mod:`fedskew.condense.private_dm`); FedAF's class logits V_k (and the soft labels R_k = softmax(V_k / tau)
 derived from them) are released the same way: each real image's logits clipped to ``knowledge_clip``
 (``privacy.clip`` by default), the class sums released with N(0, (noise_multiplier * clip)^2) noise and
-divided by the class counts (docs/privacy_condensation.md).
+divided by the class counts (docs/private_condensation.md).
 
 Each client keeps its own accountant (:class:`~fedskew.privacy.accounting.Accountant`, Opacus's) in its
 client state: per round it records the matching's ``condense_iterations`` sampled Gaussian releases (at the
@@ -52,7 +52,7 @@ MODE = 'privacy.mode = "condensation"'
 REFUSALS = {
     "hfldd": f"{MODE} does not cover hfldd: besides its KIP-distilled images, HFLDD's clients upload soft labels "
              "of a model pre-trained on their raw data and its headers train on raw data (FedAvg), so private "
-             "distillation alone would bound nothing (docs/privacy_condensation.md)",
+             "distillation alone would bound nothing (docs/private_condensation.md)",
     "feddc": f"{MODE} does not cover feddc: its clients upload model updates trained on raw data along with "
              "their condensed sets (use privacy.mode = \"sample\" or \"local\")",
 }
