@@ -123,8 +123,8 @@ def test_every_method_declares_its_upload() -> None:
      "privacy.count_noise > 0.5"),
     ("fedavg", {"mode": "off", "target_epsilon": 4.0}, "privacy.target_epsilon must be unset while privacy.mode = "
      "\"off\""),
-    ("fedavg", {"mode": "condensation"}, "privacy.mode = \"condensation\" privatises the condensed uploads of feddm and "
-     "fedaf; fedavg has none"),
+    ("fedavg", {"mode": "condensation"}, "privacy.mode = \"condensation\" privatises the condensed uploads of "
+     "feddm and fedaf; fedavg has none"),
 ])
 def test_a_private_run_a_method_cannot_carry_is_refused_in_one_line(name: str, table: dict, message: str) -> None:
     with pytest.raises(ConfigError) as err:
