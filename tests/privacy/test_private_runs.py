@@ -24,7 +24,7 @@ from fedskew.engine.round_loop import RoundLoop
 from fedskew.engine.tensorboard import grouped_scalars, tensorboard_tag
 from fedskew.privacy.accounting import Accountant
 from fedskew.privacy.uploads import Upload
-from tests.helpers.configs import config_for, methods, tiny_config
+from tests.helpers.configs import SLOW_METHODS, config_for, tiny_config
 
 pytest.importorskip("opacus")  # the privacy extra: scripts/test.sh installs it
 
@@ -47,13 +47,19 @@ def _summary(path: Path) -> dict[str, Any]:
     return json.loads((path / "summary.json").read_text())
 
 
-@pytest.mark.parametrize("mode", ["central", "local", "sample"])
-@pytest.mark.parametrize("name", methods(SHARING))
+def _carried(mode: str) -> list[str]:
+    """The model-sharing methods ``mode`` carries (the others are refused, in test_client_level)."""
+    refusal = {"central": "central", "local": "", "sample": "dpsgd"}[mode]
+    return [n for n in SHARING if not (refusal and getattr(ALGORITHMS.get(n).upload, refusal))]
+
+
+@pytest.mark.parametrize(("mode", "name"), [
+    pytest.param(mode, name, marks=[pytest.mark.slow] if name in SLOW_METHODS else [])
+    for mode in ("central", "local", "sample") for name in _carried(mode)
+])
 def test_every_method_that_shares_its_model_runs_privately(tmp_path: Path, name: str, mode: str) -> None:
     upload = ALGORITHMS.get(name).upload
     assert isinstance(upload, Upload)
-    if (mode == "central" and upload.central) or (mode == "sample" and upload.dpsgd):
-        pytest.skip(f"{name} is refused under {mode} DP (test_client_level)")
     cfg = config_for(name, rounds=2, privacy={"mode": mode, "noise_multiplier": 0.8, "clip": 0.1})
     if mode == "sample":  # DP-SGD refuses BatchNorm: the ConvNet with a per-sample normalisation
         cfg["model"]["net_norm"] = "instancenorm"
