@@ -108,7 +108,7 @@ def test_fedskew_audit_puts_its_table_in_the_report(tmp_path: Path, capsys: pyte
     table = (runs / "report" / "audit.md").read_text()
     assert table.count("\n") == 4  # header, rule, one row per audited run
     page = (runs / "report" / "report.html").read_text()
-    assert "Privacy audit" in page and "NN RMSE synthetic" in page
+    assert "Privacy audit" in page and "NN RMSE held-out" in page and "synthetic images" in page
     # One image grid per label (both runs carry the tiny config's label), inlined in the page.
     grids = sorted((runs / "report").glob("synthetic_*.png"))
     assert len(grids) == 1 and grids[0].stem in page
