@@ -79,7 +79,7 @@ def test_audit_flags_copies_and_not_noise(tmp_path: Path) -> None:
     assert copies.syn_nn_rmse_median < 0.01 and copies.syn_nn_ssim_mean > 0.99
     assert copies.nn_ratio < 0.05
     assert noise.nn_ratio > 1.0 and noise.syn_nn_ssim_mean < 0.5
-    assert 0.0 <= copies.mia_auc <= 1.0 and copies.synthetic_images == 12
+    assert copies.mia_auc is not None and 0.0 <= copies.mia_auc <= 1.0 and copies.synthetic_images == 12
 
 
 def test_audit_of_a_run_without_synthetic_data(tmp_path: Path) -> None:

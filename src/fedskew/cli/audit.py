@@ -49,6 +49,11 @@ ATTACK_HELP: dict[str, str] = {
     "clip": "clipping norm of the DP rows [privacy.clip]",
 }
 
+METAVARS = {"method": "{dlg,idlg}", "optimizer": "{lbfgs,adam}", "lr": "LR", "local_lr": "LR", "client": "K",
+            "target": "{gradient,update}", "activation": "{run,sigmoid}", "dp_mode": "MODE", "noise_multipliers": "Z",
+            "clip": "C"}
+"""What each flag's value is called in ``--help`` (``N`` for the counts)."""
+
 
 def flag(name: str) -> str:
     """The command-line flag of an attack setting: ``iterations`` -> ``--attack-iterations``."""
@@ -61,15 +66,15 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    "adds the table to the report"
     )
     au.add_argument("runs", nargs="+", metavar="RUN_OR_CONFIG",
-                    help="run folders or their parents; with --attack also TOML configs, and KEY=VALUE overrides "
-                         "for them")
+                    help="run folders or their parents; with --attack also TOML configs or built-in config names, "
+                         "and KEY=VALUE overrides for them")
     au.add_argument("--data-dir", help=DATA_HELP)
     au.add_argument("--max-images", type=int, default=2000, help="images sampled per run (default 2000)")
     au.add_argument("--epochs", type=int, default=50, help="epochs of the attacked model (default 50)")
     attack = au.add_argument_group("gradient-inversion attack (docs/privacy_attack.md)")
     for name, text in ATTACK_HELP.items():
         attack.add_argument(flag(name), dest=f"attack_{name}", nargs="+" if name == "noise_multipliers" else None,
-                            metavar="Z" if name == "noise_multipliers" else None, help=text)
+                            metavar=METAVARS.get(name, "N"), help=text)
     au.add_argument("--out", help="where the attack on a config writes its results (default runs/audit)")
     au.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_import(au)
@@ -106,17 +111,20 @@ def attack_settings(args: argparse.Namespace) -> AttackSettings | None:
 
 
 def _split(words: list[str], attacking: bool) -> tuple[list[Path], list[Path], list[str]]:
-    """(run folders, config files, overrides) among the words."""
+    """(run folders, configs: TOML files or built-in names, overrides) among the words."""
+    from fedskew.config import builtin_configs
+
     overrides = [w for w in words if is_override(w)]
     paths = [Path(w) for w in words if not is_override(w)]
-    configs = [p for p in paths if p.is_file()]
+    builtin = set(builtin_configs())
+    configs = [p for p in paths if p.is_file() or (not p.exists() and str(p) in builtin)]
     if (configs or overrides) and not attacking:
         what = configs[0] if configs else overrides[0]
         raise ConfigError(f"{what}: a config (or an override) is audited only by an attack: add --attack dlg or "
                           "--attack idlg (runs are audited from their folders)")
     if overrides and not configs:
         raise ConfigError(f"{overrides[0]}: overrides apply to a TOML config, and none was given")
-    return [p for p in paths if not p.is_file()], configs, overrides
+    return [p for p in paths if p not in configs], configs, overrides
 
 
 def _attack_configs(configs: list[Path], overrides: list[str], settings: AttackSettings, args: argparse.Namespace,
