@@ -67,7 +67,7 @@ FLOORS: dict[int, tuple[str, ...]] = {
     4: ("algorithms",),
     5: ("config",),
     6: ("engine",),
-    7: ("audit",),
+    7: ("audit", "attack"),
     8: ("report", "api"),
     9: ("cli",),
 }

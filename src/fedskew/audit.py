@@ -3,13 +3,16 @@
 Reads the synthetic sets a run saved (``artifacts/synthetic/round_NNNN.safetensors``: ``images`` uint8,
 ``labels``, ``clients``), rebuilds the run's federation from its ``config.toml`` (the same seed gives
 the same client shards), and measures the figures of :mod:`fedskew.metrics.privacy`. Writes
-``audit.json`` in the run folder.
+``audit.json`` in the run folder. With ``attack`` (``--attack dlg|idlg``), a run that sent no images (a
+weight-sharing method) is scored on the same measures through a gradient-inversion attack on its first
+update instead (:mod:`fedskew.attack`); its ``audit.json`` holds a list of rows, one per privacy setting.
 """
 
 from __future__ import annotations
 
 import json
 import tomllib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -22,14 +25,24 @@ from fedskew.config.schema import RunConfig, typed_config
 from fedskew.core.errors import FedskewError
 from fedskew.core.seeding import seeded_init, torch_generator
 from fedskew.engine.federation import Federation, federation_for
-from fedskew.metrics.privacy import auc, nearest_neighbours, ssim
+from fedskew.metrics.privacy import auc, nearest_neighbours, psnr, ssim
 from fedskew.progress import progress_bar
 from fedskew.runs import AUDIT_FILE, find_runs, run_config_path, synthetic_dir, synthetic_files
+
+UPLOADS = "synthetic images"
+"""What an upload audit scores (:attr:`AuditResult.leak`)."""
 
 
 @dataclass
 class AuditResult:
-    """Figures of one run (distances are RMSE in [0, 1] pixel units)."""
+    """Figures of one run, or of one attack on it (distances are RMSE in [0, 1] pixel units).
+
+    ``leak`` says what was scored: ``synthetic images`` (the uploads themselves), or an attack's
+    reconstructions (``DLG on gradient``, with the privacy applied); ``synthetic_images`` then counts the
+    reconstructions, and ``mia_auc`` is None (no model is trained on them). ``syn_nn_psnr_mean``: the mean
+    PSNR of each scored image and its nearest client image (None in audits written before it was measured).
+    ``attack``: the attack's settings and its own figures (:func:`fedskew.attack.attack_config`).
+    """
 
     label: str
     algorithm: str
@@ -40,8 +53,12 @@ class AuditResult:
     nn_ratio: float
     syn_nn_ssim_mean: float
     heldout_nn_ssim_mean: float
-    mia_auc: float
+    mia_auc: float | None
     mia_members: int
+    leak: str = UPLOADS
+    syn_nn_psnr_mean: float | None = None
+    heldout_nn_psnr_mean: float | None = None
+    attack: dict[str, Any] | None = None
 
 
 def load_synthetic(run_dir: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
@@ -66,7 +83,7 @@ def load_synthetic(run_dir: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     return torch.cat(imgs), torch.cat(labels), torch.cat(clients), len(files)
 
 
-def _pixels(x: torch.Tensor, fed: Federation) -> torch.Tensor:
+def to_pixels(x: torch.Tensor, fed: Federation) -> torch.Tensor:
     """Normalised tensors back to [0, 1] pixels."""
     mean = torch.tensor(fed.info.mean).view(1, -1, 1, 1)
     std = torch.tensor(fed.info.std).view(1, -1, 1, 1)
@@ -105,28 +122,49 @@ def audit_run(run_dir: Path, data_dir: str | None = None, max_images: int = 2000
         return _measure(config, fed, g, images, labels, clients, senders, rounds, epochs, max_images, bar)
 
 
+@dataclass
+class Closeness:
+    """How close a set of images sits to a client's real images: per image, the RMSE to the nearest one, the
+    SSIM of that pair and its PSNR; ``nearest``: the index of that image among the client's."""
+
+    rmse: torch.Tensor
+    ssim: torch.Tensor
+    psnr: torch.Tensor
+    nearest: torch.Tensor
+
+
+def closeness(images: torch.Tensor, real: torch.Tensor) -> Closeness:
+    """:class:`Closeness` of ``images`` to ``real`` (both pixels in [0, 1], (N, C, H, W)): the measures every
+    audit row is made of, for uploads and for an attack's reconstructions alike."""
+    d, i = nearest_neighbours(images, real)
+    return Closeness(rmse=d, ssim=ssim(images, real[i]), psnr=psnr(d), nearest=i)
+
+
+def heldout_closeness(fed: Federation, real: torch.Tensor, labels: torch.Tensor,
+                      g: torch.Generator) -> Closeness | None:
+    """:func:`closeness` of held-out test images (the labels of ``labels``) to a client's ``real`` images: what
+    an image that never saw the client scores (None when the test set has none of those classes)."""
+    idx = _heldout_like(fed, labels, g)
+    return closeness(to_pixels(fed.x_test[idx], fed), real) if len(idx) else None
+
+
 def _measure(config: RunConfig, fed: Federation, g: torch.Generator, images: torch.Tensor, labels: torch.Tensor,
              clients: torch.Tensor, senders: list[int], rounds: int, epochs: int, max_images: int,
              bar: Any) -> AuditResult:
     syn = images.float() / 255.0
     # Nearest real training image of the sending client, for synthetic and held-out images.
-    syn_d, syn_s, ho_d, ho_s = [], [], [], []
+    sent: list[Closeness] = []
+    held: list[Closeness] = []
     bar.set_postfix_str("nearest real images")
     for k in senders:
         sel = clients == k
-        x_k, _ = fed.client_data(int(k))
-        real = _pixels(x_k, fed)
-        d, i = nearest_neighbours(syn[sel], real)
-        syn_d.append(d)
-        syn_s.append(ssim(syn[sel], real[i]))
-        ho_idx = _heldout_like(fed, labels[sel], g)
-        if len(ho_idx):
-            ho = _pixels(fed.x_test[ho_idx], fed)
-            d2, i2 = nearest_neighbours(ho, real)
-            ho_d.append(d2)
-            ho_s.append(ssim(ho, real[i2]))
+        real = to_pixels(fed.client_data(int(k))[0], fed)
+        sent.append(closeness(syn[sel], real))
+        ho = heldout_closeness(fed, real, labels[sel], g)
+        if ho is not None:
+            held.append(ho)
         bar.update(1)
-    sd, hd = torch.cat(syn_d), torch.cat(ho_d)
+    sd, hd = torch.cat([c.rmse for c in sent]), torch.cat([c.rmse for c in held])
 
     # Membership inference: loss threshold on a model trained only on the synthetic images.
     mean = torch.tensor(fed.info.mean).view(1, -1, 1, 1)
@@ -158,52 +196,79 @@ def _measure(config: RunConfig, fed: Federation, g: torch.Generator, images: tor
         syn_nn_rmse_median=float(sd.median()),
         heldout_nn_rmse_median=ho_med,
         nn_ratio=float(sd.median()) / ho_med if ho_med > 0 else float("nan"),
-        syn_nn_ssim_mean=float(torch.cat(syn_s).mean()),
-        heldout_nn_ssim_mean=float(torch.cat(ho_s).mean()),
+        syn_nn_ssim_mean=float(torch.cat([c.ssim for c in sent]).mean()),
+        heldout_nn_ssim_mean=float(torch.cat([c.ssim for c in held]).mean()),
         mia_auc=mia,
         mia_members=len(member_idx),
+        syn_nn_psnr_mean=float(torch.cat([c.psnr for c in sent]).mean()),
+        heldout_nn_psnr_mean=float(torch.cat([c.psnr for c in held]).mean()),
     )
 
 
+Attacker = Callable[[Path], list[AuditResult]]
+"""What scores a run that sent no images (:func:`fedskew.attack.attack_run` with its settings bound)."""
+
+
 def audit(
-    paths: list[Path], data_dir: str | None = None, max_images: int = 2000, epochs: int = 50, progress: bool = True
+    paths: list[Path], data_dir: str | None = None, max_images: int = 2000, epochs: int = 50, progress: bool = True,
+    attacker: Attacker | None = None,
 ) -> list[AuditResult]:
-    """Audit every run folder under ``paths`` that holds synthetic images; writes ``audit.json`` in each."""
-    results = []
+    """Audit every run folder under ``paths`` that holds synthetic images; with ``attacker``, attack every other
+    run too (a weight-sharing method's: one row per privacy setting). Writes ``audit.json`` in each (the row,
+    or the attack's list of rows)."""
+    results: list[AuditResult] = []
     for run in find_runs(paths):
-        if not synthetic_dir(run).exists():
+        payload: Any
+        if synthetic_dir(run).exists():
+            rows = [audit_run(run, data_dir, max_images, epochs, progress)]
+            payload = asdict(rows[0])
+        elif attacker is not None:
+            rows = attacker(run)
+            payload = [asdict(r) for r in rows]
+        else:
             continue
-        res = audit_run(run, data_dir, max_images, epochs, progress)
-        (run / AUDIT_FILE).write_text(json.dumps(asdict(res), indent=2) + "\n")
-        results.append(res)
+        (run / AUDIT_FILE).write_text(json.dumps(payload, indent=2) + "\n")
+        results.extend(rows)
     if not results:
-        raise FedskewError(f"no run under {', '.join(map(str, paths))} holds synthetic images to audit")
+        raise FedskewError(f"no run under {', '.join(map(str, paths))} holds synthetic images to audit"
+                           + ("" if attacker is not None else " (--attack dlg or idlg scores weight-sharing runs)"))
     return results
 
 
 AUDIT_LEGEND = (
-    "NN RMSE: median distance (pixels in [0, 1]) to the nearest real training image of the sending client;\n"
-    "ratio < 1: synthetic images sit closer to client images than held-out real images do.\n"
+    "scored: the synthetic images a client sent, or an attack's reconstructions of its images from its first\n"
+    "update (DLG / iDLG on a gradient or update, with the privacy named).\n"
+    "NN RMSE: median distance (pixels in [0, 1]) from each scored image to the nearest real training image of the\n"
+    "client; SSIM, PSNR (dB): means over those nearest pairs. held-out: the same for real test images of the same\n"
+    "classes; ratio < 1: the scored images sit closer to client images than held-out real images do.\n"
     "MIA AUC: loss-threshold membership inference on a model trained on the synthetic images (0.5 = no leak)."
 )
 
 AUDIT_HEADERS = [
-    "run", "images", "NN RMSE synthetic", "NN RMSE held-out", "ratio", "SSIM synthetic", "SSIM held-out", "MIA AUC",
+    "run", "scored", "images", "NN RMSE", "NN RMSE held-out", "ratio", "SSIM", "SSIM held-out", "PSNR",
+    "PSNR held-out", "MIA AUC",
 ]
+
+
+def _cell(value: float | None, form: str) -> str:
+    return "-" if value is None else format(value, form)
 
 
 def audit_cells(r: AuditResult) -> list[str]:
     """One table row of an audit result, in the order of :data:`AUDIT_HEADERS`."""
     return [
-        r.label, str(r.synthetic_images), f"{r.syn_nn_rmse_median:.3f}", f"{r.heldout_nn_rmse_median:.3f}",
-        f"{r.nn_ratio:.2f}", f"{r.syn_nn_ssim_mean:.3f}", f"{r.heldout_nn_ssim_mean:.3f}", f"{r.mia_auc:.3f}",
+        r.label, r.leak, str(r.synthetic_images), f"{r.syn_nn_rmse_median:.3f}", f"{r.heldout_nn_rmse_median:.3f}",
+        f"{r.nn_ratio:.2f}", f"{r.syn_nn_ssim_mean:.3f}", f"{r.heldout_nn_ssim_mean:.3f}",
+        _cell(r.syn_nn_psnr_mean, ".1f"), _cell(r.heldout_nn_psnr_mean, ".1f"), _cell(r.mia_auc, ".3f"),
     ]
 
 
-def read_audit(path: Path) -> AuditResult:
-    """Read an ``audit.json`` written by :func:`audit`; a damaged file is a one-line error naming it."""
+def read_audit(path: Path) -> list[AuditResult]:
+    """Read an ``audit.json`` written by :func:`audit` (one row, or an attack's list of rows); a damaged file
+    is a one-line error naming it."""
     try:
-        return AuditResult(**json.loads(path.read_text(encoding="utf-8")))
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return [AuditResult(**row) for row in (data if isinstance(data, list) else [data])]
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError) as e:
         raise FedskewError(f"cannot read {path}: {e}") from None
 

@@ -5,7 +5,8 @@ Three figures answer "what could the server learn about the raw images?":
 - nearest-neighbour distance: for each synthetic image, the RMSE (pixel space, [0, 1]) to the closest
   real training image of the client that sent it, compared with the same distance for held-out real
   images of the same classes. Synthetic images much closer than held-out ones are near-copies.
-- SSIM between each image and that nearest neighbour (1 = identical structure).
+- SSIM between each image and that nearest neighbour (1 = identical structure), and the PSNR of the pair
+  (``-20 log10(RMSE)`` for pixels in [0, 1]; the gradient-inversion literature's measure).
 - membership inference: a model trained on the synthetic data is attacked by thresholding its loss;
   the AUC of telling the clients' training images from held-out images (0.5 = no leak).
 """
@@ -33,6 +34,16 @@ def nearest_neighbours(
         dists.append((m / d).sqrt())
         idx.append(i)
     return torch.cat(dists).float(), torch.cat(idx)
+
+
+MAX_PSNR = 100.0
+"""The PSNR of identical images (an RMSE of 1e-5 or less): a finite cap, so that means stay finite."""
+
+
+def psnr(rmse: torch.Tensor) -> torch.Tensor:
+    """Peak signal-to-noise ratio in dB of image pairs in [0, 1] from their RMSE (e.g. the distances of
+    :func:`nearest_neighbours`): ``-20 log10(rmse)``, capped at :data:`MAX_PSNR`."""
+    return (-20 * torch.log10(rmse.double().clamp_min(10 ** (-MAX_PSNR / 20)))).float()
 
 
 def _gaussian_window(size: int, sigma: float) -> torch.Tensor:

@@ -178,12 +178,12 @@ def _audit_section(runs: list[RunData], out: Path) -> str:
     # Imported here: the audit pulls in torch and the engine, which the rest of the report does without.
     from fedskew.audit import AUDIT_HEADERS, AUDIT_LEGEND, audit_cells, format_audit, read_audit
 
-    audited = [read_audit(run.path / AUDIT_FILE) for run in runs if (run.path / AUDIT_FILE).is_file()]
+    audited = [row for run in runs if (run.path / AUDIT_FILE).is_file() for row in read_audit(run.path / AUDIT_FILE)]
     if not audited:
         return ""
     (out / "audit.md").write_text(format_audit(audited) + "\n", encoding="utf-8")
     return (
-        f"<h2>Privacy audit of the synthetic images sent</h2><p>{html.escape(AUDIT_LEGEND)}</p>"
+        f"<h2>Privacy audit of what clients sent</h2><p>{html.escape(AUDIT_LEGEND)}</p>"
         + _html_table(AUDIT_HEADERS, [audit_cells(r) for r in audited])
     )
 
