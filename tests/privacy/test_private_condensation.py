@@ -262,3 +262,17 @@ def test_a_resumed_private_run_continues_each_clients_accountant(tmp_path: Path)
     run(2, tmp_path / "part")
     res = resume_run(tmp_path / "part", {"rounds": 3}, data_dir=None, progress=False)
     assert res.records == full and full[-1][EPSILON] > full[0][EPSILON]
+
+
+@pytest.mark.parametrize(("method", "table", "message"), [
+    ("feddm", {"private_sample_rate": 0}, "algorithm.private_sample_rate must be > 0, got 0"),
+    ("fedaf", {"private_sample_rate": 1.5}, "algorithm.private_sample_rate must be <= 1, got 1.5"),
+    ("fedaf", {"knowledge_clip": 0}, "algorithm.knowledge_clip must be > 0, got 0"),
+])
+def test_bad_private_condensation_keys_are_one_line(method: str, table: dict, message: str) -> None:
+    from fedskew.algorithms.base import ALGORITHMS
+    from fedskew.core.params import build_params
+
+    with pytest.raises(ConfigError) as err:
+        build_params(ALGORITHMS.get(method).Params, table, prefix="algorithm.")
+    assert message in str(err.value) and "\n" not in str(err.value)
