@@ -31,6 +31,7 @@ TABLE = """# Architecture
 | 5 | `config/` | config | the floors below |
 | 6 | `engine/` | engine | the floors below |
 | 7 | `audit.py` | audit | the floors below |
+| 7 | `attack.py` | attack | the floors below |
 | 8 | `report/` | report | the floors below |
 | 8 | `api.py` | API | config, engine, runs |
 | 9 | `cli/` | CLI | everything |
