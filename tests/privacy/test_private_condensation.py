@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -276,3 +277,16 @@ def test_bad_private_condensation_keys_are_one_line(method: str, table: dict, me
     with pytest.raises(ConfigError) as err:
         build_params(ALGORITHMS.get(method).Params, table, prefix="algorithm.")
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("method", "key"), [("feddm", "private_sample_rate"), ("fedaf", "knowledge_clip")])
+def test_private_condensation_keys_without_the_mode_are_refused(method: str, key: str) -> None:
+    from fedskew.config import DEFAULTS
+    from fedskew.config.schema import typed_config
+
+    cfg = copy.deepcopy(DEFAULTS)
+    cfg["algorithm"] = {"name": method, key: 0.5}
+    with pytest.raises(ConfigError) as err:
+        typed_config(cfg)
+    assert f'algorithm.{key} = 0.5 applies only with privacy.mode = "condensation", got privacy.mode = "off"' \
+        in str(err.value) and "\n" not in str(err.value)

@@ -48,6 +48,11 @@ def check_privacy(privacy: PrivacyParams, algorithm: str, upload: Upload | Withh
                   num_clients: int) -> None:
     """Refuse a ``[privacy]`` mechanism the method ``algorithm`` (its class's ``upload``, its ``params``) cannot
     carry, or cannot carry as configured (what each mechanism needs: docs/privacy.md)."""
+    for key in ("private_sample_rate", "knowledge_clip"):  # private condensation's own keys: refused, never ignored
+        value = getattr(params, key, None)
+        if value is not None and privacy.mode != "condensation":
+            raise ConfigError(f'algorithm.{key} = {value:g} applies only with privacy.mode = "condensation", '
+                              f'got privacy.mode = "{privacy.mode}"')
     if not privacy.on:
         return
     mode = privacy.mode
