@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -241,6 +242,18 @@ def _clip_total(grad: torch.Tensor, max_norm: float) -> None:
     grad.mul_(torch.where(norm > max_norm, max_norm / norm, torch.ones_like(norm)))
 
 
+def image_step(loss: torch.Tensor, images: torch.Tensor, optimizer: torch.optim.Optimizer, precision: Any,
+               clip_norm: float | None) -> None:
+    """One step of the synthetic ``images`` on ``loss``: gradients to them only, their total norm clipped to
+    ``clip_norm`` (None: not clipped), the optimiser's step (through ``precision``'s scaler)."""
+    optimizer.zero_grad()
+    backward_to(loss, [images], precision)
+    if clip_norm is not None and images.grad is not None:
+        precision.unscale(optimizer)
+        _clip_total(images.grad, clip_norm)
+    precision.step(optimizer)
+
+
 def distribution_matching(
     x_real: torch.Tensor,
     y_real: torch.Tensor,
@@ -313,12 +326,7 @@ def distribution_matching(
             loss = dm_loss(model_features(model), real, syn, cfg.bn_statistics)
             if extra_loss is not None:
                 loss = loss + extra_loss(model, SyntheticSet(images, labels, request.soft_labels))
-        optimizer.zero_grad()
-        backward_to(loss, [images], precision)
-        if cfg.clip_norm is not None and images.grad is not None:
-            precision.unscale(optimizer)
-            _clip_total(images.grad, cfg.clip_norm)
-        precision.step(optimizer)
+        image_step(loss, images, optimizer, precision, cfg.clip_norm)
         if progress:  # reading the loss waits for the device
             bar.set_postfix(loss=float(loss.detach()), refresh=False)
     return request.result(images)

@@ -42,15 +42,15 @@ from fedskew.condense.distribution_matching import (
     REAL_CHUNK,
     DMConfig,
     ExtraLoss,
-    _clip_total,
     at_least_float32,
     couples_batch,
+    image_step,
     prepare_dm,
     prepared,
     segment_means,
 )
 from fedskew.condense.samplers import ModelSampler
-from fedskew.condense.synthetic import SyntheticSet, backward_to, model_features
+from fedskew.condense.synthetic import SyntheticSet, model_features
 from fedskew.core.device import Precision
 from fedskew.core.errors import ConfigError, DataError
 from fedskew.models.layout import as_model_format, is_channels_last
@@ -228,12 +228,7 @@ def private_distribution_matching(
                                    noise_generator)
             if extra_loss is not None:
                 loss = loss + extra_loss(model, SyntheticSet(images, request.labels, request.soft_labels))
-        optimizer.zero_grad()
-        backward_to(loss, [images], precision)
-        if cfg.clip_norm is not None and images.grad is not None:
-            precision.unscale(optimizer)
-            _clip_total(images.grad, cfg.clip_norm)
-        precision.step(optimizer)
+        image_step(loss, images, optimizer, precision, cfg.clip_norm)
         if progress:
             bar.set_postfix(loss=float(loss.detach()), refresh=False)
     return request.result(images)
