@@ -20,7 +20,16 @@ from fedskew.core.errors import ConfigError
 from fedskew.engine.round_loop import RoundLoop
 from fedskew.models.layout import shuffled_batches
 from tests.helpers.configs import tiny_config
-from tests.helpers.toy_federation import client_of, fed_info, filled, make, reply, server_of
+from tests.helpers.toy_federation import (
+    client_of,
+    fed_info,
+    filled,
+    make,
+    reply,
+    scaffold_client,
+    server_of,
+    sgd_by_hand,
+)
 
 # ---- toy federations (tests/helpers/toy_federation.py) ------------------------------------------------
 
@@ -67,27 +76,11 @@ def test_scaffold_client_variate_update_by_hand() -> None:
     fed = fed_info(image_size=2)
     lr = 0.1
     algo = make("scaffold", fed, lr=lr, batch_size=4)
-    server = server_of(algo)
-    c = {k: torch.full_like(v, 0.3) for k, v in server.state["c"].items()}
-    c_i = {k: torch.full_like(v, -0.2) for k, v in c.items()}
-    server.state["c"] = c
-    (_, msg), *_ = algo.configure(server)
-    client = client_of(fed, n=8, state={"c_i": c_i})
-    out = algo.client_step("train", msg, client)
+    server, c, c_i, client, out = scaffold_client(algo)
 
     # by hand: y <- y - lr (grad + c - c_i) over the client's two shuffled batches of 4
     x = {k: v.clone() for k, v in server.model.state_dict().items()}
-    model = fed.model.build()
-    model.load_state_dict(x)
-    idx = shuffled_batches(8, 4, client.generator("train"))
-    for b in idx:
-        model.zero_grad()
-        torch.nn.functional.cross_entropy(model(client.x[b]), client.y[b]).backward()
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                p -= lr * (p.grad + c[name] - c_i[name])
-    y = model.state_dict()
-    k_steps = len(idx)
+    y, k_steps = sgd_by_hand(fed, x, client, lr, 4, lambda name, p: c[name] - c_i[name])
     assert k_steps == 2 and out.metrics["steps"] == 2
     assert set(out.arrays) == {f"dy.{k}" for k in x} | {f"dc.{k}" for k in c}
     for k in x:
@@ -137,13 +130,7 @@ def test_scaffold_niid_bench_weight_correction_by_hand() -> None:
     lr, rho, wd = 0.1, 0.9, 0.01
     algo = make("scaffold", fed, lr=lr, batch_size=3, momentum=rho, weight_decay=wd, local_epochs=2,
                 correction="weights")
-    server = server_of(algo)
-    c = {k: torch.full_like(v, 0.3) for k, v in server.state["c"].items()}
-    c_i = {k: torch.full_like(v, -0.2) for k, v in c.items()}
-    server.state["c"] = c
-    (_, msg), *_ = algo.configure(server)
-    client = client_of(fed, n=8, state={"c_i": c_i})
-    out = algo.client_step("train", msg, client)
+    server, c, c_i, client, out = scaffold_client(algo)
 
     x = {k: v.clone() for k, v in server.model.state_dict().items()}
     model = fed.model.build()

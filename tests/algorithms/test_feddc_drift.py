@@ -14,9 +14,8 @@ from fedskew.algorithms.base import ALGORITHMS
 from fedskew.config import typed_config
 from fedskew.core.errors import ConfigError
 from fedskew.engine.round_loop import RoundLoop
-from fedskew.models.layout import shuffled_batches
 from tests.helpers.configs import tiny_config
-from tests.helpers.toy_federation import client_of, fed_info, make, reply, server_of
+from tests.helpers.toy_federation import client_of, fed_info, make, reply, server_of, sgd_by_hand
 
 
 def run(cfg: dict[str, Any], path: Path) -> list[dict[str, Any]]:
@@ -40,17 +39,8 @@ def test_client_step_by_hand() -> None:
     out = algo.client_step("train", msg, client)
 
     w = {k: v.clone() for k, v in server.model.state_dict().items()}
-    model = fed.model.build()
-    model.load_state_dict(w)
-    idx = shuffled_batches(8, 4, client.generator("train"))
-    for b in idx:
-        model.zero_grad()
-        torch.nn.functional.cross_entropy(model(client.x[b]), client.y[b]).backward()
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                p -= lr * (p.grad + alpha * (p + h[name] - w[name]) + g[name] - g_i[name])
-    theta = model.state_dict()
-    k_steps = len(idx)
+    theta, k_steps = sgd_by_hand(fed, w, client, lr, 4,
+                                 lambda name, p: alpha * (p + h[name] - w[name]) + g[name] - g_i[name])
     assert k_steps == 2 and out.metrics["steps"] == 2
     assert set(out.arrays) == {f"theta.{k}" for k in w} | {f"dg.{k}" for k in g}
     for k in g:

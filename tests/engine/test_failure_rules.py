@@ -33,19 +33,7 @@ from fedskew.core.message import Message
 from fedskew.engine.checkpoint import load_checkpoint, save_checkpoint
 from fedskew.engine.replies import Undecodable, check_reply, decode_reply, encode_reply
 from fedskew.runs import LOCK_FILE
-from tests.helpers.cli import (
-    LONG,
-    alive,
-    children,
-    fedskew,
-    one_error,
-    rounds_of,
-    small_disk,
-    snapshot,
-    start,
-    wait_for,
-    write_config,
-)
+from tests.helpers import cli
 from tests.helpers.configs import tiny_config
 from tests.helpers.plugins import BAD_REPLY
 
@@ -70,13 +58,13 @@ def test_a_checkpoint_write_cut_off_part_way_is_one_line_and_the_run_resumes(
     the middle of torch's zip writer, which once turned it into a 40-line RuntimeError."""
     checkpoint = (two_rounds / "checkpoints" / "last.pt").read_bytes()
     assert len(checkpoint) > 8192  # so the write really is cut off part-way
-    res = fedskew("run", "--resume", str(two_rounds), "rounds=4", "--no-progress", cwd=tmp_path,
+    res = cli.fedskew("run", "--resume", str(two_rounds), "rounds=4", "--no-progress", cwd=tmp_path,
                   preexec_fn=_file_size_limit(8192))
-    line = one_error(res)
+    line = cli.one_error(res)
     assert f"file too large) while writing {two_rounds}; its last checkpoint is intact" in line
     assert (two_rounds / "checkpoints" / "last.pt").read_bytes() == checkpoint
     assert not (two_rounds / "checkpoints" / "last.pt.tmp").exists()
-    assert fedskew("run", "--resume", str(two_rounds), "rounds=4", "--no-progress", cwd=tmp_path).code == 0
+    assert cli.fedskew("run", "--resume", str(two_rounds), "rounds=4", "--no-progress", cwd=tmp_path).code == 0
     assert (two_rounds / "metrics.jsonl").read_bytes() == (finished_run(4) / "metrics.jsonl").read_bytes()
 
 
@@ -84,7 +72,7 @@ def test_a_checkpoint_write_cut_off_part_way_is_one_line_and_the_run_resumes(
 def test_a_disk_that_fills_in_the_middle_of_a_checkpoint_is_one_line(two_rounds: Path, tmp_path: Path) -> None:
     """A real small tmpfs, filled until 8 KiB are free: the next checkpoint (12 KiB) runs out of space part-way,
     and so does the resume that is tried while the disk is still full."""
-    disk = small_disk(tmp_path, "1m")
+    disk = cli.small_disk(tmp_path, "1m")
     run = disk / "o" / "fedavg-seed0"
     kept = tmp_path / "kept"
     script = (
@@ -94,9 +82,9 @@ def test_a_disk_that_fills_in_the_middle_of_a_checkpoint_is_one_line(two_rounds:
         f'"$@"; first=$?; "$@" 2> {tmp_path}/second.err; second=$?; rm {disk}/filler; cp -r {run} {kept}; '
         f'echo "$first $second" > {tmp_path}/codes; exit $first'
     )
-    res = fedskew("run", "--resume", str(run), "rounds=4", "--no-progress", cwd=tmp_path,
+    res = cli.fedskew("run", "--resume", str(run), "rounds=4", "--no-progress", cwd=tmp_path,
                   prefix=["unshare", "--mount", "sh", "-c", script, "sh"])
-    line = one_error(res)
+    line = cli.one_error(res)
     assert f"the disk is full (no space left on device) while writing {run}; its last checkpoint is intact" in line
     assert (tmp_path / "codes").read_text().split() == ["2", "2"]
     assert (tmp_path / "second.err").read_text().strip() == line
@@ -161,7 +149,7 @@ def test_a_broken_reply_is_that_clients_rejection_with_any_number_of_workers(tmp
         cfg["variants"] = [{"label": kind, "algorithm.kind": kind} for kind in BAD_KINDS]
         path = tmp_path / f"w{workers}.toml"
         path.write_text(dump(cfg))
-        res = fedskew("run", str(path), "--out", f"w{workers}", "--no-progress", cwd=tmp_path)
+        res = cli.fedskew("run", str(path), "--out", f"w{workers}", "--no-progress", cwd=tmp_path)
         assert res.code == 0, res.err
         for kind in BAD_KINDS:
             run = tmp_path / f"w{workers}" / f"{kind}-seed0"
@@ -200,8 +188,8 @@ def test_a_plugin_that_exits_or_interrupts_on_import_is_one_line_naming_it(tmp_p
                                                                           shown: str) -> None:
     plugin = tmp_path / "quits.py"
     plugin.write_text(body)
-    res = fedskew("run", "rounds=1", "--import", str(plugin), "--no-progress", cwd=tmp_path)  # a real process
-    line = one_error(res)
+    res = cli.fedskew("run", "rounds=1", "--import", str(plugin), "--no-progress", cwd=tmp_path)  # a real process
+    line = cli.one_error(res)
     assert f"plugin {str(plugin)!r} failed: {shown}" in line
     assert not (tmp_path / "runs").exists()
 
@@ -220,16 +208,16 @@ def test_a_plugin_that_exits_or_interrupts_on_import_is_one_line_naming_it(tmp_p
 ])
 def test_a_bad_label_is_one_line_before_anything_is_written(tmp_path: Path, inline: Any, label: str,
                                                             needle: str) -> None:
-    cfg = write_config(tmp_path / "c.toml", rounds=1)
+    cfg = cli.write_config(tmp_path / "c.toml", rounds=1)
     res = inline("run", str(cfg), "--label", label, "--no-progress")
-    assert needle in one_error(res)
+    assert needle in cli.one_error(res)
     assert not (tmp_path / "runs").exists()
 
 
 def test_a_bad_label_in_the_config_file_is_refused_too(tmp_path: Path, inline: Any) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(dump(tiny_config(rounds=1, label="two\nlines")))
-    assert "label must be 1 to 100 characters" in one_error(inline("run", str(cfg)))
+    assert "label must be 1 to 100 characters" in cli.one_error(inline("run", str(cfg)))
 
 
 @pytest.mark.parametrize("key, needle", [
@@ -239,23 +227,23 @@ def test_a_bad_label_in_the_config_file_is_refused_too(tmp_path: Path, inline: A
 ])
 @pytest.mark.slow
 def test_report_group_by_refuses_what_label_refuses(two_rounds: Path, inline: Any, key: str, needle: str) -> None:
-    before = snapshot(two_rounds.parent)
-    assert needle in one_error(inline("report", str(two_rounds.parent), "--group-by", key))
-    assert snapshot(two_rounds.parent) == before
+    before = cli.snapshot(two_rounds.parent)
+    assert needle in cli.one_error(inline("report", str(two_rounds.parent), "--group-by", key))
+    assert cli.snapshot(two_rounds.parent) == before
 
 
 # ---- 5. a recorded config equals itself ---------------------------------------------------------------
 @pytest.mark.slow
 def test_a_run_recorded_with_nan_resumes(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path / "c.toml", rounds=1, faults={"corrupt": 0.2})
-    res = fedskew("run", str(cfg), "faults.attack=nan", "--out", "o", "--no-progress", cwd=tmp_path)
+    cfg = cli.write_config(tmp_path / "c.toml", rounds=1, faults={"corrupt": 0.2})
+    res = cli.fedskew("run", str(cfg), "faults.attack=nan", "--out", "o", "--no-progress", cwd=tmp_path)
     assert res.code == 0, res.err
     run = tmp_path / "o" / "fedavg-seed0"
     assert 'attack = "nan"' in (run / "config.toml").read_text()  # the full record stores the word
-    res = fedskew("run", "--resume", str(run), "rounds=2", "--no-progress", cwd=tmp_path)
+    res = cli.fedskew("run", "--resume", str(run), "rounds=2", "--no-progress", cwd=tmp_path)
     assert res.code == 0, res.err
-    assert rounds_of(run) == [1, 2]
-    res = fedskew("run", str(cfg), "faults.attack=nan", "rounds=2", "--out", "o", "--resume", "--no-progress",
+    assert cli.rounds_of(run) == [1, 2]
+    res = cli.fedskew("run", str(cfg), "faults.attack=nan", "rounds=2", "--out", "o", "--resume", "--no-progress",
                   cwd=tmp_path)
     assert res.code == 0 and "1 run(s) finished" in res.err, res.err
 
@@ -266,8 +254,8 @@ def test_a_truncated_metrics_file_of_a_finished_run_is_one_line_under_resume(two
                                                                             tmp_path: Path) -> None:
     metrics = two_rounds / "metrics.jsonl"
     metrics.write_bytes(metrics.read_bytes()[:-25])
-    cfg = write_config(tmp_path / "two.toml", rounds=2)
-    res = fedskew("run", str(cfg), "--out", "o", "--resume", "--no-progress", cwd=tmp_path)
+    cfg = cli.write_config(tmp_path / "two.toml", rounds=2)
+    res = cli.fedskew("run", str(cfg), "--out", "o", "--resume", "--no-progress", cwd=tmp_path)
     assert res.code == 2 and "Traceback" not in res.err
     errors = [ln for ln in res.err_lines if ln.startswith("fedskew: error:")]
     assert len(errors) == 1 and "o/fedavg-seed0/metrics.jsonl, line 2: not valid JSON" in errors[0], res.err
@@ -279,9 +267,9 @@ def test_a_run_folder_that_is_a_link_is_refused_and_nothing_is_written_through_i
     elsewhere.mkdir()
     (tmp_path / "o").mkdir()
     (tmp_path / "o" / "fedavg-seed0").symlink_to(elsewhere)
-    cfg = write_config(tmp_path / "c.toml", rounds=1)
+    cfg = cli.write_config(tmp_path / "c.toml", rounds=1)
     for extra in ([], ["--resume"], ["--force"]):
-        line = one_error(fedskew("run", str(cfg), "--out", "o", *extra, "--no-progress", cwd=tmp_path))
+        line = cli.one_error(cli.fedskew("run", str(cfg), "--out", "o", *extra, "--no-progress", cwd=tmp_path))
         assert "fedavg-seed0 is a symbolic link" in line
     assert list(elsewhere.iterdir()) == []
 
@@ -292,8 +280,8 @@ def test_a_report_that_cannot_be_written_is_not_a_success(tmp_path: Path) -> Non
     report is missing."""
     (tmp_path / "o" / "stray").mkdir(parents=True)
     (tmp_path / "o" / "stray" / "summary.json").write_text("{")
-    cfg = write_config(tmp_path / "c.toml", rounds=1)
-    res = fedskew("run", str(cfg), "--out", "o", "--no-progress", cwd=tmp_path)
+    cfg = cli.write_config(tmp_path / "c.toml", rounds=1)
+    res = cli.fedskew("run", str(cfg), "--out", "o", "--no-progress", cwd=tmp_path)
     assert res.code == 1 and "Traceback" not in res.err
     line = [ln for ln in res.err_lines if ln.startswith("fedskew: error:")]
     assert len(line) == 1 and "no report was written" in line[0] and "stray/summary.json" in line[0]
@@ -311,8 +299,8 @@ def test_runs_that_fail_leave_no_lock_and_no_empty_folder(tmp_path: Path) -> Non
     cfg.write_text(dump(raw))
     (tmp_path / "empty").mkdir()
     for _ in range(2):
-        res = fedskew("run", str(cfg), "--data-dir", str(tmp_path / "empty"), "--no-progress", cwd=tmp_path)
-        one_error(res, after_start=True)
+        res = cli.fedskew("run", str(cfg), "--data-dir", str(tmp_path / "empty"), "--no-progress", cwd=tmp_path)
+        cli.one_error(res, after_start=True)
         assert "-> runs/tiny\n" in res.err, res.err
     assert not list((tmp_path / "runs").rglob(LOCK_FILE))
     assert not list((tmp_path / "runs").rglob("*-seed0"))
@@ -328,10 +316,10 @@ def test_tensorboard_on_a_read_only_folder_is_one_line_without_a_thread_tracebac
     mount = f"mount --bind {board} {board} && mount -o remount,bind,ro {board}"
     if subprocess.run(["unshare", "--mount", "sh", "-c", mount], capture_output=True).returncode != 0:
         pytest.skip("cannot bind-mount read-only here")
-    cfg = write_config(tmp_path / "c.toml", rounds=2, logging={"tensorboard": True})
-    res = fedskew("run", str(cfg), "--out", "o", "--force", "--no-progress", cwd=tmp_path,
+    cfg = cli.write_config(tmp_path / "c.toml", rounds=2, logging={"tensorboard": True})
+    res = cli.fedskew("run", str(cfg), "--out", "o", "--force", "--no-progress", cwd=tmp_path,
                   prefix=["unshare", "--mount", "sh", "-c", f'{mount} && exec "$@"', "sh"])
-    line = one_error(res, after_start=True)
+    line = cli.one_error(res, after_start=True)
     assert "o/fedavg-seed0/tensorboard" in line and "read-only file system" in line and "b'" not in line
 
 
@@ -340,8 +328,8 @@ def test_tensorboard_where_a_file_stands_is_one_line(tmp_path: Path) -> None:
     run = tmp_path / "o" / "fedavg-seed0"
     run.mkdir(parents=True)
     (run / "tensorboard").write_text("not a folder")
-    cfg = write_config(tmp_path / "c.toml", rounds=1, logging={"tensorboard": True})
-    line = one_error(fedskew("run", str(cfg), "--out", "o", "--force", "--no-progress", cwd=tmp_path),
+    cfg = cli.write_config(tmp_path / "c.toml", rounds=1, logging={"tensorboard": True})
+    line = cli.one_error(cli.fedskew("run", str(cfg), "--out", "o", "--force", "--no-progress", cwd=tmp_path),
                      after_start=True)
     assert "o/fedavg-seed0/tensorboard: exists and is not a folder" in line
 
@@ -360,15 +348,15 @@ def test_tensorboard_where_a_file_stands_is_one_line(tmp_path: Path) -> None:
 ])
 def test_sizes_beyond_memory_are_one_line_before_anything_runs(tmp_path: Path, inline: Any, overrides: list[str],
                                                                needle: str) -> None:
-    cfg = write_config(tmp_path / "c.toml", rounds=1)
+    cfg = cli.write_config(tmp_path / "c.toml", rounds=1)
     start_time = time.monotonic()
-    assert needle in one_error(inline("run", str(cfg), *overrides, "--no-progress"))
+    assert needle in cli.one_error(inline("run", str(cfg), *overrides, "--no-progress"))
     assert time.monotonic() - start_time < 60  # refused up front, not after an allocation
     assert not (tmp_path / "runs").exists()
 
 
 def test_condense_bounds_its_sizes(inline: Any) -> None:
-    assert "--ipc must be an integer in [1, 10_000]" in one_error(inline("condense", "--ipc", "100000000"))
+    assert "--ipc must be an integer in [1, 10_000]" in cli.one_error(inline("condense", "--ipc", "100000000"))
 
 
 def test_a_plugin_parameter_class_is_bounded_by_the_same_names() -> None:
@@ -395,19 +383,19 @@ def test_sigterm_ends_a_pooled_run_within_seconds_every_time(tmp_path: Path, sta
     rng = random.Random(0)
     took = []
     for trial in range(TRIALS):
-        cfg = write_config(tmp_path / f"t{trial}.toml", rounds=LONG, workers=2)
+        cfg = cli.write_config(tmp_path / f"t{trial}.toml", rounds=cli.LONG, workers=2)
         run = tmp_path / f"o{trial}" / "fedavg-seed0"
-        proc = start(started, tmp_path, "run", str(cfg), "--out", f"o{trial}", "--no-progress")
-        wait_for(lambda run=run: (run / "metrics.jsonl").is_file() and len(rounds_of(run)) >= 3, what="round 3")
+        proc = cli.start(started, tmp_path, "run", str(cfg), "--out", f"o{trial}", "--no-progress")
+        cli.wait_for(lambda run=run: (run / "metrics.jsonl").is_file() and len(cli.rounds_of(run)) >= 3, what="round 3")
         time.sleep(rng.uniform(0.0, 0.6))  # a random moment of a round
-        helpers = children(proc.pid)
+        helpers = cli.children(proc.pid)
         t0 = time.monotonic()
         proc.terminate()
         code = proc.wait(STOP_GRACE_S + 30)
         took.append(time.monotonic() - t0)
         assert code == 143, proc.stderr.read() if proc.stderr else ""
-        wait_for(lambda h=helpers: not any(alive(p) for p in h), timeout=10, what="the workers to end")
-        done = rounds_of(run)
+        cli.wait_for(lambda h=helpers: not any(cli.alive(p) for p in h), timeout=10, what="the workers to end")
+        done = cli.rounds_of(run)
         assert done == list(range(1, len(done) + 1))
         assert 1 <= int(load_checkpoint(run / "checkpoints")["round"]) <= len(done)
     print(f"SIGTERM: {TRIALS} trials, seconds to exit: max {max(took):.2f}, "
@@ -432,10 +420,10 @@ def test_a_run_whose_wind_down_hangs_still_ends_within_the_grace_period(tmp_path
 
     plugin = tmp_path / "stuck.py"
     plugin.write_text(STUCK)
-    cfg = write_config(tmp_path / "c.toml", rounds=LONG, workers=2)
+    cfg = cli.write_config(tmp_path / "c.toml", rounds=cli.LONG, workers=2)
     run = tmp_path / "o" / "fedavg-seed0"
-    proc = start(started, tmp_path, "run", str(cfg), "--import", str(plugin), "--out", "o", "--no-progress")
-    wait_for(lambda: (run / "metrics.jsonl").is_file() and len(rounds_of(run)) >= 2, what="round 2")
+    proc = cli.start(started, tmp_path, "run", str(cfg), "--import", str(plugin), "--out", "o", "--no-progress")
+    cli.wait_for(lambda: (run / "metrics.jsonl").is_file() and len(cli.rounds_of(run)) >= 2, what="round 2")
     t0 = time.monotonic()
     proc.terminate()
     assert proc.wait(STOP_GRACE_S + 30) == 143

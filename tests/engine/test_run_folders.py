@@ -19,19 +19,7 @@ import torch
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.engine.checkpoint import load_checkpoint
 from fedskew.runs import LOCK_FILE, check_folder_name, describe_os_error, locked_run_folder
-from tests.helpers.cli import (
-    LONG,
-    alive,
-    children,
-    fedskew,
-    one_error,
-    rounds_of,
-    small_disk,
-    snapshot,
-    start,
-    wait_for,
-    write_config,
-)
+from tests.helpers import cli
 
 
 def checkpointed(run: Path, at_least: int = 1) -> bool:
@@ -44,24 +32,24 @@ def checkpointed(run: Path, at_least: int = 1) -> bool:
 # ---- one process per run folder ---------------------------------------------------------------------
 @pytest.mark.slow
 def test_a_second_run_or_resume_of_a_busy_folder_is_refused(tmp_path: Path, started: list) -> None:
-    cfg = write_config(tmp_path / "long.toml", rounds=LONG)
+    cfg = cli.write_config(tmp_path / "long.toml", rounds=cli.LONG)
     run = tmp_path / "o" / "fedavg-seed0"
-    first = start(started, tmp_path, "run", str(cfg), "--out", "o", "--no-progress")
-    wait_for(lambda: checkpointed(run), what="the first run's first checkpoint")
+    first = cli.start(started, tmp_path, "run", str(cfg), "--out", "o", "--no-progress")
+    cli.wait_for(lambda: checkpointed(run), what="the first run's first checkpoint")
     lock = (run / LOCK_FILE).read_text().strip()
     assert lock == str(first.pid)
     for args in (["run", str(cfg), "--out", "o", "--force"], ["run", "--resume", str(run)]):
-        line = one_error(fedskew(*args, "--no-progress", cwd=tmp_path), after_start=True)
+        line = cli.one_error(cli.fedskew(*args, "--no-progress", cwd=tmp_path), after_start=True)
         assert f"fedavg-seed0 is in use by another fedskew process (pid {first.pid})" in line
     first.send_signal(signal.SIGINT)
     assert first.wait(60) == 130
-    done = rounds_of(run)
+    done = cli.rounds_of(run)
     assert done == list(range(1, len(done) + 1))  # no round twice, none lost
     # The lock went with the process: the folder can be resumed now.
-    res = fedskew("run", "--resume", str(run), f"rounds={int(load_checkpoint(run / 'checkpoints')['round']) + 1}",
+    res = cli.fedskew("run", "--resume", str(run), f"rounds={int(load_checkpoint(run / 'checkpoints')['round']) + 1}",
                   "--no-progress", cwd=tmp_path)
     assert res.code == 0, res.err
-    done = rounds_of(run)
+    done = cli.rounds_of(run)
     assert done == list(range(1, len(done) + 1))
 
 
@@ -78,11 +66,11 @@ def test_the_lock_is_exclusive_and_names_its_holder(tmp_path: Path) -> None:
 # ---- workers die with the run; SIGTERM as Ctrl-C -----------------------------------------------------
 def _pool_run(tmp_path: Path, started: list) -> tuple[subprocess.Popen[str], Path, list[int]]:
     """A long run with two worker processes, once both are up and it has a checkpoint."""
-    cfg = write_config(tmp_path / "pool.toml", rounds=LONG, workers=2)
+    cfg = cli.write_config(tmp_path / "pool.toml", rounds=cli.LONG, workers=2)
     run = tmp_path / "o" / "fedavg-seed0"
-    proc = start(started, tmp_path, "run", str(cfg), "--out", "o", "--no-progress")
-    wait_for(lambda: checkpointed(run), what="the first checkpoint")
-    helpers = children(proc.pid)
+    proc = cli.start(started, tmp_path, "run", str(cfg), "--out", "o", "--no-progress")
+    cli.wait_for(lambda: checkpointed(run), what="the first checkpoint")
+    helpers = cli.children(proc.pid)
     assert len(helpers) >= 3, helpers  # two workers and multiprocessing's resource tracker
     return proc, run, helpers
 
@@ -92,7 +80,7 @@ def test_workers_die_with_a_killed_run(tmp_path: Path, started: list) -> None:
     proc, _, helpers = _pool_run(tmp_path, started)
     proc.kill()
     proc.wait()
-    wait_for(lambda: not any(alive(p) for p in helpers), timeout=30, what=f"the helpers {helpers} to end")
+    cli.wait_for(lambda: not any(cli.alive(p) for p in helpers), timeout=30, what=f"the helpers {helpers} to end")
 
 
 @pytest.mark.slow
@@ -103,9 +91,9 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_it_resumes_exactly(tmp_path: Pat
     assert proc.wait(60) == 143
     err = proc.stderr.read() if proc.stderr else ""
     assert "Traceback" not in err and "fedskew: terminated; a run continues from its last checkpoint" in err
-    wait_for(lambda: not any(alive(p) for p in helpers), timeout=30, what=f"the helpers {helpers} to end")
+    cli.wait_for(lambda: not any(cli.alive(p) for p in helpers), timeout=30, what=f"the helpers {helpers} to end")
     stop = int(load_checkpoint(run / "checkpoints")["round"])
-    res = fedskew("run", "--resume", str(run), f"rounds={stop + 2}", "workers=1", "--no-progress", cwd=tmp_path)
+    res = cli.fedskew("run", "--resume", str(run), f"rounds={stop + 2}", "workers=1", "--no-progress", cwd=tmp_path)
     assert res.code == 0, res.err
     assert (run / "metrics.jsonl").read_bytes() == (finished_run(stop + 2) / "metrics.jsonl").read_bytes()
 
@@ -125,27 +113,27 @@ def test_a_full_disk_is_one_line_and_the_last_checkpoint_survives(two_rounds: Pa
                                                                    finished_run: Callable[[int], Path]) -> None:
     checkpoint = (two_rounds / "checkpoints" / "last.pt").read_bytes()
     _full(two_rounds / target)
-    line = one_error(fedskew("run", "--resume", str(two_rounds), "rounds=4", "--no-progress", cwd=tmp_path))
+    line = cli.one_error(cli.fedskew("run", "--resume", str(two_rounds), "rounds=4", "--no-progress", cwd=tmp_path))
     assert f"the disk is full (no space left on device) while writing {two_rounds}; its last checkpoint is intact" \
         in line
     assert (two_rounds / "checkpoints" / "last.pt").read_bytes() == checkpoint
     assert not (two_rounds / "checkpoints" / "last.pt.tmp").exists()
     (two_rounds / target).unlink(missing_ok=True)  # space again: the run goes on from its checkpoint
-    assert fedskew("run", "--resume", str(two_rounds), "rounds=4", "--no-progress", cwd=tmp_path).code == 0
+    assert cli.fedskew("run", "--resume", str(two_rounds), "rounds=4", "--no-progress", cwd=tmp_path).code == 0
     assert (two_rounds / "metrics.jsonl").read_bytes() == (finished_run(4) / "metrics.jsonl").read_bytes()
 
 
 @pytest.mark.slow
 def test_a_disk_that_fills_during_a_run_is_one_line(tmp_path: Path) -> None:
     """A real small file system (tmpfs of 64 KiB in a private mount namespace) fills up during the run."""
-    disk = small_disk(tmp_path, "64k")
-    cfg = write_config(tmp_path / "long.toml", rounds=2000)
+    disk = cli.small_disk(tmp_path, "64k")
+    cfg = cli.write_config(tmp_path / "long.toml", rounds=2000)
     copy = tmp_path / "copy"
     script = (f'mount -t tmpfs -o size=64k tmpfs {disk} && "$@"; code=$?; cp -r {disk}/o {copy}; exit $code')
-    res = fedskew("run", str(cfg), "--out", str(disk / "o"), "--no-progress", cwd=tmp_path,
+    res = cli.fedskew("run", str(cfg), "--out", str(disk / "o"), "--no-progress", cwd=tmp_path,
                   prefix=["unshare", "--mount", "sh", "-c", script, "sh"])
     run = disk / "o" / "fedavg-seed0"
-    line = one_error(res, after_start=True)
+    line = cli.one_error(res, after_start=True)
     assert f"the disk is full (no space left on device) while writing {run}" in line
     ck = load_checkpoint(copy / "fedavg-seed0" / "checkpoints")  # intact, and consistent with itself
     assert ck["round"] >= 1
@@ -182,4 +170,4 @@ def test_a_checkpoint_write_that_fails_leaves_the_last_one(tmp_path: Path) -> No
         save_checkpoint(folder, {"round": 2, "big": torch.zeros(10_000)})
     assert err.value.errno == errno.ENOSPC
     assert (folder / "last.pt").read_bytes() == before and not (folder / "last.pt.tmp").exists()
-    assert snapshot(folder) == {"last.pt": before}
+    assert cli.snapshot(folder) == {"last.pt": before}
