@@ -145,3 +145,19 @@ def test_fedrod_resumes_exactly(tmp_path: Path) -> None:
         return cfg
 
     assert_resumes_exactly(tmp_path, config)
+
+
+def test_absent_count_reaches_the_generic_step_only_for_clients_lacking_a_class() -> None:
+    fed = fed_info("mlp", num_classes=3, image_size=2, hidden=(4,))
+    limit = make("fedrod", fed, lr=0.1, batch_size=4)
+    floor = make("fedrod", fed, lr=0.1, batch_size=4, absent_count=1.0)
+    (_, msg), *_ = limit.configure(server_of(limit))
+    # client_of labels are arange(n) % 3: every class present, so the floor changes nothing
+    full = [a.client_step("train", msg, client_of(fed)) for a in (limit, floor)]
+    assert all(torch.equal(full[0].arrays[k], full[1].arrays[k]) for k in full[0].arrays)
+    lacking = []
+    for a in (limit, floor):
+        c = client_of(fed)
+        c.y = c.y % 2  # class 2 absent
+        lacking.append(a.client_step("train", msg, c))
+    assert any(not torch.equal(lacking[0].arrays[k], lacking[1].arrays[k]) for k in HEAD)

@@ -55,6 +55,38 @@ def test_fedlc_calibrated_loss_by_hand() -> None:
     assert torch.all(logits.grad[:, [0, 1, 3]] != 0)
 
 
+def test_fedlc_absent_count_is_a_finite_floor_for_the_classes_the_client_lacks() -> None:
+    # counts 16, 0 and tau = 2; absent_count = 1: the absent class is calibrated as one sample (offset 2),
+    # so it stays in the softmax and takes a gradient; a tiny floor (FL-bench's 1e-8, offset 200) is the limit's
+    # loss up to exp(-200).
+    logits = torch.tensor([[1.0, 0.5]], requires_grad=True)
+    y = torch.tensor([0])
+    counts = torch.tensor([16, 0])
+    cal = calibrated_logits(logits, counts, 2.0, absent_count=1.0)
+    assert torch.allclose(cal, torch.tensor([[0.0, -1.5]]))
+    loss = F.cross_entropy(cal, y)
+    assert loss.item() == pytest.approx(math.log(1 + math.exp(-1.5)), rel=1e-6)
+    loss.backward()
+    assert logits.grad is not None and logits.grad[0, 1] > 0
+    limit = F.cross_entropy(calibrated_logits(logits, counts, 2.0), y)
+    tiny = F.cross_entropy(calibrated_logits(logits, counts, 2.0, absent_count=1e-8), y)
+    assert limit.item() == 0.0 and tiny.item() == pytest.approx(0.0, abs=1e-30)
+
+
+def test_balanced_softmax_absent_count_counts_the_lacking_class_as_that_many_samples() -> None:
+    from fedskew.algorithms.fedetf import balanced_logits as etf_balanced
+    from fedskew.algorithms.fedrod import balanced_logits as rod_balanced
+
+    logits = torch.tensor([[0.2, 0.3, -0.1]])
+    counts = torch.tensor([3, 0, 1])
+    as_one = torch.tensor([3, 1, 1])
+    # the same softmax as a client that held one sample of the class it lacks
+    for balanced in (rod_balanced, etf_balanced):
+        got = balanced(logits, counts, absent_count=1.0).softmax(1)
+        assert torch.allclose(got, balanced(logits, as_one).softmax(1), atol=1e-7)
+        assert torch.isinf(balanced(logits, counts)[0, 1])  # the default: the limit
+
+
 def test_fedlc_client_calibrates_by_its_own_label_counts() -> None:
     algo = make("fedlc", fed_info(num_classes=4), tau=2.0)
     client = client_with_labels([0] * 16 + [1] + [3] * 81)
@@ -64,6 +96,8 @@ def test_fedlc_client_calibrates_by_its_own_label_counts() -> None:
     expected = torch.tensor([[0.0, 0.0, float("-inf"), 3.0 - 2.0 / 3.0]])
     torch.testing.assert_close(adjust(logits, torch.tensor([0])), expected)
     assert make("fedlc", fed_info(num_classes=4), tau=0.0).logit_adjust(client) is None  # type: ignore[attr-defined]
+    floored = make("fedlc", fed_info(num_classes=4), tau=2.0, absent_count=1.0).logit_adjust(client)  # type: ignore[attr-defined]
+    torch.testing.assert_close(floored(logits, torch.tensor([0]))[:, 2], torch.tensor([-2.0]))
 
 
 def test_fedlc_with_tau_zero_is_fedavg_byte_for_byte(tmp_path: Path) -> None:
@@ -117,6 +151,9 @@ def test_fedrs_with_alpha_one_is_fedavg_byte_for_byte(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("name", "key", "value", "allowed"), [
     ("fedlc", "tau", -0.5, ">= 0"),
     ("fedlc", "tau", float("inf"), "a finite number"),
+    ("fedlc", "absent_count", -1.0, ">= 0"),
+    ("fedrod", "absent_count", -1e-8, ">= 0"),
+    ("fedetf", "absent_count", float("nan"), "a finite number"),
     ("fedrs", "alpha", -0.1, "in [0, 1]"),
     ("fedrs", "alpha", 1.5, "in [0, 1]"),
     ("fedrs", "alpha", float("nan"), "a finite number"),

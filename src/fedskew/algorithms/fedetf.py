@@ -30,6 +30,8 @@ import torch
 
 from fedskew.algorithms.base import ClientContext, FederationInfo, Replies, ServerContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
+from fedskew.algorithms.fedlc import with_absent
+from fedskew.algorithms.fedrod import BalancedParams
 from fedskew.components.personal import trainable, without
 from fedskew.components.trainer import LogitAdjust, train_local
 from fedskew.core.errors import ConfigError
@@ -43,9 +45,11 @@ ETF_KEY = "classifier.etf"
 PROJECTION = frozenset({"classifier.projection.weight", "classifier.projection.bias"})
 
 
-def balanced_logits(logits: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """The balanced loss's logits ``z_c + log n_c`` for a client with class ``counts``; ``-inf`` where ``n_c = 0``."""
-    return logits + counts.to(logits.dtype).log()
+def balanced_logits(logits: torch.Tensor, counts: torch.Tensor, absent_count: float = 0.0) -> torch.Tensor:
+    """The balanced loss's logits ``z_c + log n_c`` for a client with class ``counts``; ``-inf`` where ``n_c = 0``,
+    or, with ``absent_count > 0``, ``z_c + log absent_count`` there."""
+    n = with_absent(counts, absent_count, logits.dtype) if absent_count > 0 else counts.to(logits.dtype)
+    return logits + n.log()
 
 
 @register_algorithm("fedetf")
@@ -60,7 +64,7 @@ class FedETF(FedAvg):
 
     own_model = "the global model trained locally, then its ETF and projection fine-tuned in turn on the client's data"
 
-    class Params(FedAvg.Params):
+    class Params(BalancedParams):
         # d, the ETF's dimension (>= K-1); 0: the number of classes K, as the authors' ResNets
         # (models_dict/resnet.py line 124: Proto_Classifier(num_classes, num_classes)).
         etf_dim: int = 0
@@ -75,7 +79,7 @@ class FedETF(FedAvg):
         # Learning rate of the projection phase (client_funct.py line 194: 0.05, with the local momentum and decay).
         finetune_projection_lr: float = 0.05
 
-        at_least = minimums(etf_dim=0, finetune_rounds=0, finetune_epochs=1)
+        at_least = minimums(etf_dim=0, finetune_rounds=0, finetune_epochs=1, absent_count=0)
         positive = ("temperature_init", "finetune_etf_lr", "finetune_projection_lr")
 
     params: Params
@@ -116,9 +120,10 @@ class FedETF(FedAvg):
     # ---- client ------------------------------------------------------------------------------
     def logit_adjust(self, client: ClientContext) -> LogitAdjust | None:
         counts = client.class_counts()  # the client's own; never sent
+        absent = self.params.absent_count
 
         def adjust(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            return balanced_logits(logits, counts)
+            return balanced_logits(logits, counts, absent)
 
         return adjust
 

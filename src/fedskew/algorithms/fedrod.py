@@ -32,10 +32,12 @@ from torch import nn
 
 from fedskew.algorithms.base import ClientContext, register_algorithm
 from fedskew.algorithms.fedavg import FedAvg
+from fedskew.algorithms.fedlc import with_absent
 from fedskew.components.trainer import host_sum
 from fedskew.core.device import current_compute
 from fedskew.core.errors import ConfigError
 from fedskew.core.message import Message, state_to_arrays
+from fedskew.core.params import minimums
 from fedskew.models.layout import as_model_format, is_channels_last, shuffled_batches
 from fedskew.privacy.uploads import WEIGHTS
 
@@ -43,24 +45,42 @@ HEAD = ("classifier.weight", "classifier.bias")
 """The generic head's state-dict keys (``FedModel.classifier``); the personal head has the same shapes."""
 
 
-def balanced_logits(logits: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+def balanced_logits(logits: torch.Tensor, counts: torch.Tensor, absent_count: float = 0.0) -> torch.Tensor:
     """The balanced softmax's logits: ``z_c + log(n_c / n)`` for a batch of ``logits`` (``(B, C)``) and the
     client's class ``counts`` (``(C,)``); ``-inf`` for a class with ``n_c = 0`` (its term n_c exp(z_c) in the
-    softmax's denominator is 0)."""
+    softmax's denominator is 0); with ``absent_count > 0`` such a class counts as ``absent_count`` samples
+    instead (``n`` then includes them; a constant of the row, which the softmax ignores)."""
+    if absent_count > 0:
+        n = with_absent(counts, absent_count, logits.dtype)
+        return logits + (n / n.sum()).log()
     present = counts > 0
     prior = counts.to(logits.dtype) / counts.sum().clamp(min=1).to(logits.dtype)
     return (logits + prior.clamp(min=torch.finfo(logits.dtype).tiny).log()).masked_fill(~present, float("-inf"))
 
 
-def balanced_softmax_loss(logits: torch.Tensor, y: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+def balanced_softmax_loss(
+    logits: torch.Tensor, y: torch.Tensor, counts: torch.Tensor, absent_count: float = 0.0
+) -> torch.Tensor:
     """Mean balanced softmax loss of ``logits`` for labels ``y`` under the class ``counts``."""
-    return F.cross_entropy(balanced_logits(logits, counts), y)
+    return F.cross_entropy(balanced_logits(logits, counts, absent_count), y)
+
+
+class BalancedParams(FedAvg.Params):
+    """FedAvg's parameters and the count the balanced softmax gives a class the client lacks."""
+
+    # 0 takes the formula's limit (log 0 = -inf: the class leaves the softmax, as the PFLlib code FedRoD's
+    # rule follows); a positive value is a finite floor (1: the clamp_min(1) of other balanced-softmax
+    # code, as if the client held one sample). docs/algorithms.md, "FedRoD".
+    absent_count: float = 0.0
+
+    at_least = minimums(absent_count=0)
 
 
 @register_algorithm("fedrod")
 class FedRoD(FedAvg):
     """FedAvg of a feature extractor and a generic head trained with the balanced softmax; each client also
-    trains a personal head on top of them (``client.state["personal_head"]``). No parameters beyond FedAvg's."""
+    trains a personal head on top of them (``client.state["personal_head"]``). Beyond FedAvg's parameters, only
+    ``absent_count`` (:class:`BalancedParams`)."""
 
     paper = (
         'Chen & Chao, ICLR 2022, "On Bridging Generic and Personalized Federated Learning for Image '
@@ -70,7 +90,8 @@ class FedRoD(FedAvg):
     own_model = "the global model with the client's personal head added to its generic head"
     upload = replace(WEIGHTS, dpsgd="its clients train with a loop of their own, not train_local, which DP-SGD runs in")
 
-    params: FedAvg.Params
+    Params = BalancedParams
+    params: BalancedParams
 
     sum_only_uploads = "num_samples"  # secure aggregation: only the train replies' num_samples-weighted mean is read
 
@@ -122,7 +143,7 @@ class FedRoD(FedAvg):
                 with precision.autocast():
                     z = features(xb)
                     g = classifier(z)
-                    generic = balanced_softmax_loss(g, yb, counts)
+                    generic = balanced_softmax_loss(g, yb, counts, self.params.absent_count)
                     personal = F.cross_entropy(g.detach() + F.linear(z.detach(), weight, bias), yb)
                     loss = generic + personal  # disjoint gradients: one SGD step for each part
                 opt.zero_grad(set_to_none=True)
