@@ -201,6 +201,19 @@ def test_private_runs_over_flower_equal_simulation(probe: str, tmp_path: Path, p
     assert all(r["epsilon"] > 0 for r in _records(run_dir))
 
 
+@pytest.mark.parametrize("algorithm", ["feddm", "fedaf"])
+@pytest.mark.slow
+def test_private_condensation_over_flower_equals_simulation(probe: str, tmp_path: Path, algorithm: str) -> None:
+    """privacy.mode = "condensation" over Flower: the nodes get the [privacy] table with the run and release their
+    class means (and FedAF's logits) privately, each client's accountant kept in the node's state: the simulator's
+    metrics, every client's epsilon included (a node without the table would have its uploads refused)."""
+    fast = {**FAST["fedaf"], "init": "noise", "real_batch": 4}
+    cfg = tiny_config(rounds=2, algorithm={"name": algorithm, "clients_per_round": 4, **fast},
+                      privacy={"mode": "condensation", "noise_multiplier": 1.3, "clip": 2.0})
+    run_dir, _ = _deploy_on_two_nodes(cfg, tmp_path)
+    assert all(r["epsilon"] > 0 for r in _records(run_dir))
+
+
 def test_silent_node_times_out_and_is_not_asked_again(probe: str, tmp_path: Path) -> None:
     cfg = tiny_config(algorithm={"name": "fedavg", "clients_per_round": 6}, rounds=2)
     grid = FakeGrid([{"partition-id": "0,1,2,3,4"}, {"partition-id": 5}])

@@ -27,10 +27,12 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from fedskew.algorithms.base import EVALUATE, FederationInfo, make_algorithm
+from fedskew.algorithms.condensation.private import with_private_condensation
 from fedskew.config.schema import component
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.device import Compute, resolve_device
 from fedskew.core.errors import FedskewError
+from fedskew.core.params import build_params
 from fedskew.engine.federation import build_federation
 from fedskew.engine.flower.app import shard_path
 from fedskew.engine.flower.messages import (
@@ -46,6 +48,7 @@ from fedskew.engine.flower.mods import is_secure, make_client_app
 from fedskew.engine.flower.secagg import secure_upload
 from fedskew.engine.workers import client_step_on
 from fedskew.plugins import load_plugins
+from fedskew.privacy.params import PrivacyParams
 
 
 def node_partitions(node_config: dict[str, Any]) -> list[int]:
@@ -127,6 +130,9 @@ def handle(message: Message, context: Context) -> Message:
     run = json.loads(str(head["run"]))
     info = info_from_json(str(head["info"]))
     method = component("algorithm", run["algorithm"])  # its parameters checked here, as on the server
+    if "privacy" in run:  # private condensation: the [privacy] table rides on the method's params, as in simulation
+        table = build_params(PrivacyParams, run["privacy"], prefix="privacy.")
+        method = with_private_condensation(method, table)
     algorithm = make_algorithm(method.name, method.params, info)
     weighting = type(algorithm).sum_only()
     secure = is_secure(message)

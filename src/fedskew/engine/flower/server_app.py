@@ -95,6 +95,9 @@ class FlowerClients:
         run = {k: cfg[k] for k in ("dataset", "partition", "model", "algorithm", "seed")}
         # The nodes' own config says where their data is: no path of this machine goes to them.
         run["dataset"] = {k: v for k, v in cfg["dataset"].items() if k != "data_dir"}
+        privacy = cfg.get("privacy") or {}
+        if privacy.get("mode") == "condensation":  # the clients release privately: they need the table
+            run["privacy"] = dict(privacy)
         self._run, self._info = json.dumps(run), info_to_json(info)
         self.reply_timeout = reply_timeout
         self.min_reply_fraction = min_reply_fraction
