@@ -11,8 +11,9 @@ on a GPU (NCHW; on a CPU it feeds channels-last models channels-last batches, wh
    aggregation and the reply checks are the rest). Each aten operation is one dispatch from Python and,
    on a GPU, about one kernel launch (counted too with ``--device cuda``).
 2. Training alone: round 1's ten clients of W (their data, their batch orders), trained one after another
-   with ``train_local`` and together with ``train_batched`` (both layouts), one thread, CPU seconds, best
-   of ``--reps``.
+   with ``train_local`` and together with ``train_batched`` (both layouts of the layered forward, and
+   ``torch.func.vmap`` over ``functional_call``, the forward of models the layered one does not know), one
+   thread, CPU seconds, best of ``--reps`` (at least 3); also its aten operations (``--training-only`` stops here).
 3. Speed: ``--reps`` runs of ``--rounds`` rounds per runner, the runners interleaved (A B A B), without
    the profiler: median seconds a round, and the final accuracy (the runners agree up to float rounding).
 
@@ -20,6 +21,7 @@ The last line printed is one JSON object.
 
     FEDSKEW_DATA=../shared/datasets python benchmarks/batched_clients.py               # CPU
     FEDSKEW_DATA=../shared/datasets python benchmarks/batched_clients.py --workers 2   # sequential on 2 processes
+    FEDSKEW_DATA=../shared/datasets python benchmarks/batched_clients.py --training-only  # part 2 alone, ~30 s
     FEDSKEW_DATA=../shared/datasets python benchmarks/batched_clients.py --device cuda
 """
 
@@ -140,7 +142,7 @@ def time_rounds(runner: dict[str, Any], args: argparse.Namespace, fed: Any) -> t
     return seconds, cpu, float(result.records[-1]["accuracy"])
 
 
-def train_only(fed: Any, device: str, reps: int) -> dict[str, float]:
+def train_only(fed: Any, device: str, reps: int) -> dict[str, dict[str, float]]:
     """CPU seconds to train round 1's clients of W: sequential, batched, batched in the GPU layout."""
     import torch
 
@@ -169,28 +171,57 @@ def train_only(fed: Any, device: str, reps: int) -> dict[str, float]:
         for m, c, (x, y) in zip(models(), chosen, data, strict=True):
             train_local(m, x, y, cfg, torch_generator(0, "client", c, 1, "train"))
 
-    def together(gpu_layout: bool) -> None:
+    def together(gpu_layout: bool, layered: bool = True) -> None:
         reqs = []
         for m, c, (x, y) in zip(models(), chosen, data, strict=True):
             batches = draw_batches(len(y), cfg, torch_generator(0, "client", c, 1, "train"))
             reqs.append(BatchRequest(m, x, y, cfg, batches, [], []))
-        with layout(gpu_layout):
-            batched.train_batched(reqs)
+        was, batched.USE_LAYERED = batched.USE_LAYERED, layered
+        try:
+            with layout(gpu_layout):
+                batched.train_batched(reqs)
+        finally:
+            batched.USE_LAYERED = was
         if device.startswith("cuda"):
             torch.cuda.synchronize()
 
     out = {}
     with num_threads(1):
         for name, run in (("sequential", sequential), ("batched", lambda: together(False)),
-                          ("batched_gpu_layout", lambda: together(True))):
+                          ("batched_gpu_layout", lambda: together(True)),
+                          ("batched_vmap", lambda: together(True, layered=False))):
             run()  # warm-up
+            with Counted() as counted:
+                run()
             times = []
             for _ in range(reps):
                 t0 = time.process_time() if device == "cpu" else time.perf_counter()
                 run()
                 times.append((time.process_time() if device == "cpu" else time.perf_counter()) - t0)
-            out[name] = min(times)
+            out[name] = {"seconds": min(times), "aten_ops": counted.ops}
     return out
+
+
+class Counted:
+    """Counts the aten operations dispatched inside the block (each one dispatch, on a GPU about one launch)."""
+
+    def __enter__(self) -> Counted:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                counter.ops += 1
+                return func(*args, **(kwargs or {}))
+
+        self.ops = 0
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._mode.__exit__(*exc)
 
 
 def main() -> None:
@@ -201,6 +232,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1, help="worker processes of the sequential runner")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--training-only", action="store_true", help="only part 2: round 1's clients trained alone")
     args = ap.parse_args()
     from fedskew.config.schema import typed_config
     from fedskew.engine.federation import federation_for
@@ -211,7 +243,7 @@ def main() -> None:
                {"name": f"batched ({PER_ROUND})", "width": PER_ROUND, "gpu_layout": False}]
     if args.device == "cpu":
         runners.append({"name": f"batched ({PER_ROUND}), NCHW as on a GPU", "width": PER_ROUND, "gpu_layout": True})
-    counted = args.workers == 1  # the profiler sees this process only: no counts of a pool's workers
+    counted = args.workers == 1 and not args.training_only  # the profiler sees this process only
     for r in runners:
         r["round_seconds"], r["round_cpu_seconds"], r["accuracy"] = [], [], []
         if not counted:
@@ -221,7 +253,12 @@ def main() -> None:
               f"({r['client_aten_ops_per_round']:.0f} in the clients' jobs)", flush=True)
     training = train_only(fed, args.device, max(args.reps, 3))
     print("training round 1's clients alone, best of 3 (" + ("CPU" if args.device == "cpu" else "wall") + " s): "
-          + ", ".join(f"{k} {v:.2f}" for k, v in training.items()), flush=True)
+          + ", ".join(f"{k} {v['seconds']:.2f}" for k, v in training.items()), flush=True)
+    print("training round 1's clients alone, aten ops: "
+          + ", ".join(f"{k} {v['aten_ops']}" for k, v in training.items()), flush=True)
+    if args.training_only:
+        print(json.dumps({"device": args.device, "training_only": training}))
+        return
     for _ in range(args.reps):
         for r in runners:
             seconds, cpu, accuracy = time_rounds(r, args, fed)
