@@ -164,3 +164,12 @@ def test_the_real_tree_has_no_import_loop_and_no_unlisted_upward_import() -> Non
     assert [(u["file"], u["target"]) for u in figures["listed_exceptions"]] == [
         ("engine/flower/server_app.py", "fedskew.report")]
     assert figures["src_files"] > 100 and figures["largest"][0]["lines"] >= figures["largest"][-1]["lines"]
+
+
+def test_condense_methods_are_the_published_iterations_keys() -> None:
+    """fedskew.cli.condensation checks a method against PUBLISHED_ITERATIONS' keys (no import of the CLI's
+    METHODS, which would close an import loop): the two lists must be one."""
+    from fedskew.cli.condensation import PUBLISHED_ITERATIONS
+    from fedskew.cli.condense import METHODS
+
+    assert tuple(PUBLISHED_ITERATIONS) == METHODS

@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from fedskew.cli.condense import METHODS
 from fedskew.condense.augment import DSAConfig
 from fedskew.condense.distribution_matching import DMConfig, distribution_matching
 from fedskew.condense.gradient_matching import GMConfig, gradient_matching
@@ -116,8 +115,8 @@ def condense_set(
     ``dsa`` is the augmentation used when ``settings.dsa`` (or the method's default) turns it on.
     Raises :class:`ConfigError` for an unknown method or invalid settings.
     """
-    if method not in METHODS:
-        raise ConfigError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    if method not in PUBLISHED_ITERATIONS:  # its keys are the methods (fedskew.cli.condense.METHODS)
+        raise ConfigError(f"unknown method {method!r}; choose from {', '.join(PUBLISHED_ITERATIONS)}")
     iterations = iterations_of(method, settings)
     if method == "random":
         return init_synthetic(x, y, sorted(set(y.tolist())), ipc, "real", generator)
