@@ -97,6 +97,31 @@ def test_train_fraction_shrinks_every_client_and_keeps_the_test_set(tmp_path: Pa
     assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])["samples"] <= len(half.y)
 
 
+def test_normalize_false_feeds_raw_pixels_in_unit_range() -> None:
+    """dataset.normalize = false: x / 255 (NIID-Bench's inputs), mean 0 and std 1 in the federation's info;
+    the standardised inputs are the same pixels, (x / 255 - mean) / std."""
+    cfg = tiny_config()
+    std_fed = federation_from(cfg, 0)
+    raw_fed = federation_from({**cfg, "dataset": {**cfg["dataset"], "normalize": False}}, 0)
+    channels = len(std_fed.info.mean)
+    assert raw_fed.info.mean == (0.0,) * channels and raw_fed.info.std == (1.0,) * channels
+    assert float(raw_fed.x.min()) >= 0.0 and float(raw_fed.x.max()) <= 1.0
+    assert float(raw_fed.x_test.min()) >= 0.0 and float(raw_fed.x_test.max()) <= 1.0
+    shape = (1, channels, 1, 1)
+    mean, std = torch.tensor(std_fed.info.mean).view(shape), torch.tensor(std_fed.info.std).view(shape)
+    assert torch.allclose(std_fed.x * std + mean, raw_fed.x, atol=1e-5)
+    assert torch.equal(std_fed.y, raw_fed.y)
+
+
+def test_normalize_must_be_a_boolean() -> None:
+    from fedskew.config import validate
+    from fedskew.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"dataset.normalize") as err:
+        validate(tiny_config(dataset={"normalize": "no"}))
+    assert "\n" not in str(err.value)
+
+
 def test_train_fraction_out_of_range_is_a_config_error() -> None:
     from fedskew.config import validate
     from fedskew.core.errors import ConfigError

@@ -45,7 +45,7 @@ MAX_CLIENTS_IN_PARALLEL = 1_000_000
 NAMED = ("dataset", "partition", "model", "algorithm")
 """Tables that name a registered object (``name = ...``) and hold that object's options."""
 GENERIC_KEYS = {
-    "dataset": {"data_dir", "train_fraction"},
+    "dataset": {"data_dir", "train_fraction", "normalize"},
     "partition": {"num_clients", "seed", "client_test_fraction"},
     "model": set(),
 }

@@ -19,6 +19,9 @@ from fedskew.algorithms.base import FederationInfo, ModelSpec
 from fedskew.core.params import as_table
 from fedskew.core.seeding import derive_seed, torch_generator
 
+ENGINE_KEYS = ("data_dir", "train_fraction", "normalize")
+"""``[dataset]`` keys the engine applies (every dataset's Params has them), not the loader."""
+
 if TYPE_CHECKING:
     from fedskew.config.schema import Component, RunConfig
 
@@ -101,9 +104,11 @@ def build_federation(
 
     dparams = dataset.params
     ddir = data_dir or dparams.data_dir or None
-    ds = load_dataset(dataset.name, ddir, **as_table(dparams, leave=("data_dir", "train_fraction"))).train_subset(
+    ds = load_dataset(dataset.name, ddir, **as_table(dparams, leave=ENGINE_KEYS)).train_subset(
         dparams.train_fraction, derive_seed(seed, "train_fraction") % (2**32)
     )
+    if not dparams.normalize:  # raw pixels in [0, 1]: x / 255 (mean 0, std 1 everywhere downstream)
+        ds = dataclasses.replace(ds, mean=(0.0,) * ds.in_channels, std=(1.0,) * ds.in_channels)
 
     pparams = partition_cfg.params
     num_clients = pparams.num_clients

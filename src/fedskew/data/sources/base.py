@@ -46,10 +46,15 @@ class DatasetParams(Options, kw_only=True):
     train_fraction : float
         Share of the training split to keep, in (0, 1]; the engine applies it with
         :meth:`ArrayDataset.train_subset`, not the loader.
+    normalize : bool
+        Standardise each channel with the training split's mean and std (the default); ``false``: the raw
+        pixels in [0, 1], as NIID-Bench feeds its models (``transforms.ToTensor()`` alone). The engine applies
+        it, not the loader.
     """
 
     data_dir: str | None = None
     train_fraction: float = 1.0
+    normalize: bool = True
 
     positive: ClassVar[tuple[str, ...]] = ("train_fraction",)  # a dataset's Params may add its own
     at_most = maximums(train_fraction=1)
