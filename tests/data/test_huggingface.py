@@ -267,7 +267,7 @@ def test_bad_columns_splits_labels_and_paths(hf: Any, tmp_path: Path) -> None:
 def test_options_are_checked_before_anything_is_read(hf: Any) -> None:
     assert DATASETS.keys("huggingface") == [
         "workers", "path", "image_column", "label_column", "train_split", "test_split", "test_fraction", "classes",
-        "image_size", "channels", "data_dir", "train_fraction",
+        "image_size", "channels", "data_dir", "train_fraction", "normalize",
     ]
     bad: list[tuple[dict[str, Any], str]] = [
         ({"test_fraction": 1.0}, r"dataset\.test_fraction must be a number in \(0, 1\), got 1\.0"),
