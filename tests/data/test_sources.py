@@ -246,6 +246,8 @@ def test_a_whole_dataset_table_validates_in_one_call() -> None:
 def test_load_dataset_leaves_train_fraction_to_the_caller() -> None:
     with pytest.raises(ConfigError, match=r"dataset\.train_fraction is not an option of load_dataset"):
         load_dataset("digits", train_fraction=0.5)
+    with pytest.raises(ConfigError, match=r"dataset\.normalize is not an option of load_dataset"):
+        load_dataset("digits", normalize=False)
 
 
 def test_resolve_data_dir_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -133,6 +133,9 @@ def load_dataset(
     """
     if "train_fraction" in options:
         raise ConfigError("dataset.train_fraction is not an option of load_dataset; use ArrayDataset.train_subset")
+    if "normalize" in options:
+        raise ConfigError("dataset.normalize is not an option of load_dataset; ArrayDataset.to_tensors standardises "
+                          "with its mean and std (set them to 0 and 1 for raw pixels)")
     params = DATASETS.build_params(name, options, prefix="dataset.")
     return DATASETS.get(name)(params, resolve_data_dir(data_dir), cache_dir)
 
