@@ -185,6 +185,13 @@ def test_each_clients_epsilon_is_opacuss_for_its_releases(
             assert sum(n for _, _, n in kept) == sum(n for _, _, n in history)
     assert last[EPSILON] == last["epsilon_max"] == max(last[CLIENT_EPSILON]) and last[EPSILON] > 0
     assert last["epsilon_mean"] == pytest.approx(sum(last[CLIENT_EPSILON]) / 6)
+    # summary.json says the run's epsilon and the mechanism, as the other modes' summaries do
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["epsilon"] == last[EPSILON] == res.summary["epsilon"]
+    table = summary["privacy"]
+    assert (table["mode"], table["noise_multiplier"], table["clip"], table["delta"]) == (
+        "condensation", z, PRIVATE["clip"], delta)
+    assert table[CLIENT_EPSILON] == last[CLIENT_EPSILON] and table["epsilon_mean"] == last["epsilon_mean"]
     # A train reply must say its epsilon: one from a client running without the table is rejected.
     assert EPSILON in sim.algorithm.reply_scalars("train", sim.server)
     if name == "fedaf" and not logits:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from fedskew.algorithms.base import ALGORITHMS, Replies, ServerContext
+from fedskew.algorithms.condensation.private import condensation_summary
 from fedskew.config.schema import RunConfig
 from fedskew.core.allocator import keep_freed_memory
 from fedskew.core.device import (
@@ -217,6 +218,8 @@ class RoundLoop:
             summary = run_summary(self.config, self.fed, records)
             if self.privacy is not None:
                 summary.update(self.privacy.summary())
+            elif self.config.privacy.mode == "condensation":  # the method's clients account (their epsilons)
+                summary.update(condensation_summary(self.config.privacy, records))
             for callback in self.callbacks:
                 callback.finish(self, summary)  # model.pt, then summary.json: the run is finished
         finally:

@@ -164,3 +164,18 @@ def record_epsilons(server: ServerContext, replies: Replies, num_clients: int) -
     server.metrics["epsilon_mean"] = sum(eps) / len(eps)
     server.metrics[CLIENT_EPSILON] = list(eps)
     server.metrics[WITHHELD] = sum(1 for _, m in replies if m.metrics.get(WITHHELD))
+
+
+def condensation_summary(privacy: PrivacyParams, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """``summary.json``'s privacy keys of a ``privacy.mode = "condensation"`` run, from its last round's record:
+    ``epsilon`` (the largest client's) and a ``privacy`` table (the mechanism's settings, ``epsilon_max``,
+    ``epsilon_mean`` and every client's ``client_epsilon``), as the other modes' summaries hold them."""
+    last = records[-1] if records else {}
+    eps = float(last.get(EPSILON, 0.0))
+    table: dict[str, Any] = {
+        "mode": "condensation", "epsilon": eps, "delta": privacy.delta, "accountant": privacy.accountant,
+        "noise_multiplier": privacy.noise_multiplier, "calibrated": False, "clip": privacy.clip,
+        "target_epsilon": privacy.target_epsilon, "epsilon_max": eps,
+        "epsilon_mean": float(last.get("epsilon_mean", 0.0)), CLIENT_EPSILON: list(last.get(CLIENT_EPSILON, [])),
+    }
+    return {"epsilon": eps, "privacy": table}
