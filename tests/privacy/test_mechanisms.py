@@ -118,6 +118,8 @@ def test_noise_for_epsilon_spends_about_the_budget() -> None:
     ({"mode": "local", "adaptive_clip": True}, 'privacy.adaptive_clip must be false unless privacy.mode = "central"'),
     ({"on_target": "calibrate"}, 'privacy.on_target must be "stop" unless privacy.target_epsilon is set'),
     ({"accountant": "gdp"}, "privacy.accountant must be one of 'rdp', 'prv', got 'gdp'"),
+    ({"mode": "local", "noise_seed": "os"}, "privacy.noise_seed must be one of 'run', 'secret', got 'os'"),
+    ({"noise_seed": "secret"}, 'privacy.noise_seed must be unset while privacy.mode = "off"'),
 ])
 def test_bad_privacy_values_are_one_line(table: dict, message: str) -> None:
     with pytest.raises(ConfigError) as err:

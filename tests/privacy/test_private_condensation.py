@@ -297,3 +297,16 @@ def test_private_condensation_keys_without_the_mode_are_refused(method: str, key
         typed_config(cfg)
     assert f'algorithm.{key} = 0.5 applies only with privacy.mode = "condensation", got privacy.mode = "off"' \
         in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["feddm", "fedaf"])
+def test_secret_noise_changes_the_release_not_the_accounting(name: str, tmp_path: Path) -> None:
+    """privacy.noise_seed = "secret" in condensation mode: the class means (and FedAF's logits) get noise nobody can
+    regenerate, so two runs condense different sets, with the same epsilons."""
+    out = []
+    for k in range(2):
+        sim = RoundLoop(typed_config(private_config(name, rounds=1, privacy={"noise_seed": "secret"})),
+                        tmp_path / f"r{k}", progress=False)
+        out.append(sim.run().records[-1])
+    assert out[0][CLIENT_EPSILON] == out[1][CLIENT_EPSILON] and max(out[0][CLIENT_EPSILON]) > 0
+    assert out[0]["loss"] != out[1]["loss"] or out[0]["accuracy"] != out[1]["accuracy"]

@@ -285,3 +285,18 @@ def test_the_noise_does_not_depend_on_the_worker_count(tmp_path: Path, mode: str
         _run(cfg, tmp_path / f"w{workers}")
         runs.append((tmp_path / f"w{workers}" / "metrics.jsonl").read_bytes())
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("mode", ["central", "local", "sample"])
+def test_secret_noise_is_not_the_run_seeds(tmp_path: Path, mode: str) -> None:
+    """noise_seed = "secret": two runs of one config draw different noise (their models and accuracies part) and
+    account the same epsilon; with the default ("run") they are byte-identical, as every fedskew run."""
+    def records(noise_seed: str, name: str) -> list[dict[str, Any]]:
+        privacy = {"mode": mode, "noise_multiplier": 1.0, "clip": 0.5, "noise_seed": noise_seed}
+        _run(tiny_config(rounds=2, privacy=privacy), tmp_path / name)
+        return _records(tmp_path / name)
+
+    first, second = records("secret", "s1"), records("secret", "s2")
+    assert [r["epsilon"] for r in first] == [r["epsilon"] for r in second] and first[-1]["epsilon"] > 0
+    assert any(a["loss"] != b["loss"] for a, b in zip(first, second, strict=True))
+    assert (records("run", "r1") == records("run", "r2"))

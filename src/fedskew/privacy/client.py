@@ -12,7 +12,8 @@ request's config, set by :meth:`fedskew.privacy.run.RunPrivacy.requests`); the c
   :data:`DP_SAMPLE_RATE`), which the server accounts.
 
 The noise is drawn from ``torch_generator(seed, "privacy", round, cid)``: the same whichever process runs the
-client, so a private run is reproducible and resumes byte-identically.
+client, so a private run is reproducible and resumes byte-identically; with ``privacy.noise_seed = "secret"`` from
+a stream seeded by the client's operating system (:func:`~fedskew.privacy.mechanisms.noise_stream`).
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ import torch
 
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.core.message import Message, Scalar
-from fedskew.core.seeding import torch_generator
+from fedskew.privacy.mechanisms import noise_stream
 from fedskew.privacy.uploads import Upload, clipped, flat_update, float_keys, gaussian, references, with_update
 
-MODE, CLIP, NOISE = "privacy.mode", "privacy.clip", "privacy.noise_multiplier"
-CONFIG_KEYS = (MODE, CLIP, NOISE)
-"""The request config keys that tell a client its mechanism (only on requests of the upload task)."""
+MODE, CLIP, NOISE, NOISE_SEED = "privacy.mode", "privacy.clip", "privacy.noise_multiplier", "privacy.noise_seed"
+CONFIG_KEYS = (MODE, CLIP, NOISE, NOISE_SEED)
+"""The request config keys that tell a client its mechanism (only on requests of the upload task; NOISE_SEED only
+when it is ``secret``)."""
 DP_STEPS, DP_SAMPLE_RATE = "dp_steps", "dp_sample_rate"
 """The metrics of a ``sample``-mode reply: DP-SGD's noisy steps this round and their per-step sampling rate."""
 
@@ -52,9 +54,12 @@ def sample_dp_class() -> Any:
     return dpsgd.SampleDP
 
 
-def request_config(mode: str, clip: float, noise_multiplier: float) -> dict[str, Scalar]:
+def request_config(mode: str, clip: float, noise_multiplier: float, noise_seed: str = "run") -> dict[str, Scalar]:
     """The config entries of an upload request under ``mode`` (``local`` or ``sample``)."""
-    return {MODE: mode, CLIP: float(clip), NOISE: float(noise_multiplier)}
+    out: dict[str, Scalar] = {MODE: mode, CLIP: float(clip), NOISE: float(noise_multiplier)}
+    if noise_seed != "run":
+        out[NOISE_SEED] = noise_seed
+    return out
 
 
 @dataclass
@@ -76,8 +81,11 @@ class ClientPrivacy:
             return None
         if mode not in ("local", "sample"):
             raise FedskewError(f"the request asks for an unknown privacy mechanism {mode!r}")
+        noise_seed = config.get(NOISE_SEED, "run")
+        if noise_seed not in ("run", "secret"):
+            raise FedskewError(f"the request asks for an unknown noise seed {noise_seed!r}")
         return ClientPrivacy(str(mode), float(config[CLIP]), float(config[NOISE]),
-                             torch_generator(seed, "privacy", rnd, cid))
+                             noise_stream(str(noise_seed), seed, "privacy", rnd, cid))
 
     def train_options(self) -> dict[str, Any]:
         """Keyword arguments for the ``train_local`` that trains the upload: ``private`` (a new SampleDP, drawing

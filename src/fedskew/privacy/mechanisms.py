@@ -2,17 +2,31 @@
 update (client-level DP, central or local), a sample's gradient (DP-SGD) and an example's embedding
 (private condensation).
 
-Each function takes its randomness as a :class:`torch.Generator`, seeded by the caller from the run's seed
-and the (round, client) it serves (:func:`fedskew.core.seeding.torch_generator`), so a private run is as
-reproducible, and resumes as byte-identically, as any other.
+Each function takes its randomness as a :class:`torch.Generator`, which the caller gets from
+:func:`noise_stream`: seeded from the run's seed and the (round, client) it serves
+(:func:`fedskew.core.seeding.torch_generator`), so a private run is as reproducible, and resumes as
+byte-identically, as any other; or, with ``privacy.noise_seed = "secret"``, from the operating system's randomness.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Sequence
 
 import torch
+
+from fedskew.core.seeding import torch_generator
+
+
+def noise_stream(noise_seed: str, seed: int, *path: int | str) -> torch.Generator:
+    """The generator a mechanism draws its noise from: ``run``: the run's stream for ``path`` (reproducible);
+    ``secret``: a CPU generator seeded with 63 bits from :mod:`secrets` (the OS's randomness), which nobody can
+    regenerate. (The draws themselves are torch's Philox/Mersenne Gaussian sampling, not hardened against
+    floating-point attacks, Mironov 2012.)"""
+    if noise_seed == "secret":
+        return torch.Generator().manual_seed(secrets.randbits(63))
+    return torch_generator(seed, *path)
 
 _TINY = 1e-12
 

@@ -38,6 +38,12 @@ class PrivacyParams(Options):
         spend exactly the budget. None: no budget; epsilon is still recorded.
     accountant
         Opacus's ``rdp`` (Rényi DP) or ``prv`` (privacy loss random variables) accountant.
+    noise_seed
+        ``run``: the noise is drawn from streams seeded by the run's seed and the (round, client) it serves, so a
+        private run is reproducible and resumes byte-identically, and whoever knows the seed can regenerate the
+        noise (a simulation's guarantee); ``secret``: every release's noise stream is seeded from the operating
+        system's randomness (``secrets``) where the noise is added, known to nobody (a deployment's guarantee;
+        runs are then not reproducible).
     """
 
     mode: Literal["off", "central", "local", "sample", "condensation"] = option(
@@ -52,6 +58,8 @@ class PrivacyParams(Options):
     target_epsilon: float | None = option(None, help="privacy budget (None: none)", resumable=True)
     on_target: Literal["stop", "calibrate"] = option("stop", help="stop at the budget, or calibrate the noise to it")
     accountant: Literal["rdp", "prv"] = option("rdp", help="Opacus accountant")
+    noise_seed: Literal["run", "secret"] = option(
+        "run", help="seed the noise from the run's seed (reproducible) or from the OS's randomness (secret)")
 
     at_least = minimums(noise_multiplier=0.0)
     at_most = maximums(clip_lr=10.0)
@@ -67,6 +75,8 @@ class PrivacyParams(Options):
         if self.target_epsilon is not None:
             check(self.on, "target_epsilon", self.target_epsilon, 'unset while privacy.mode = "off" (a budget needs a '
                   "mechanism to spend it)")
+        if self.noise_seed == "secret":
+            check(self.on, "noise_seed", self.noise_seed, 'unset while privacy.mode = "off" (there is no noise)')
         if self.on_target == "calibrate":
             check(self.target_epsilon is not None, "on_target", self.on_target,
                   '"stop" unless privacy.target_epsilon is set')

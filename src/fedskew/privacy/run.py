@@ -22,12 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.core.message import Message
-from fedskew.core.seeding import torch_generator
 from fedskew.privacy.accounting import Accountant, noise_for_epsilon
 from fedskew.privacy.central import noised_mean
 from fedskew.privacy.checks import clients_per_round_of, count_noise, spent_at_once, update_noise_multiplier
 from fedskew.privacy.client import DP_SAMPLE_RATE, DP_STEPS, request_config
-from fedskew.privacy.mechanisms import next_clip, noisy_fraction_below
+from fedskew.privacy.mechanisms import next_clip, noise_stream, noisy_fraction_below
 from fedskew.privacy.params import PrivacyParams
 from fedskew.privacy.uploads import Upload
 
@@ -85,7 +84,7 @@ class RunPrivacy:
         message sent to several clients stays one message."""
         if self.mode not in CLIENT_MODES or task != self.upload.task:
             return messages
-        extra = request_config(self.mode, self.clip, self.noise_multiplier)
+        extra = request_config(self.mode, self.clip, self.noise_multiplier, self.params.noise_seed)
         wrapped: dict[int, Message] = {}
         out = []
         for cid, msg in messages:
@@ -113,7 +112,7 @@ class RunPrivacy:
         if self.mode == "central":
             self._clip_used = self.clip
             m, p = self.m, self.params
-            g = torch_generator(self.seed, "privacy", rnd, "server")
+            g = noise_stream(p.noise_seed, self.seed, "privacy", rnd, "server")
             std = update_noise_multiplier(p, z, m) * self.clip
             replies, norms = noised_mean(self.upload, requests, replies, self.clip, std, m, g)
             if p.adaptive_clip:

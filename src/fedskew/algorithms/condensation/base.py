@@ -46,6 +46,7 @@ from fedskew.core.errors import ConfigError
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import Options, maximums, minimums
 from fedskew.core.seeding import seeded_init
+from fedskew.privacy.mechanisms import noise_stream
 from fedskew.privacy.params import PrivacyParams
 from fedskew.privacy.uploads import Withheld
 
@@ -211,7 +212,8 @@ class AggregationFree(Algorithm):
         assert privacy is not None
         return private_distribution_matching(
             client.x, client.y, sampler, cfg, generator, privacy.clip, privacy.noise_multiplier,
-            client.generator("dp_noise"), init_set=init_set, extra_loss=extra_loss,
+            noise_stream(privacy.noise_seed, client.fed.seed, "client", client.cid, client.round, "dp_noise"),
+            init_set=init_set, extra_loss=extra_loss,
             sample_rate=self.params.private_sample_rate,
         )
 
