@@ -49,6 +49,7 @@ from fedskew.algorithms.condensation.private import (
     MODE,
     WITHHELD,
     ClientBudget,
+    client_noise,
     private_class_sums,
     uploads,
 )
@@ -71,7 +72,6 @@ from fedskew.core.message import Message, arrays_with_prefix
 from fedskew.core.params import minimums
 from fedskew.models.evaluation import chunk_bounds
 from fedskew.models.layout import as_model_format, is_channels_last
-from fedskew.privacy.mechanisms import noise_stream
 from fedskew.privacy.params import PrivacyParams
 
 KNOWLEDGE_LABELS = "knowledge.labels"
@@ -389,9 +389,7 @@ class FedAF(AggregationFree):
         else:
             clip = self.params.knowledge_clip or privacy.clip
             classes, v = private_class_sums(example_logits(model, client.x), client.y, num, clip,
-                                            privacy.noise_multiplier,
-                                            noise_stream(privacy.noise_seed, client.fed.seed, "client", client.cid,
-                                                         client.round, "dp_knowledge"))
+                                            privacy.noise_multiplier, client_noise(privacy, client, "dp_knowledge"))
         soft = F.softmax(v / self.params.tau, dim=1).contiguous()
         return {KNOWLEDGE_LABELS: classes, KNOWLEDGE_LOGITS: v, KNOWLEDGE_SOFT: soft}
 

@@ -20,6 +20,7 @@ from fedskew.algorithms.condensation.private import (
     WITHHELD,
     ClientBudget,
     check_private_model,
+    client_noise,
     dm_sample_rate,
     private_condensation,
     record_epsilons,
@@ -46,7 +47,6 @@ from fedskew.core.errors import ConfigError
 from fedskew.core.message import Message, state_to_arrays
 from fedskew.core.params import Options, maximums, minimums
 from fedskew.core.seeding import seeded_init
-from fedskew.privacy.mechanisms import noise_stream
 from fedskew.privacy.params import PrivacyParams
 from fedskew.privacy.uploads import Withheld
 
@@ -212,8 +212,7 @@ class AggregationFree(Algorithm):
         assert privacy is not None
         return private_distribution_matching(
             client.x, client.y, sampler, cfg, generator, privacy.clip, privacy.noise_multiplier,
-            noise_stream(privacy.noise_seed, client.fed.seed, "client", client.cid, client.round, "dp_noise"),
-            init_set=init_set, extra_loss=extra_loss,
+            client_noise(privacy, client, "dp_noise"), init_set=init_set, extra_loss=extra_loss,
             sample_rate=self.params.private_sample_rate,
         )
 

@@ -27,13 +27,13 @@ from typing import Any
 
 import torch
 
-from fedskew.algorithms.base import ALGORITHMS, ModelSpec, Replies, ServerContext
+from fedskew.algorithms.base import ALGORITHMS, ClientContext, ModelSpec, Replies, ServerContext
 from fedskew.condense.distribution_matching import couples_batch
 from fedskew.condense.private_dm import COUPLED, class_sample_rates
 from fedskew.core.errors import ConfigError
 from fedskew.core.seeding import seeded_init
 from fedskew.privacy.accounting import Accountant, require_opacus
-from fedskew.privacy.mechanisms import add_gaussian_noise, clip_rows
+from fedskew.privacy.mechanisms import add_gaussian_noise, clip_rows, noise_stream
 from fedskew.privacy.params import PrivacyParams
 
 EPSILON = "epsilon"
@@ -128,6 +128,12 @@ class ClientBudget:
     def epsilon(self) -> float:
         """The client's epsilon so far at ``privacy.delta`` (0.0 before any release)."""
         return self.accountant.epsilon(self.privacy.delta)
+
+
+def client_noise(privacy: PrivacyParams, client: ClientContext, purpose: str) -> torch.Generator:
+    """The generator a private client draws ``purpose``'s noise from: its own stream for it
+    (``client.generator(purpose)``), or a secret one with ``privacy.noise_seed = "secret"``."""
+    return noise_stream(privacy.noise_seed, client.fed.seed, "client", client.cid, client.round, purpose)
 
 
 def private_class_sums(
