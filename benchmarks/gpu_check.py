@@ -45,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -291,7 +292,8 @@ def child_paper(spec: dict[str, Any]) -> dict[str, Any]:
     from fedskew.engine.round_loop import RoundLoop
 
     overrides = {"rounds": 1, "seeds": [0], "device": spec["device"], "checkpoint_every": 0, **spec["runner"],
-                 **(PAPER_QUICK if spec["quick"] else {})}
+                 **(PAPER_QUICK if spec["quick"] else {}),
+                 **{k: tomllib.loads(f"v = {v}")["v"] for k, v in spec.get("paper_set", [])}}
     [run] = run_specs(PAPER, [spec["label"]], overrides)
     clients: list[float] = []
 
@@ -371,6 +373,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--cap", action="append", default=[], metavar="PART=SECONDS",
                     help=f"another cap for a part (repeatable; parts: {', '.join(CAPS)})")
     ap.add_argument("--rounds", type=int, help="timed rounds of W (default 5; --quick 2)")
+    ap.add_argument("--paper-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an override for the paper parts' config, e.g. algorithm.condense_iterations=100 "
+                         "(repeatable; a TOML value)")
     ap.add_argument("--parts", nargs="+", default=["suite", "w", "steps", "compile", "paper"])
     ap.add_argument("--data-dir", default=os.environ.get("FEDSKEW_DATA"), help="datasets folder ($FEDSKEW_DATA)")
     ap.add_argument("--out", type=Path, help="also write the JSON here")
@@ -389,7 +394,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     sampler = BusySampler(torch.device(args.device).index or 0 if cuda else 0)
     sampler.available = sampler.available and cuda
     sampler.start()
-    base = {"device": args.device, "quick": args.quick, "data_dir": args.data_dir}
+    base = {"device": args.device, "quick": args.quick, "data_dir": args.data_dir,
+            "paper_set": [s.partition("=")[::2] for s in args.paper_set]}
     keys = run_settings_keys()
     plan: list[tuple[str, dict[str, Any] | None]] = []
     if "suite" in args.parts:
