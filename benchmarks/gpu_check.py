@@ -9,7 +9,7 @@ such in the JSON and the check goes on):
   round, McMahan et al.'s CNN) for the plain PyTorch loop and each fedskew runner the code has: sequential
   (``workers = 1``), ``workers_per_device`` and ``clients_in_parallel = "auto"`` (each only when RunSettings has
   the key; else recorded as absent). Per runner: seconds a round (median after the first), the first round,
-  training images a second, accuracy, GPU busy % (nvidia-smi sampled every 0.5 s in a thread, over the
+  training images a second, accuracy, GPU busy % (one streaming nvidia-smi, a sample every 0.1 s, over the
   timed rounds) and, from torch.profiler over one more round, kernel launches, memory copies and aten
   operators a round (launches in worker processes are not seen: null for ``workers_per_device``);
 - ``steps`` and ``compile``: benchmarks/step_options.py's variants on the device, those without and those with
@@ -32,6 +32,7 @@ busy % is null); tests/test_gpu_check.py runs it. The last line printed is one J
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -77,9 +78,11 @@ def absent_keys(settings: dict[str, Any]) -> list[str]:
 
 
 class BusySampler(threading.Thread):
-    """GPU utilisation from nvidia-smi every ``period`` seconds, as (wall time, percent)."""
+    """GPU utilisation from one streaming ``nvidia-smi -lms`` process, a sample every ``period`` seconds, as
+    (wall time the line arrived, percent). One process for the whole check: spawning nvidia-smi every 0.5 s
+    left the batched runner's 0.6 s of timed rounds on an H200 with fewer than two samples (2026-11-28)."""
 
-    def __init__(self, index: int, period: float = 0.5) -> None:
+    def __init__(self, index: int, period: float = 0.1) -> None:
         super().__init__(daemon=True)
         self.index, self.period = index, period
         self.samples: list[tuple[float, float]] = []
@@ -87,15 +90,20 @@ class BusySampler(threading.Thread):
         self.available = shutil.which("nvidia-smi") is not None
 
     def run(self) -> None:
-        cmd = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-i", str(self.index)]
-        while self.available and not self.stop.is_set():
-            t0 = time.time()
-            try:
-                out = subprocess.run(cmd, capture_output=True, text=True, timeout=2).stdout.strip()
-                self.samples.append((t0, float(out.splitlines()[0])))
-            except (subprocess.SubprocessError, ValueError, IndexError, OSError):
-                pass
-            self.stop.wait(max(0.0, self.period - (time.time() - t0)))
+        if not self.available:
+            return
+        cmd = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-i", str(self.index),
+               "-lms", str(max(int(self.period * 1000), 50))]
+        try:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            return
+        threading.Thread(target=lambda: (self.stop.wait(), proc.terminate()), daemon=True).start()
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            with contextlib.suppress(ValueError):  # a "[N/A]" or a partial line
+                self.samples.append((time.time(), float(line.strip())))
+        proc.wait()
 
     def busy(self, start: float | None, end: float | None) -> float | None:
         """Mean utilisation over [start, end]; None without nvidia-smi or with fewer than two samples there."""

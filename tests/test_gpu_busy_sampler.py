@@ -1,0 +1,64 @@
+"""benchmarks/gpu_check.py's GPU-busy sampler: one streaming ``nvidia-smi -lms`` process read line by line.
+
+No GPU here: a stand-in ``nvidia-smi`` on PATH (a shell script printing a fixed utilisation at the asked
+interval) isolates the sampler's reading of the stream, its window and its stop."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def gpu_check(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("gpu_check_under_test", ROOT / "benchmarks" / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def fake_smi(folder: Path, value: str) -> None:
+    script = folder / "nvidia-smi"
+    # prints the value every 50 ms, as the real tool streams its query with -lms
+    script.write_text(f'#!/bin/bash\nwhile true; do echo "{value}"; sleep 0.05; done\n')
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a shell-script stand-in for nvidia-smi")
+def test_a_streaming_sampler_fills_a_window_shorter_than_a_second(gpu_check, tmp_path, monkeypatch) -> None:
+    fake_smi(tmp_path, "37")
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    sampler = gpu_check.BusySampler(0, period=0.05)
+    assert sampler.available
+    sampler.start()
+    time.sleep(0.3)
+    start = time.time()
+    time.sleep(0.6)  # the batched runner's timed rounds on the H200 lasted about this long
+    end = time.time()
+    sampler.stop.set()
+    sampler.join(timeout=5)
+    assert not sampler.is_alive()  # stopping ends the nvidia-smi process and the reading thread
+    inside = [u for t, u in sampler.samples if start <= t <= end]
+    assert len(inside) >= 4
+    assert sampler.busy(start, end) == 37.0
+    assert sampler.busy(None, end) is None
+    assert sampler.busy(end + 10, end + 11) is None  # no samples there
+
+
+def test_without_nvidia_smi_the_sampler_reports_nothing(gpu_check, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no nvidia-smi
+    sampler = gpu_check.BusySampler(0)
+    assert not sampler.available
+    sampler.start()
+    sampler.join(timeout=5)
+    assert sampler.samples == [] and sampler.busy(0.0, time.time()) is None
