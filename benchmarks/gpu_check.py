@@ -54,10 +54,12 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-CAPS = {"suite": 130, "w.plain": 25, "w.sequential": 30, "w.workers_per_device": 45, "w.clients_in_parallel": 40,
-        "steps": 25, "compile": 45, "paper.FedDM": 55, "paper.FedAF": 55, "paper_batched.FedDM": 55,
-        "paper_batched.FedAF": 55}
-"""Seconds each part may take on the GPU (the sum fits the 450 s budget); --quick uses --quick-cap for all."""
+CAPS = {"suite": 135, "w.plain": 25, "w.sequential": 30, "w.workers_per_device": 35, "w.clients_in_parallel": 30,
+        "steps": 25, "compile": 40, "paper.FedDM": 65, "paper.FedAF": 65, "paper_batched.FedDM": 65,
+        "paper_batched.FedAF": 65, "inner": 90}
+"""Seconds each part may take on the GPU (the default parts' sum fits the 450 s budget; on an H200 on 2026-11-28
+they took suite 128, W 17/21/24/15, steps 15, compile 33, and a paper round of 100 steps 49-59 s); --quick uses
+--quick-cap for all."""
 RUNNERS = {"sequential": {"workers": 1}, "workers_per_device": {"workers": 0, "workers_per_device": 4},
            "clients_in_parallel": {"workers": 1, "clients_in_parallel": "auto"}}
 """fedskew's runners and the settings that choose each (the keys past ``workers`` exist only in newer code)."""
@@ -287,6 +289,11 @@ def child_w_fedskew(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------- paper round
+PAPER_STEPS = 50
+"""Condensation steps of the paper parts' round by default. With the paper's 1000, neither FedDM's nor FedAF's
+clients finished within 55 s on an H200 (2026-11-28); 100 took 9.5-10.9 s of clients' time there."""
+PAPER_ITERATIONS = 1000
+"""experiments/fedaf/fmnist_paper.toml's condense_iterations: what the paper parts extrapolate to."""
 PAPER_QUICK = {"dataset.name": "synthetic", "dataset.num_train": 400, "dataset.num_test": 100, "dataset.image_size": 28,
                "partition.num_clients": 3, "algorithm.clients_per_round": 3, "model.net_width": 8,
                "algorithm.condense_iterations": 2, "algorithm.ipc": 2, "algorithm.real_batch": 16,
@@ -322,11 +329,23 @@ def child_paper(spec: dict[str, Any]) -> dict[str, Any]:
         progress(setup=round(setup, 2))
         res = loop.run()
         [timing] = [json.loads(line) for line in (Path(tmp) / "timing.jsonl").read_text().splitlines()]
-    return {"round_s": round(timing["seconds"], 2), "clients_s": round(sum(clients), 2),
-            "server_s": round(timing["seconds"] - sum(clients) - timing["eval_seconds"], 2),
-            "eval_s": round(timing["eval_seconds"], 2), "setup_s": round(setup, 2),
-            "accuracy": res.records[-1]["accuracy"], "runner": spec["runner"],
-            "scale": {k: getattr(run.typed.algorithm.params, k) for k in ("condense_iterations", "ipc", "real_batch")}}
+    scale = {k: getattr(run.typed.algorithm.params, k) for k in ("condense_iterations", "ipc", "real_batch")}
+    out = {"round_s": round(timing["seconds"], 2), "clients_s": round(sum(clients), 2),
+           "server_s": round(timing["seconds"] - sum(clients) - timing["eval_seconds"], 2),
+           "eval_s": round(timing["eval_seconds"], 2), "setup_s": round(setup, 2),
+           "accuracy": res.records[-1]["accuracy"], "runner": spec["runner"], "scale": scale}
+    full = spec.get("paper_iterations")
+    if full and scale["condense_iterations"] < full:
+        out["extrapolated"] = extrapolate(out, scale["condense_iterations"], full)
+    return out
+
+
+def extrapolate(measured: dict[str, Any], steps: int, full: int) -> dict[str, Any]:
+    """A round of ``full`` condensation steps from one of ``steps``: the clients' half scaled linearly (an
+    estimate on the high side: it scales their set-up too), the server's epochs and the evaluation as measured."""
+    clients = measured["clients_s"] * full / steps
+    return {"condense_iterations": full, "clients_s": round(clients, 1),
+            "round_s": round(clients + measured["server_s"] + measured["eval_s"], 1)}
 
 
 def child_steps(spec: dict[str, Any]) -> dict[str, Any]:
@@ -372,6 +391,28 @@ def run_suite(cap: float) -> dict[str, Any]:
             **({"tail": text[-1500:]} if status != "ok" or not outcome else {})}
 
 
+def run_inner(device: str, quick: bool, cap: float) -> dict[str, Any]:
+    """``benchmarks/inner_loops.py`` on the device (issue 45, point 4: each inner loop's FLOPs, seconds and
+    fraction of the device's matrix-product peak) in a subprocess: its JSON line. --quick: W's SGD step only."""
+    t0 = time.perf_counter()
+    cmd = [sys.executable, str(HERE / "inner_loops.py"), "--device", device, "--steps", "1" if quick else "2",
+           *(["--loops", "sgd"] if quick else [])]
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=cap)
+    except subprocess.TimeoutExpired as e:
+        partial = e.stdout or b""
+        text = partial.decode(errors="replace") if isinstance(partial, bytes) else partial
+        return {"status": "timeout", "seconds": round(time.perf_counter() - t0, 1), "cap_s": round(cap),
+                "tail": text[-1500:]}
+    seconds = round(time.perf_counter() - t0, 1)
+    try:
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"status": f"error (exit {proc.returncode})", "seconds": seconds, "cap_s": round(cap),
+                "tail": (proc.stdout + proc.stderr)[-1500:]}
+    return {"status": "ok", **result, "seconds": seconds, "cap_s": round(cap)}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
@@ -382,9 +423,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help=f"another cap for a part (repeatable; parts: {', '.join(CAPS)})")
     ap.add_argument("--rounds", type=int, help="timed rounds of W (default 5; --quick 2)")
     ap.add_argument("--paper-set", action="append", default=[], metavar="KEY=VALUE",
-                    help="an override for the paper parts' config, e.g. algorithm.condense_iterations=100 "
+                    help="an override for the paper parts' config, e.g. algorithm.condense_iterations=1000 "
                          "(repeatable; a TOML value)")
-    ap.add_argument("--parts", nargs="+", default=["suite", "w", "steps", "compile", "paper"])
+    ap.add_argument("--paper-steps", type=int, default=PAPER_STEPS,
+                    help=f"condensation steps of the paper parts' round (default {PAPER_STEPS}; the paper's "
+                         "1000 do not fit a cap on an H200), the round also given extrapolated to 1000")
+    ap.add_argument("--parts", nargs="+", default=["suite", "w", "steps", "compile", "paper"],
+                    help="parts to run (default: suite w steps compile paper; also paper_batched, inner)")
     ap.add_argument("--data-dir", default=os.environ.get("FEDSKEW_DATA"), help="datasets folder ($FEDSKEW_DATA)")
     ap.add_argument("--out", type=Path, help="also write the JSON here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -403,7 +448,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     sampler.available = sampler.available and cuda
     sampler.start()
     base = {"device": args.device, "quick": args.quick, "data_dir": args.data_dir,
-            "paper_set": [s.partition("=")[::2] for s in args.paper_set]}
+            "paper_set": [*([] if args.quick else [("algorithm.condense_iterations", str(args.paper_steps))]),
+                          *(s.partition("=")[::2] for s in args.paper_set)],
+            "paper_iterations": None if args.quick else PAPER_ITERATIONS}
     keys = run_settings_keys()
     plan: list[tuple[str, dict[str, Any] | None]] = []
     if "suite" in args.parts:
@@ -425,6 +472,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         together = {"workers": 1, "clients_in_parallel": 10}
         plan += [(f"paper_batched.{m}", {**base, "kind": "paper", "label": m, "runner": together})
                  for m in ("FedDM", "FedAF")]
+    if "inner" in args.parts:
+        plan.append(("inner", {"kind": "inner"}))
     results: dict[str, Any] = {}
     for i, (name, spec) in enumerate(plan):
         runner_keys = absent_keys(RUNNERS.get(name.split(".", 1)[-1], {})) if name.startswith("w.") else []
@@ -438,6 +487,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             res = {"status": "skipped", "note": "--quick: compiling takes about 40 s on a small CPU"}
         elif spec is None:
             res = run_suite(cap)
+        elif spec["kind"] == "inner":
+            res = run_inner(args.device, args.quick, cap)
         else:
             res = run_child(spec, cap)
             if name.startswith("w.") and res["status"] == "ok":

@@ -224,6 +224,14 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"--loops: unknown {', '.join(unknown)}; allowed: {', '.join(LOOPS)}")
     peak32 = peak_flops(device)
+    peak_tf32 = None
+    if device.type == "cuda":  # what TF32 gives a matrix product (cuDNN's convolutions use TF32 by default)
+        before = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            peak_tf32 = peak_flops(device)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = before
     peak64 = peak_flops(device, torch.float64) if "kip" in loops else 0.0
     readings = getattr(dm_module, "BN_STATISTICS", (None,))
     with_option = "bn_statistics" in inspect.signature(DMConfig).parameters
@@ -255,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     print(f"peak resident memory of this process: {peak_rss:.0f} MB (real chunk {dm_module.REAL_CHUNK})")
     result: dict[str, Any] = {"device": str(device), "threads": torch.get_num_threads(), "torch": torch.__version__,
-                              "peak_gflops_f32": round(peak32 / 1e9, 1), "rows": rows,
+                              "peak_gflops_f32": round(peak32 / 1e9, 1),
+                              **({"peak_gflops_tf32": round(peak_tf32 / 1e9, 1)} if peak_tf32 else {}), "rows": rows,
                               "real_chunk": dm_module.REAL_CHUNK, "peak_rss_mb": round(peak_rss)}
     if args.memory:
         result["condense_dm"] = condense_memory(args)

@@ -22,7 +22,8 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
         # Generous caps: this checks that every part runs and reports, not how fast; a loaded CI machine
         # (two test workers on two cores) took over the default 60 s a part.
         [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--quick", "--out", str(out),
-         "--quick-cap", "400", "--budget", "1500", "--paper-set", "algorithm.condense_iterations=3"],
+         "--quick-cap", "400", "--budget", "1500", "--paper-set", "algorithm.condense_iterations=3",
+         "--parts", "suite", "w", "steps", "compile", "paper", "inner"],
         cwd=ROOT, capture_output=True, text=True, timeout=1800,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -38,6 +39,13 @@ def test_the_report_says_what_ran_where(report: dict) -> None:
     assert 0 < report["seconds"] <= report["budget_s"]
     assert set(report) >= {"suite", "w", "steps", "compile", "paper", "w_vs_plain", "torch", "python", "runner_keys"}
     assert report["compile"]["status"] == "skipped"  # compiling is left out of the dry run
+
+
+def test_the_inner_loops_part_reports_flops_against_the_peak(report: dict) -> None:
+    inner = report["inner"]  # --quick: W's SGD step only
+    assert inner["status"] == "ok" and inner["device"] == "cpu" and inner["peak_gflops_f32"] > 0
+    [row] = inner["rows"]
+    assert row["loop"].startswith("sgd") and row["gflop"] > 0 and 0 < row["of_peak"] < 5
 
 
 def test_the_gpu_suite_ran_and_skipped_without_cuda(report: dict) -> None:
