@@ -1,8 +1,9 @@
-"""benchmarks/gpu_check.py's GPU-busy sampler (one streaming ``nvidia-smi -lms`` process read line by line) and its
-extrapolation of a paper-scale round.
+"""benchmarks/gpu_check.py's parts in-process: its GPU-busy sampler (one streaming ``nvidia-smi -lms`` process
+read line by line) and its extrapolation of a paper-scale round. The dry run of the whole check is
+tests/test_gpu_check.py.
 
-No GPU here: a stand-in ``nvidia-smi`` on PATH (a shell script printing a fixed utilisation at the asked
-interval) isolates the sampler's reading of the stream, its window and its stop."""
+No GPU here: a stand-in ``nvidia-smi`` on PATH (a shell script printing a fixed utilisation) isolates the
+sampler's reading of the stream, its window and its stop."""
 
 from __future__ import annotations
 

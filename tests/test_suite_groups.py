@@ -66,7 +66,7 @@ def test_the_suite_is_handed_out_by_file_and_each_group_is_one_file_in_the_order
     first_on_the_cluster = min(i for i, (_, params) in enumerate(ray_tests) if "cluster" in params)
     assert [name for name, _ in ray_tests].index("test_local_simulation_recipe_runs_one_round") < first_on_the_cluster
     # The GPU check's dry run: one file, whose every test reads the module fixture's report.
-    assert _files_containing("gpu_check.py") == ["tests/test_gpu_check.py"]
+    assert _files_containing('"--device", "cpu", "--quick"') == ["tests/test_gpu_check.py"]
     assert all("report" in params for _, params in _tests(TESTS / "test_gpu_check.py"))
 
 
