@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import datetime
 import json
 import os
 import platform
@@ -79,6 +80,17 @@ def absent_keys(settings: dict[str, Any]) -> list[str]:
     return sorted(set(settings) - run_settings_keys())
 
 
+def parse_sample(line: str, arrived: float) -> tuple[float, float]:
+    """One ``timestamp, utilization.gpu`` line of nvidia-smi as (wall time, percent). The time is nvidia-smi's own
+    (local time, ``2026/11/28 03:45:07.123``), so that lines a pipe delivers in bursts keep the moment each was
+    taken; a line whose time does not parse keeps the moment it ``arrived``."""
+    stamp, _, value = line.rpartition(",")
+    when = arrived
+    with contextlib.suppress(ValueError):
+        when = datetime.datetime.strptime(stamp.strip(), "%Y/%m/%d %H:%M:%S.%f").timestamp()
+    return when, float(value.strip())
+
+
 class BusySampler(threading.Thread):
     """GPU utilisation from one streaming ``nvidia-smi -lms`` process, a sample every ``period`` seconds, as
     (wall time the line arrived, percent). One process for the whole check: spawning nvidia-smi every 0.5 s
@@ -94,8 +106,8 @@ class BusySampler(threading.Thread):
     def run(self) -> None:
         if not self.available:
             return
-        cmd = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-i", str(self.index),
-               "-lms", str(max(int(self.period * 1000), 50))]
+        cmd = ["nvidia-smi", "--query-gpu=timestamp,utilization.gpu", "--format=csv,noheader,nounits",
+               "-i", str(self.index), "-lms", str(max(int(self.period * 1000), 50))]
         try:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         except OSError:
@@ -104,7 +116,7 @@ class BusySampler(threading.Thread):
         assert proc.stdout is not None
         for line in proc.stdout:
             with contextlib.suppress(ValueError):  # a "[N/A]" or a partial line
-                self.samples.append((time.time(), float(line.strip())))
+                self.samples.append(parse_sample(line, time.time()))
         proc.wait()
 
     def busy(self, start: float | None, end: float | None) -> float | None:
@@ -427,7 +439,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          "(repeatable; a TOML value)")
     ap.add_argument("--paper-steps", type=int, default=PAPER_STEPS,
                     help=f"condensation steps of the paper parts' round (default {PAPER_STEPS}; the paper's "
-                         "1000 do not fit a cap on an H200), the round also given extrapolated to 1000")
+                         "1000 do not fit a cap on an H200), the round also given extrapolated to 1000; "
+                         "--quick keeps its own 2 steps")
     ap.add_argument("--parts", nargs="+", default=["suite", "w", "steps", "compile", "paper"],
                     help="parts to run (default: suite w steps compile paper; also paper_batched, inner)")
     ap.add_argument("--data-dir", default=os.environ.get("FEDSKEW_DATA"), help="datasets folder ($FEDSKEW_DATA)")
@@ -438,6 +451,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.child:
         child_main(json.loads(args.child), args.child_out)
         return {}
+    for item in args.paper_set:  # refused here in one line, not inside each paper part's child
+        key, eq, value = item.partition("=")
+        try:
+            if not key or not eq:
+                raise ValueError("no KEY=")
+            tomllib.loads(f"v = {value}")
+        except (ValueError, tomllib.TOMLDecodeError):
+            ap.error(f"--paper-set {item!r}: expected KEY=VALUE with a TOML value (a string in quotes), "
+                     "e.g. algorithm.condense_iterations=100")
+    if args.paper_steps < 1:
+        ap.error(f"--paper-steps {args.paper_steps}: expected a positive number of condensation steps")
 
     import torch
 
@@ -501,6 +525,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         else:
             results[section] = res
     sampler.stop.set()
+    sampler.join(timeout=2)  # its nvidia-smi terminated, not left to a broken pipe
     w = results.get("w", {})
     plain = w.get("plain", {}).get("s_round")
     report = {

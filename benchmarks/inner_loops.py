@@ -60,6 +60,7 @@ from fedskew.condense.gradient_matching import GMConfig, gradient_matching
 from fedskew.condense.kip import KIPConfig, kip
 from fedskew.condense.samplers import random_model_sampler
 from fedskew.core.allocator import keep_freed_memory
+from fedskew.core.device import tf32_matmul
 from fedskew.models import create_model
 
 LOOPS = ("dm", "dm_bn", "dc", "kip", "sgd")
@@ -72,8 +73,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def peak_flops(device: torch.device, dtype: torch.dtype = torch.float32, n: int = 2048, reps: int = 5) -> float:
-    """FLOP/s of an ``n x n`` matrix product in ``dtype`` on ``device`` (the best of ``reps``)."""
+def peak_flops(device: torch.device, dtype: torch.dtype = torch.float32, n: int | None = None, reps: int = 5) -> float:
+    """FLOP/s of an ``n x n`` matrix product in ``dtype`` on ``device`` (the best of ``reps``); ``n`` 2048 on a CPU,
+    8192 on a GPU (a 2048 product is too short to keep a large GPU busy)."""
+    n = n or (8192 if device.type == "cuda" else 2048)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     a @ b
@@ -226,12 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     peak32 = peak_flops(device)
     peak_tf32 = None
     if device.type == "cuda":  # what TF32 gives a matrix product (cuDNN's convolutions use TF32 by default)
-        before = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = True
-        try:
+        with tf32_matmul(True):  # fedskew's switch (torch >= 2.9 refuses mixing its two APIs)
             peak_tf32 = peak_flops(device)
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = before
     peak64 = peak_flops(device, torch.float64) if "kip" in loops else 0.0
     readings = getattr(dm_module, "BN_STATISTICS", (None,))
     with_option = "bn_statistics" in inspect.signature(DMConfig).parameters

@@ -7,9 +7,11 @@ sampler's reading of the stream, its window and its stop."""
 
 from __future__ import annotations
 
+import datetime
 import importlib.util
 import os
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,8 +33,9 @@ def gpu_check(monkeypatch: pytest.MonkeyPatch):
 
 def fake_smi(folder: Path, value: str) -> None:
     script = folder / "nvidia-smi"
-    # prints the value every 50 ms, as the real tool streams its query with -lms
-    script.write_text(f'#!/bin/bash\nwhile true; do echo "{value}"; sleep 0.05; done\n')
+    # prints "timestamp, value" every 50 ms, as the real tool streams its query with -lms
+    script.write_text(f'#!/bin/bash\nwhile true; do echo "$(date +"%Y/%m/%d %H:%M:%S.%N" | cut -c1-23), {value}"; '
+                      'sleep 0.05; done\n')
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
 
 
@@ -72,3 +75,20 @@ def test_a_paper_round_is_extrapolated_from_fewer_steps(gpu_check) -> None:
     out = gpu_check.extrapolate(measured, 100, 1000)
     assert out == {"condense_iterations": 1000, "clients_s": 94.6, "round_s": 106.3}
     assert gpu_check.extrapolate(measured, 1000, 1000)["round_s"] == 21.2  # the paper's steps: as measured
+
+
+def test_a_sample_keeps_nvidia_smi_s_own_time(gpu_check) -> None:
+    when, value = gpu_check.parse_sample("2026/11/28 03:45:07.250, 44\n", arrived=9e9)
+    assert value == 44.0
+    assert abs(when - datetime.datetime(2026, 11, 28, 3, 45, 7, 250000).timestamp()) < 1e-6  # not the arrival
+    assert gpu_check.parse_sample("[N/A], 12", arrived=5.0) == (5.0, 12.0)  # a time that does not parse
+    with pytest.raises(ValueError):
+        gpu_check.parse_sample("2026/11/28 03:45:07.250, [N/A]", arrived=5.0)  # the sampler skips such a line
+
+
+def test_bad_paper_overrides_are_refused_in_one_line_before_anything_runs(capsys) -> None:
+    for bad in ("algorithm.condense_iterations", "dataset.name=fmnist", "=3"):
+        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--paper-set", bad],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and proc.stdout == ""
+        assert f"--paper-set {bad!r}: expected KEY=VALUE with a TOML value" in proc.stderr
