@@ -13,7 +13,12 @@ import torch.nn.functional as F
 
 import fedskew.algorithms.fedaf as fedaf_module
 from fedskew.algorithms.base import ClientContext, FederationInfo, ModelSpec, ServerContext
-from fedskew.algorithms.condensation.knowledge import class_mean_logits, knowledge_matching_term, symmetric_kl
+from fedskew.algorithms.condensation.knowledge import (
+    class_mean_logits,
+    knowledge_matching_term,
+    masked_lgkm,
+    symmetric_kl,
+)
 from fedskew.algorithms.fedaf import FedAF
 from fedskew.condense import (
     DMConfig,
@@ -80,6 +85,64 @@ def test_knowledge_matching_term_vanishes_when_batch_soft_labels_equal_r() -> No
     value = other(torch.nn.Identity(), torch.zeros(6), y, logits)
     value.backward()
     assert float(value.detach()) > 0 and logits.grad is not None and float(logits.grad.abs().sum()) > 0
+
+
+SYNCING_OPS = ("nonzero", "bincount", "_local_scalar_dense", "masked_select", "index.Tensor", "unique")
+"""aten operators whose output shape depends on the data (or that read a value to the host): each is a host sync
+on a GPU."""
+
+
+def recorded_ops(fn: Any) -> list[str]:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: list[str] = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            seen.append(str(func.overloadpacket.__name__) + "." + func._overloadname)
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        fn()
+    return seen
+
+
+@pytest.mark.parametrize("reduction", ["batchmean", "mean"])
+@pytest.mark.parametrize("labels", [[0, 0, 1, 3, 3, 3, 1], [2, 2, 2, 2, 2, 2, 2], [1, 1, 1, 1, 1, 1, 1]])
+def test_lgkm_without_host_syncs_equals_the_picked_rows(reduction: str, labels: list[int]) -> None:
+    """The accelerators' form (every class's row, weighted) gives the CPU's (the rows picked by index): value and
+    gradient, float64; class 1 has no r_c, so a batch of class 1 alone counts no row and gives 0."""
+    g = torch.Generator().manual_seed(4)
+    r = F.softmax(torch.randn(4, 4, dtype=torch.float64, generator=g), dim=1)
+    known = torch.tensor([True, False, True, True])
+    y = torch.tensor(labels)
+    logits = torch.randn(7, 4, dtype=torch.float64, generator=g, requires_grad=True)
+    picked = knowledge_matching_term(r, known, tau=1.5, weight=1.0, reduction=reduction)(None, None, y, logits)
+    # no row counted: the CPU form returns a constant 0, without a graph
+    grad_picked = torch.autograd.grad(picked, logits)[0] if picked.requires_grad else torch.zeros_like(logits)
+    log_r = r.clamp_min(torch.finfo(r.dtype).tiny).log()
+    masked = masked_lgkm(log_r, known, logits, y, 1.5, reduction)
+    (grad_masked,) = torch.autograd.grad(masked, logits)
+    torch.testing.assert_close(masked, picked, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(grad_masked, grad_picked, rtol=1e-12, atol=1e-15)
+    if labels[0] == 1:
+        assert float(masked.detach()) == 0.0 and float(grad_masked.abs().sum()) == 0.0
+
+
+def test_lgkm_on_an_accelerator_runs_no_operator_that_syncs() -> None:
+    g = torch.Generator().manual_seed(5)
+    r = F.softmax(torch.randn(5, 5, generator=g), dim=1)
+    known = torch.tensor([True, True, False, True, True])
+    y, logits = torch.randint(0, 5, (32,), generator=g), torch.randn(32, 5, generator=g, requires_grad=True)
+    log_r = r.clamp_min(torch.finfo(r.dtype).tiny).log()
+    masked = recorded_ops(lambda: masked_lgkm(log_r, known, logits, y, 1.0).backward())
+    assert masked and not [op for op in masked if op.startswith(SYNCING_OPS)], masked
+    # the detector sees the CPU form's syncing operators (picking rows by a mask, bincount)
+    term = knowledge_matching_term(r, known, tau=1.0, weight=1.0)
+    picked = recorded_ops(lambda: term(None, None, y, logits).backward())
+    assert [op for op in picked if op.startswith(SYNCING_OPS)]
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        masked_lgkm(log_r, known, logits, y, 1.0, "sum")
 
 
 def test_global_knowledge_averages_over_the_clients_holding_each_class() -> None:

@@ -69,6 +69,22 @@ def test_local_training_makes_no_host_sync_in_its_steps(monkeypatch: pytest.Monk
     assert res.steps == 20 and res.mean_loss > 0
 
 
+def test_fedaf_server_steps_with_the_lgkm_term_make_no_host_sync(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FedAF's server training (its LGKM term on every step) on a GPU: the term's masked form reads nothing."""
+    from fedskew.algorithms.condensation.knowledge import knowledge_matching_term
+
+    model, (x, y) = _cnn(), _fmnist_like(300)
+    r = torch.softmax(torch.randn(10, 10, generator=torch.Generator().manual_seed(2)), dim=1)
+    known = torch.arange(10) != 3
+    terms = [knowledge_matching_term(r, known, tau=1.0, weight=2.0)]
+    cfg = LocalConfig(epochs=2, batch_size=32, lr=0.01)
+    train_local(model, x, y, cfg, torch.Generator().manual_seed(0), terms)  # warm-up, and R placed on the GPU
+    monkeypatch.setattr(trainer, "host_floats", _let_through(trainer.host_floats))
+    with syncs_fail():
+        res = train_local(model, x, y, cfg, torch.Generator().manual_seed(0), terms)
+    assert res.steps == 20 and res.mean_loss > 0
+
+
 def test_evaluation_makes_no_host_sync_until_its_one_read(monkeypatch: pytest.MonkeyPatch) -> None:
     model, (x, y) = _cnn(), _fmnist_like(1000)
     expected = evaluation.evaluate_model(model, x, y, 10)
