@@ -16,6 +16,9 @@ fi
 if [ -z "${FEDSKEW_DATA:-}" ] && [ -d ../shared/datasets ]; then
   export FEDSKEW_DATA="$(cd ../shared/datasets && pwd)"
 fi
+# GNU OpenMP's spin, shortened as `import fedskew` does (docs/performance.md, "OpenMP's spin"): the test processes
+# may load torch first, and two of them share the cores.
+export GOMP_SPINCOUNT="${GOMP_SPINCOUNT:-1000}"
 .venv/bin/ruff check src tests benchmarks
 .venv/bin/mypy src/fedskew
 # pytest-xdist: one worker process per CPU core, at most 4 (each imports torch). --dist loadfile hands out

@@ -45,3 +45,16 @@ def test_digits_come_from_the_array_cache_without_scikit_learn(tmp_path: Path) -
     with np.load(tmp_path / "read.npz") as read:
         for key, array in (("x", built.x_train), ("y", built.y_train), ("xt", built.x_test), ("yt", built.y_test)):
             assert read[key].dtype == array.dtype and np.array_equal(read[key], array), key
+
+
+def test_importing_fedskew_before_torch_sets_gnu_openmp_s_spin_unless_the_user_did() -> None:
+    """``import fedskew`` shortens GNU OpenMP's spin (docs/performance.md, "OpenMP's spin") before torch loads it;
+    a value the user set wins."""
+    code = "import os, fedskew, torch\nprint(os.environ.get('GOMP_SPINCOUNT'))"
+    env = environment()
+    env.pop("GOMP_SPINCOUNT", None)
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip() == "1000", res.stderr
+    res = subprocess.run([sys.executable, "-c", code], env={**env, "GOMP_SPINCOUNT": "42"}, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip() == "42", res.stderr

@@ -17,7 +17,16 @@ that register them. The names are imported when first used, so ``import fedskew`
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
+
+# GNU OpenMP (PyTorch's Linux CPU wheels) lets a thread that waits at the end of a parallel region spin for
+# 300,000 turns before it sleeps. When another process wants the same cores, the spinning holds a core the
+# thread it waits for needs: the server's training of FedDM on this project's 2-core machine took 63 s instead
+# of 3.6 s beside one other job, and 2.6 s when idle (docs/performance.md, "OpenMP's spin"). 1,000 turns keep
+# the idle speed and lose little under load. Read when the OpenMP library loads, so only before ``import torch``
+# in this process; a value already set wins. The number of threads, and so every result, is unchanged.
+os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 __version__ = "0.1.0"
 
