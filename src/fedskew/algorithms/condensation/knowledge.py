@@ -36,15 +36,24 @@ def symmetric_kl(log_p: torch.Tensor, log_q: torch.Tensor, reduction: str = "bat
     are combined; by default we average over rows (PyTorch's ``batchmean`` convention), so the weight
     ``lambda_glob`` does not depend on how many classes a batch holds. Zero rows give 0.
     """
-    if reduction not in KL_REDUCTIONS:
-        raise ValueError(f"reduction must be one of {KL_REDUCTIONS}, got {reduction!r}")
+    _check_reduction(reduction)
     if log_p.shape != log_q.shape or log_p.dim() != 2:
         shapes = f"{tuple(log_p.shape)} and {tuple(log_q.shape)}"
         raise ValueError(f"expected two (n, L) tensors of equal shape, got {shapes}")
     if log_p.shape[0] == 0:
         return torch.zeros((), dtype=log_p.dtype, device=log_p.device)
-    per_row = ((log_p.exp() - log_q.exp()) * (log_p - log_q)).sum(dim=1)
+    per_row = _kl_rows(log_p, log_q)
     return 0.5 * (per_row.mean() if reduction == "batchmean" else per_row.mean() / log_p.shape[1])
+
+
+def _check_reduction(reduction: str) -> None:
+    if reduction not in KL_REDUCTIONS:
+        raise ValueError(f"reduction must be one of {KL_REDUCTIONS}, got {reduction!r}")
+
+
+def _kl_rows(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """``KL(P||Q) + KL(Q||P)`` of each row: ``sum_j (p_j - q_j)(log p_j - log q_j)``."""
+    return ((log_p.exp() - log_q.exp()) * (log_p - log_q)).sum(dim=1)
 
 
 def class_mean_logits(logits: torch.Tensor, y: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,14 +125,12 @@ def masked_lgkm(
     weighted 1 where the class is in the batch and has r_c, else 0, averaged over the rows that count (0 when
     none does). Equal to :func:`symmetric_kl` on the picked rows up to float rounding; nothing in it reads the
     device from the host."""
-    if reduction not in KL_REDUCTIONS:
-        raise ValueError(f"reduction must be one of {KL_REDUCTIONS}, got {reduction!r}")
+    _check_reduction(reduction)
     num_classes = log_r.shape[0]
     counts = torch.zeros(num_classes, dtype=logits.dtype, device=logits.device).index_add(
         0, y, torch.ones_like(y, dtype=logits.dtype))
     sums = torch.zeros((num_classes, logits.shape[1]), dtype=logits.dtype, device=logits.device).index_add(0, y, logits)
     log_t = F.log_softmax(sums / counts.clamp_min(1)[:, None] / tau, dim=1)
     counted = ((counts > 0) & known).to(logits.dtype)
-    per_row = ((log_r.exp() - log_t.exp()) * (log_r - log_t)).sum(dim=1)
-    mean = (per_row * counted).sum() / counted.sum().clamp_min(1)
+    mean = (_kl_rows(log_r, log_t) * counted).sum() / counted.sum().clamp_min(1)
     return 0.5 * (mean if reduction == "batchmean" else mean / log_r.shape[1])
