@@ -19,7 +19,7 @@ from fedskew.config import dump, typed_config, validate
 from fedskew.core.errors import ConfigError
 from fedskew.engine.experiment import resume_run
 from fedskew.engine.round_loop import RoundLoop
-from tests.helpers.configs import config_for, methods, runnable_config
+from tests.helpers.configs import LABEL_SKEW, config_for, methods, runnable_config
 
 
 def _run(cfg: dict[str, Any], path: Path) -> Path:
@@ -99,13 +99,19 @@ PERSONAL = ["fedper", "fedrep", "fedbabu", "ditto", "apfl", "pfedme", "perfedavg
 """The personalised methods: their clients' own models are client state, measured on the clients' test splits."""
 
 
-@pytest.mark.parametrize("name", methods(STATEFUL + PERSONAL))
+RESUMED = STATEFUL + PERSONAL + [n for n in LABEL_SKEW if n not in STATEFUL + PERSONAL]
+"""Also issue 48's label-skew family, whose stateless members must resume exactly too."""
+
+
+@pytest.mark.parametrize("name", methods(RESUMED))
 def test_stateful_baselines_resume_exactly(tmp_path: Path, name: str) -> None:
     """Server state (c, h, optimiser slots, generator) and client state survive a checkpoint; for the
     personalised methods the per-client accuracies of their own models are in the compared metrics."""
 
     def config(rounds: int) -> dict[str, Any]:
         cfg = config_for(name, rounds=rounds)
+        if name == "ccvr":  # "final" calibrates whatever round ends the run: tests/algorithms/test_ccvr.py
+            cfg["algorithm"]["calibrate"] = "every_round"
         if name in PERSONAL:
             cfg["partition"]["client_test_fraction"] = 0.25
         return cfg

@@ -40,7 +40,7 @@ from fedskew.engine.flower.messages import (
 )
 from fedskew.engine.flower.settings import DeploySettings
 from fedskew.engine.round_loop import RoundLoop
-from tests.helpers.configs import federation_from, tiny_config
+from tests.helpers.configs import LABEL_SKEW, federation_from, tiny_config
 from tests.helpers.flower import FakeGrid, app_folder, deploy_on, over_the_wire
 from tests.helpers.flower_federation import LocalFederation
 from tests.helpers.plugins import ALGORITHM, MODEL, fresh_registries, write_plugin
@@ -179,7 +179,8 @@ def test_per_client_evaluation_over_flower_equals_simulation(probe: str, tmp_pat
     assert all(a is not None for a in _records(run_dir)[-1]["personal_accuracy"])
 
 
-@pytest.mark.parametrize("algorithm", ["flower_probe", "fedaf", "hfldd"])
+@pytest.mark.parametrize("algorithm", ["flower_probe", "fedaf", "hfldd",
+                                       *LABEL_SKEW])
 def test_deploy_equals_simulation(probe: str, tmp_path: Path, algorithm: str) -> None:
     """Six clients on two nodes (one reading shard files): the simulator's metrics, state kept on the nodes."""
     cfg = tiny_config(rounds=2, algorithm={"name": algorithm, "clients_per_round": 4, **FAST.get(algorithm, {})})

@@ -36,7 +36,7 @@ from fedskew.config import dump, typed_config
 from fedskew.core.errors import FedskewError
 from fedskew.engine.ray_workers import MISSING_RAY
 from fedskew.engine.round_loop import RoundLoop
-from tests.helpers.configs import tiny_config
+from tests.helpers.configs import LABEL_SKEW, config_for, tiny_config
 from tests.helpers.plugins import BAD_REPLY, fresh_registries, plugin_config, write_plugin
 from tests.helpers.ray_cluster import LocalRayCluster, auth_env, free_port
 from tests.helpers.runs import assert_resumes_exactly
@@ -169,6 +169,20 @@ def test_cluster_metrics_equal_the_inline_engine(
         assert _run(on_ray, tmp_path / "ray") == inline
     # 3 rounds of 3 client jobs and one evaluation chunk, spread (ray.scheduling = "spread") over both nodes.
     assert "ray: 12 tasks ran on 2 nodes" in caplog.messages
+
+
+@needs_ray
+@pytest.mark.parametrize("name", LABEL_SKEW)
+@pytest.mark.slow
+def test_the_label_skew_family_on_the_cluster_equals_the_inline_engine(
+    tmp_path: Path, cluster: LocalRayCluster, caplog: pytest.LogCaptureFixture, name: str
+) -> None:
+    """Issue 48's eight methods, two rounds each on the two-node cluster: the inline engine's metrics."""
+    inline = _run(config_for(name, rounds=2), tmp_path / "inline")
+    with caplog.at_level(logging.INFO, logger="fedskew"):
+        on_ray = config_for(name, rounds=2, engine="ray", ray={"address": cluster.address})
+        assert _run(on_ray, tmp_path / "ray") == inline
+    assert any(m.startswith("ray: ") and m.endswith("ran on 2 nodes") for m in caplog.messages), caplog.messages
 
 
 @needs_ray

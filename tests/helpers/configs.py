@@ -62,6 +62,12 @@ SPECIAL: dict[str, dict[str, Any]] = {
 }
 
 
+LABEL_SKEW = ["fedlc", "fedrs", "fedntd", "fedrod", "ccvr", "feddecorr", "fedetf", "feddc_drift"]
+"""Issue 48's label-skew family: each runs two rounds on every engine (tests/engine/test_label_skew_engines.py,
+tests/engine/test_ray.py, tests/engine/test_flower.py, the batched runner's every-method test) and resumes
+byte-identical (tests/algorithms/test_all_algorithms.py)."""
+
+
 SLOW_METHODS = frozenset({"apfl", "cim", "hfldd", "pfedme"})
 """Methods whose tiny runs take several seconds where most take under one (measured on this project's 2-core
 machine under pytest-xdist): in the tests that take every method, they are marked ``slow``."""
