@@ -8,7 +8,7 @@ user runs it, ``--repeat`` times, alternating with ``python -c "import torch"``,
 - ``run_s``: the whole ``fedskew run`` command, and its ratio to ``import_torch_s`` (the issue's target: 3x);
 - a breakdown of one more run, timed inside its process: ``imports_s`` (importing ``fedskew.cli`` and what
   ``fedskew run`` imports before it plans), ``plan_s`` (config, checks), ``federation_s`` (dataset decode and
-  partition: ``build_federation``), ``pool_s`` (the worker pool's start: ``WorkerPool.__init__``), ``rounds_s``
+  partition: ``federation_for``), ``pool_s`` (the worker pool's start: ``WorkerPool.__init__``), ``rounds_s``
   (the round loop's rounds), ``report_s`` (``write_report``), and ``other_s`` (the rest: the run's set-up,
   checkpoints, the printed table, interpreter start and exit);
 - ``heavy_imports``: the cumulative ``-X importtime`` microseconds of the biggest top-level packages a run
@@ -61,7 +61,7 @@ import fedskew.api, fedskew.config, fedskew.engine.experiment as experiment, fed
 import fedskew.engine.round_loop as round_loop, fedskew.engine.workers as workers
 phases["imports"] = time.perf_counter() - t0
 timed(fedskew.api, "plan", "plan")
-timed(experiment, "build_federation", "federation")
+timed(experiment, "federation_for", "federation")
 timed(workers.WorkerPool, "__init__", "pool")
 timed(round_loop.RoundLoop, "_one_round", "rounds")
 timed(html, "write_report", "report")

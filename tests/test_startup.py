@@ -58,3 +58,27 @@ def test_importing_fedskew_before_torch_sets_gnu_openmp_s_spin_unless_the_user_d
     res = subprocess.run([sys.executable, "-c", code], env={**env, "GOMP_SPINCOUNT": "42"}, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0 and res.stdout.strip() == "42", res.stderr
+
+
+def test_the_startup_benchmark_times_functions_that_exist() -> None:
+    """benchmarks/startup.py wraps functions by name inside its child process; a renamed one made it fail with
+    an AttributeError (``experiment.build_federation``, 2026-11-28). Each ``timed(owner, name, ...)`` it makes
+    names an attribute of that owner."""
+    import re
+
+    import fedskew.api
+    import fedskew.engine.experiment as experiment
+    import fedskew.engine.round_loop as round_loop
+    import fedskew.engine.workers as workers
+    import fedskew.report.html as html
+
+    probe = (Path(__file__).resolve().parents[1] / "benchmarks" / "startup.py").read_text()
+    calls = re.findall(r'^timed\(([\w.]+), "(\w+)", "\w+"\)$', probe, flags=re.M)
+    assert len(calls) == 5, calls
+    owners = {"fedskew": fedskew, "experiment": experiment, "round_loop": round_loop, "workers": workers, "html": html}
+    for owner, name in calls:
+        head, *rest = owner.split(".")
+        obj = owners[head]
+        for part in rest:
+            obj = getattr(obj, part)
+        assert callable(getattr(obj, name, None)), f"{owner}.{name}"

@@ -101,6 +101,20 @@ def test_bf16_autocast_reaches_the_trainer() -> None:
     assert layer.weight.dtype == torch.float32
 
 
+def test_a_run_leaves_the_callers_deterministic_setting_and_warn_only_as_they_were() -> None:
+    """A caller's ``use_deterministic_algorithms(True, warn_only=True)`` survives blocks that ask for determinism
+    and blocks that do not (the old code switched it off and on again, and so reset ``warn_only``)."""
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        for deterministic in (False, True):
+            with use_compute(Compute("cpu", deterministic=deterministic)):
+                assert torch.are_deterministic_algorithms_enabled()
+            assert torch.are_deterministic_algorithms_enabled()
+            assert torch.is_deterministic_algorithms_warn_only_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
 def test_compute_is_scoped_and_precision_off_is_plain_sgd() -> None:
     assert current_compute() == Compute()
     with use_compute(Compute("cpu", "bf16", deterministic=True)):
