@@ -60,8 +60,8 @@ def test_the_top_level_keys_and_the_resumable_set_are_generated_from_the_classes
     assert all(TOP_LEVEL[k] == option_help(RunSettings)[k] for k in settings)
     assert all(TOP_LEVEL[k] for k in TOP_LEVEL), [k for k in TOP_LEVEL if not TOP_LEVEL[k]]
     assert RESUMABLE == (
-        "rounds", "workers", "workers_per_device", "checkpoint_every", "device", "amp", "sgd_impl", "compile", "tf32",
-        "clients_in_parallel", "logging", "report", "privacy.target_epsilon",
+        "rounds", "workers", "workers_per_device", "server_threads", "checkpoint_every", "device", "amp", "sgd_impl",
+        "compile", "tf32", "clients_in_parallel", "logging", "report", "privacy.target_epsilon",
     )
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from fedskew.config import dump, typed_config
+from fedskew.core.errors import ConfigError
 from fedskew.engine.experiment import resume_run
 from fedskew.engine.round_loop import RoundLoop
 from tests.helpers.configs import federation_from, tiny_config
@@ -144,3 +146,35 @@ def test_resume_of_an_experiment_folder_names_its_runs(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(FedskewError, match=r"no config\.toml"):
         resume_run(tmp_path / "empty", {}, data_dir=None, progress=False)
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_server_threads_is_the_server_halfs_thread_count(tmp_path: Path, threads: int,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """``server_threads`` sets the intra-op threads of the server half (FedDM's training on the condensed sets runs
+    in it), 0 leaves the process's own; client work keeps its one thread; the setting is restored after each
+    round; a thread count below 0 is refused in one line."""
+    from tests.helpers.configs import config_for
+
+    before = torch.get_num_threads()
+    sim = RoundLoop(typed_config(config_for("feddm", rounds=2, server_threads=threads)), tmp_path / "r", progress=False)
+    seen: list[tuple[str, int]] = []
+    server_round, client_step = sim.algorithm.round, type(sim.algorithm).client_step
+
+    def spy_round(server: Any) -> None:
+        seen.append(("server", torch.get_num_threads()))
+        server_round(server)
+
+    def spy_client(*args: Any, **kwargs: Any) -> Any:
+        seen.append(("client", torch.get_num_threads()))
+        return client_step(*args, **kwargs)
+
+    sim.algorithm.round = spy_round  # type: ignore[method-assign]
+    monkeypatch.setattr(type(sim.algorithm), "client_step", spy_client)  # the inline runner's own instance too
+    sim.run()
+    assert [n for kind, n in seen if kind == "server"] == [threads or before] * 2
+    assert {n for kind, n in seen if kind == "client"} == {1}
+    assert torch.get_num_threads() == before
+    with pytest.raises(ConfigError, match="server_threads") as err:
+        typed_config(config_for("feddm", server_threads=-1))
+    assert "\n" not in str(err.value)

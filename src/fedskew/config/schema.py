@@ -65,6 +65,10 @@ class RunSettings(Options):
         "at most the round's client jobs and what memory holds; not with engine = ray)"))
     workers_per_device: int = option(1, resumable=True, help=(
         "with workers = 0: worker processes per GPU (on a CPU, per core); results do not change"))
+    server_threads: int = option(0, resumable=True, help=(
+        "intra-op CPU threads of the server's own work in the main process (FedDM's, FedAF's and FedDC's training "
+        "on the condensed sets, ...): 0 = PyTorch's default (every core), N = N threads; 1 keeps it from stalling "
+        "beside other jobs; results differ between thread counts"))
     eval_every: int = option(1, help=(
         "evaluate the global model (and the clients' own models, see eval) every N rounds and after the last"))
     checkpoint_every: int = option(10, resumable=True, help=(
@@ -92,8 +96,10 @@ class RunSettings(Options):
         "clients trained together on one device, batched: 1 (one at a time), N, or auto "
         "(all of a round's on one GPU, else 1)"))
 
-    at_least = minimums(rounds=1, seed=0, workers=0, workers_per_device=1, eval_every=1, checkpoint_every=0)
-    at_most = maximums(rounds=MAX_ROUNDS, workers=MAX_WORKERS, workers_per_device=MAX_WORKERS, target_accuracy=1)
+    at_least = minimums(rounds=1, seed=0, workers=0, workers_per_device=1, server_threads=0, eval_every=1,
+                        checkpoint_every=0)
+    at_most = maximums(rounds=MAX_ROUNDS, workers=MAX_WORKERS, workers_per_device=MAX_WORKERS,
+                       server_threads=MAX_WORKERS, target_accuracy=1)
     positive = ("target_accuracy",)  # a fraction in (0, 1]; None: no target
 
     def __post_init__(self) -> None:

@@ -31,6 +31,7 @@ from fedskew.core.device import (
 )
 from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message, state_to_arrays
+from fedskew.core.threads import server_threads
 from fedskew.engine.callbacks import Record, RoundCallback, RoundTime, standard_callbacks
 from fedskew.engine.callbacks.checkpoints import restore_state, save_state
 from fedskew.engine.client_eval import ClientEvaluation
@@ -244,14 +245,14 @@ class RoundLoop:
         self.server.round = 0
         if self.privacy is not None:
             self.privacy.begin()  # a calibrated noise multiplier is derived once, before round 1
-        with use_compute(self.compute):
+        with use_compute(self.compute), server_threads(self.config.run.server_threads):
             self.algorithm.setup(self.server)
         return []
 
     def _restore(self) -> list[Record]:
         records = restore_state(self)
         self.recorder.resumed(records)
-        with use_compute(self.compute):
+        with use_compute(self.compute), server_threads(self.config.run.server_threads):
             self.algorithm.restore(self.server)
         return records
 
@@ -259,7 +260,8 @@ class RoundLoop:
         self.pipeline.book = RoundBook(self.round)
         self.server.round, self.server.metrics = self.round, {}
         self.server.rounds = self.config.run.rounds
-        with use_compute(self.compute):  # the server half's own training (FedDM, FedGen ...) on the run's device
+        # the server half's own training (FedDM, FedGen ...) on the run's device, on server_threads CPU threads
+        with use_compute(self.compute), server_threads(self.config.run.server_threads):
             self.algorithm.round(self.server)
         if self.privacy is not None:
             self.server.metrics.update(self.privacy.record())
