@@ -189,8 +189,8 @@ def test_a_resume_may_move_the_run_to_another_device(tmp_path: Path) -> None:
     res = resume_run(tmp_path / "part", {"rounds": 3, "device": "cpu"}, data_dir=None, progress=False)
     assert res.records == full
     with pytest.raises(ConfigError, match=r"--resume accepts only the overrides rounds, workers, workers_per_device, "
-                       r"checkpoint_every, device, amp, sgd_impl, compile, tf32, clients_in_parallel, logging, report, "
-                       r"privacy.target_epsilon, not 'seed'"):
+                       r"server_threads, checkpoint_every, device, amp, sgd_impl, compile, tf32, clients_in_parallel, "
+                       r"logging, report, privacy.target_epsilon, not 'seed'"):
         resume_run(tmp_path / "part", {"seed": 1}, data_dir=None, progress=False)
 
 
