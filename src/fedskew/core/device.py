@@ -183,8 +183,7 @@ def deterministic_algorithms(on: bool) -> Iterator[None]:
     anyway (one intra-op thread per task), so this changes nothing there.
     """
     if not on or torch.are_deterministic_algorithms_enabled():
-        # nothing to switch: no call, which would import about 800 modules (1.5 s) the first time in a process
-        # and reset a caller's ``warn_only``
+        # nothing to switch: no call (it would reset a caller's ``warn_only``)
         yield
         return
     torch.use_deterministic_algorithms(True)

@@ -10,7 +10,6 @@ stalling when other jobs share the cores (docs/performance.md, "`nice` across se
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -19,18 +18,14 @@ import torch
 
 @contextmanager
 def num_threads(n: int) -> Iterator[None]:
-    """Run the block with ``n`` intra-op threads, then restore the previous setting."""
+    """Run the block with ``n`` intra-op threads, then restore the previous setting; 0 leaves the setting as it
+    is (a run's ``server_threads`` default: PyTorch's own)."""
     old = torch.get_num_threads()
-    if n != old:
+    change = n > 0 and n != old
+    if change:
         torch.set_num_threads(n)
     try:
         yield
     finally:
-        if n != old:
+        if change:
             torch.set_num_threads(old)
-
-
-def server_threads(n: int) -> contextlib.AbstractContextManager[None]:
-    """The block with ``n`` intra-op threads, or with the process's own setting when ``n`` is 0 (a run's
-    ``server_threads``: the server's work in the main process; client work sets its own one thread inside)."""
-    return num_threads(n) if n > 0 else contextlib.nullcontext()

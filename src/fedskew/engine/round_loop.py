@@ -10,9 +10,10 @@ listed in :mod:`fedskew.runs`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from fedskew.core.device import (
 )
 from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message, state_to_arrays
-from fedskew.core.threads import server_threads
+from fedskew.core.threads import num_threads
 from fedskew.engine.callbacks import Record, RoundCallback, RoundTime, standard_callbacks
 from fedskew.engine.callbacks.checkpoints import restore_state, save_state
 from fedskew.engine.client_eval import ClientEvaluation
@@ -241,18 +242,25 @@ class RoundLoop:
         save_state(self, records)
         return True
 
+    @contextlib.contextmanager
+    def _server_work(self) -> Iterator[None]:
+        """The server half's own work (FedDM's and FedGen's training ...): on the run's device and precision, on
+        ``server_threads`` CPU threads (0: the process's own)."""
+        with use_compute(self.compute), num_threads(self.config.run.server_threads):
+            yield
+
     def _setup(self) -> list[Record]:
         self.server.round = 0
         if self.privacy is not None:
             self.privacy.begin()  # a calibrated noise multiplier is derived once, before round 1
-        with use_compute(self.compute), server_threads(self.config.run.server_threads):
+        with self._server_work():
             self.algorithm.setup(self.server)
         return []
 
     def _restore(self) -> list[Record]:
         records = restore_state(self)
         self.recorder.resumed(records)
-        with use_compute(self.compute), server_threads(self.config.run.server_threads):
+        with self._server_work():
             self.algorithm.restore(self.server)
         return records
 
@@ -260,8 +268,7 @@ class RoundLoop:
         self.pipeline.book = RoundBook(self.round)
         self.server.round, self.server.metrics = self.round, {}
         self.server.rounds = self.config.run.rounds
-        # the server half's own training (FedDM, FedGen ...) on the run's device, on server_threads CPU threads
-        with use_compute(self.compute), server_threads(self.config.run.server_threads):
+        with self._server_work():
             self.algorithm.round(self.server)
         if self.privacy is not None:
             self.server.metrics.update(self.privacy.record())
