@@ -28,6 +28,7 @@ paper-scale rounds instead (a GPU's job).
     FEDSKEW_DATA=../shared/datasets python benchmarks/condensation_round.py
     FEDSKEW_DATA=../shared/datasets python benchmarks/condensation_round.py --only FedDM --rounds 1
     FEDSKEW_DATA=../shared/datasets python benchmarks/condensation_round.py --clients-only
+    FEDSKEW_DATA=../shared/datasets python benchmarks/condensation_round.py --only FedDM --workers 1 --server-threads 1
     python benchmarks/condensation_round.py --paper --device cuda             # estimate on a GPU
     python benchmarks/condensation_round.py --paper --paper-full --device cuda --rounds 1
 
@@ -269,6 +270,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2, help="rounds per run (default 2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, help="worker processes (default: the config's, 0 = one per core)")
+    p.add_argument("--server-threads", type=int,
+                   help="the run's server_threads (default: the config's, 0 = PyTorch's threads)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
     p.add_argument("--amp", default="off", help="off, bf16 or fp16 (default off)")
     p.add_argument("--paper", action="store_true", help="paper scale (experiments/fedaf/fmnist_paper.toml)")
@@ -292,6 +295,8 @@ def main(argv: list[str] | None = None) -> None:
                                  "amp": args.amp, "checkpoint_every": 0}
     if args.workers is not None:
         overrides["workers"] = args.workers
+    if args.server_threads is not None:
+        overrides["server_threads"] = args.server_threads
     specs = run_specs(config, args.only, overrides)
     results = []
     for spec in specs:
