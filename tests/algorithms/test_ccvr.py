@@ -15,12 +15,12 @@ from fedskew.algorithms.ccvr import (
     pooled_feature_stats,
     sample_virtual_features,
 )
-from fedskew.config import dump, typed_config, validate
+from fedskew.config import typed_config, validate
 from fedskew.core.errors import ConfigError
 from fedskew.engine.experiment import resume_run
 from fedskew.engine.round_loop import RoundLoop
 from tests.helpers.configs import tiny_config
-from tests.helpers.runs import assert_resumes_exactly
+from tests.helpers.runs import assert_resumes_exactly, run_records
 
 C = 4  # classes of the tiny config
 
@@ -136,12 +136,9 @@ def test_a_finished_final_calibration_extended_trains_on_from_the_uncalibrated_c
     """``calibrate = "final"`` calibrates whatever round ends the run. A finished 2-round run resumed to 4 rounds
     keeps its calibrated round 2 (the 4-round run's round 2 is not calibrated), and its rounds 3 and 4 are the
     4-round run's, byte for byte: the training went on from the kept uncalibrated classifier."""
-    full = tmp_path / "full"
-    _run(_cfg(4), full)
-    part = tmp_path / "part"
-    part.mkdir()
-    (part / "config.toml").write_text(dump(_cfg(2)))
-    _run(_cfg(2), part)
+    full, part = tmp_path / "full", tmp_path / "part"
+    run_records(_cfg(4), full)
+    run_records(_cfg(2), part)
     resume_run(part, {"rounds": 4}, data_dir=None, progress=False)
     ours = (part / "metrics.jsonl").read_text().splitlines()
     theirs = (full / "metrics.jsonl").read_text().splitlines()

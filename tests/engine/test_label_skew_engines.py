@@ -10,15 +10,12 @@ from typing import Any
 import pytest
 
 from fedskew.algorithms.base import ALGORITHMS
-from fedskew.config import dump, typed_config
-from fedskew.engine.round_loop import RoundLoop
 from tests.helpers.configs import LABEL_SKEW, config_for
+from tests.helpers.runs import run_records
 
 
 def _metrics(cfg: dict[str, Any], path: Path) -> bytes:
-    path.mkdir(parents=True)
-    (path / "config.toml").write_text(dump(cfg))
-    RoundLoop(typed_config(cfg), path, progress=False).run()
+    run_records(cfg, path)
     return (path / "metrics.jsonl").read_bytes()
 
 

@@ -13,7 +13,7 @@ from fedskew.config import dump, typed_config
 from fedskew.core.errors import ConfigError
 from fedskew.engine.experiment import resume_run
 from fedskew.engine.round_loop import RoundLoop
-from tests.helpers.configs import federation_from, tiny_config
+from tests.helpers.configs import config_for, federation_from, tiny_config
 
 
 def _run(cfg: dict, path: Path) -> Path:
@@ -154,8 +154,6 @@ def test_server_threads_is_the_server_halfs_thread_count(tmp_path: Path, threads
     """``server_threads`` sets the intra-op threads of the server half (FedDM's training on the condensed sets runs
     in it), 0 leaves the process's own; client work keeps its one thread; the setting is restored after each
     round; a thread count below 0 is refused in one line."""
-    from tests.helpers.configs import config_for
-
     before = torch.get_num_threads()
     sim = RoundLoop(typed_config(config_for("feddm", rounds=2, server_threads=threads)), tmp_path / "r", progress=False)
     seen: list[tuple[str, int]] = []
