@@ -17,9 +17,6 @@ such in the JSON and the check goes on):
 - ``paper``: one real paper-scale round of FedDM and of FedAF (``experiments/fedaf/fmnist_paper.toml``:
   all 60,000 images, ConvNet width 128, ipc 50, 1000 condensation steps, 500 server epochs), with the best
   runner the code has; a round cut off by its cap reports how far it got;
-- ``paper_batched`` (not run unless named in ``--parts``): the same rounds with ``clients_in_parallel = 10``,
-  the round's clients condensing together (docs/performance.md, "Batched condensation");
-  ``benchmarks/batched_condensation.py --paper --device cuda`` compares the two runners in more detail.
 
 ``--device cpu --quick`` is a dry run of every part at tiny scale on the CPU (synthetic data, no nvidia-smi:
 busy % is null); tests/test_gpu_check.py runs it. The last line printed is one JSON object (also written to
@@ -56,8 +53,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 CAPS = {"suite": 135, "w.plain": 25, "w.sequential": 30, "w.workers_per_device": 35, "w.clients_in_parallel": 30,
-        "steps": 25, "compile": 40, "paper.FedDM": 65, "paper.FedAF": 65, "paper_batched.FedDM": 65,
-        "paper_batched.FedAF": 65, "inner": 90}
+        "steps": 25, "compile": 40, "paper.FedDM": 65, "paper.FedAF": 65, "inner": 90}
 """Seconds each part may take on the GPU (the default parts' sum fits the 450 s budget; on an H200 on 2026-11-28
 they took suite 128, W 17/21/24/15, steps 15, compile 33, and a paper round of 100 steps 49-59 s); --quick uses
 --quick-cap for all."""
@@ -442,7 +438,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          "1000 do not fit a cap on an H200), the round also given extrapolated to 1000; "
                          "--quick keeps its own 2 steps")
     ap.add_argument("--parts", nargs="+", default=["suite", "w", "steps", "compile", "paper"],
-                    help="parts to run (default: suite w steps compile paper; also paper_batched, inner)")
+                    help="parts to run (default: suite w steps compile paper; also inner)")
     ap.add_argument("--data-dir", default=os.environ.get("FEDSKEW_DATA"), help="datasets folder ($FEDSKEW_DATA)")
     ap.add_argument("--out", type=Path, help="also write the JSON here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -486,16 +482,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         plan.append(("steps", {**base, "kind": "steps", "steps": 10 if args.quick else 60, "compiled": False}))
     if "compile" in args.parts:
         plan.append(("compile", {**base, "kind": "steps", "steps": 10 if args.quick else 60, "compiled": True}))
-    # The paper part keeps the runner it had (its clients in several processes sharing the GPU); the round's
-    # clients condensing together is part paper_batched, until a GPU has measured which is faster.
+    # The paper part's clients run in several processes sharing the GPU (the batched distribution matching was
+    # no faster on an H200, 2026-11-28, and was removed).
     best = RUNNERS["sequential"] if absent_keys(RUNNERS["workers_per_device"]) else RUNNERS["workers_per_device"]
     if "paper" in args.parts:
         plan += [(f"paper.{m}", {**base, "kind": "paper", "label": m, "runner": best}) for m in ("FedDM", "FedAF")]
-    if "paper_batched" in args.parts and not absent_keys(RUNNERS["clients_in_parallel"]):
-        # all of the round's clients together (the config's 10), also in the CPU dry run, where "auto" would be 1
-        together = {"workers": 1, "clients_in_parallel": 10}
-        plan += [(f"paper_batched.{m}", {**base, "kind": "paper", "label": m, "runner": together})
-                 for m in ("FedDM", "FedAF")]
     if "inner" in args.parts:
         plan.append(("inner", {"kind": "inner"}))
     results: dict[str, Any] = {}

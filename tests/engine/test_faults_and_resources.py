@@ -419,3 +419,23 @@ def test_the_estimate_counts_what_a_run_holds() -> None:
     folder["dataset"] = {"name": "image_folder", "path": "/nowhere"}
     assert estimate(typed_config(folder)).parts == {}
     assert (total_ram() or 0) > 2**28
+
+
+@pytest.mark.parametrize(("algorithm", "together"), [("hfldd", 4), ("fedaf", 1)])
+def test_the_estimate_counts_condensing_clients_as_the_batched_runner_runs_them(
+    tmp_path: Path, algorithm: str, together: int
+) -> None:
+    """Under ``clients_in_parallel = 4`` HFLDD's four clients distil together (four sets held at once), while
+    FedAF's distribution matching runs one client at a time (one set: 8 clients, 4 a round, 8-bit uploads, so
+    that four sets at once would outweigh the server's pool)."""
+    from fedskew.config import parse_overrides, read_config, resolve
+    from fedskew.engine.memory import estimate
+
+    def sets(width: int) -> int:
+        over = [f"algorithm.name={algorithm}", f"clients_in_parallel={width}", "workers=1", "partition.num_clients=8",
+                "dataset.image_size=64", "dataset.channels=3",
+                "algorithm.kip_images=100000" if algorithm == "hfldd" else "algorithm.ipc=50"]
+        [run] = resolve(read_config(str(_syn(tmp_path))), parse_overrides(over))
+        return estimate(run.typed).parts["condensed sets"]
+
+    assert sets(4) == together * sets(1)

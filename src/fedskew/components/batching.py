@@ -15,11 +15,10 @@ change to its code.
 Loss terms batch when they carry a :class:`~fedskew.components.trainer.FunctionalTerm` (``term.functional``):
 the same term written on the stacked parameters of many clients at once.
 
-Distribution matching (FedDM's and FedAF's condensation) and KIP (HFLDD's) are handed over the same way: the
-rendezvous carries any kind of request, a :class:`BatchRequest`, a
-:class:`~fedskew.condense.distribution_matching.DMRequest` or a :class:`~fedskew.condense.kip.KIPRequest`; the
-runner condenses the waiting clients together (:mod:`fedskew.components.batched_condensation`,
-:mod:`fedskew.components.batched_kip`). Condensations without a batched form say so once.
+KIP (HFLDD's condensation) is handed over the same way: the rendezvous carries a :class:`BatchRequest` or a
+:class:`~fedskew.condense.kip.KIPRequest`, and the runner distils the waiting clients together
+(:mod:`fedskew.components.batched_kip`). Condensations without a batched form (distribution matching, gradient
+matching) run in their jobs and say so once.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from fedskew.components.batched_condensation import why_dm_sequential
 from fedskew.components.batched_kip import why_kip_sequential
 from fedskew.components.trainer import (
     FunctionalTerm,
@@ -45,7 +43,6 @@ from fedskew.components.trainer import (
     LossTerm,
     functional_of,
 )
-from fedskew.condense.distribution_matching import DMRequest
 from fedskew.condense.kip import KIPRequest
 from fedskew.condense.synthetic import SyntheticSet
 from fedskew.core import handoff
@@ -74,8 +71,8 @@ class BatchRequest:
     closures: list[LossTerm]
 
 
-Request = BatchRequest | DMRequest | KIPRequest
-"""What a job hands to the runner: a local training, a distribution matching or a KIP."""
+Request = BatchRequest | KIPRequest
+"""What a job hands to the runner: a local training or a KIP."""
 
 
 class Rendezvous(Protocol):
@@ -176,9 +173,9 @@ def _train(rendezvous: Rendezvous, t: LocalTraining) -> LocalResult | None:
     return result
 
 
-def _condense(rendezvous: Rendezvous, request: DMRequest | KIPRequest) -> SyntheticSet | None:
-    """Condense ``request`` batched with the round's other clients if it can be batched; None otherwise."""
-    reason = why_dm_sequential(request) if isinstance(request, DMRequest) else why_kip_sequential(request)
+def _condense(rendezvous: Rendezvous, request: KIPRequest) -> SyntheticSet | None:
+    """Distil ``request`` batched with the round's other clients if it can be batched; None otherwise."""
+    reason = why_kip_sequential(request)
     if reason is not None:
         rendezvous.sequential(reason, "condensation")
         return None
@@ -197,7 +194,7 @@ class _RunnerHandOff:
             return None
         if isinstance(request, LocalTraining):
             return _train(rendezvous, request)
-        if isinstance(request, DMRequest | KIPRequest):
+        if isinstance(request, KIPRequest):
             return _condense(rendezvous, request)
         return None
 

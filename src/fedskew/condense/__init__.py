@@ -30,7 +30,7 @@ from fedskew.condense.samplers import (
     perturbed_model_sampler,
     random_model_sampler,
 )
-from fedskew.condense.swd import ClassSWD, sliced_wasserstein, sliced_wasserstein_stacked
+from fedskew.condense.swd import ClassSWD, sliced_wasserstein
 from fedskew.condense.synthetic import (
     ModelFactory,
     SyntheticSet,
@@ -73,5 +73,4 @@ __all__ = [
     "random_model_sampler",
     "sample_dsa_params",
     "sliced_wasserstein",
-    "sliced_wasserstein_stacked",
 ]

@@ -67,7 +67,7 @@ from fedskew.condense.synthetic import (
 )
 from fedskew.core.device import Precision
 from fedskew.core.errors import ConfigError, DataError
-from fedskew.core.handoff import hand_off
+from fedskew.core.handoff import say_unbatched
 from fedskew.core.params import minimums
 from fedskew.models.layout import as_model_format, is_channels_last, use_channels_last
 from fedskew.progress import progress_bar
@@ -195,14 +195,8 @@ def segment_means(emb: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
     # read its counts back to size its output: a host sync every step).
     sizes = torch.tensor(list(counts))
     segment = torch.repeat_interleave(torch.arange(len(sizes)), sizes).to(emb.device, non_blocking=True)
-    return segment_means_at(emb, segment, sizes.to(emb.device, emb.dtype, non_blocking=True))
-
-
-def segment_means_at(emb: torch.Tensor, segment: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """The means of the rows of ``emb`` by segment: row i is in segment ``segment[i]``, segment s has
-    ``counts[s]`` rows; ``(len(counts), D)`` (a batched runner's segments are not consecutive)."""
-    sums = torch.zeros((counts.shape[0], emb.shape[1]), dtype=emb.dtype, device=emb.device)
-    return sums.index_add(0, segment, emb) / counts.to(emb.dtype)[:, None]
+    sums = torch.zeros((len(sizes), emb.shape[1]), dtype=emb.dtype, device=emb.device)
+    return sums.index_add(0, segment, emb) / sizes.to(emb.device, emb.dtype, non_blocking=True)[:, None]
 
 
 def real_class_means(
@@ -254,6 +248,12 @@ def image_step(loss: torch.Tensor, images: torch.Tensor, optimizer: torch.optim.
     precision.step(optimizer)
 
 
+DM_UNBATCHED = ("distribution matching has no batched form: each client's matching runs in its job; on a GPU, "
+                "worker processes (workers_per_device) run clients side by side (docs/performance.md, "
+                "\"Batched condensation\")")
+"""What a batched runner is told when distribution matching runs (:func:`fedskew.core.handoff.say_unbatched`)."""
+
+
 def distribution_matching(
     x_real: torch.Tensor,
     y_real: torch.Tensor,
@@ -296,17 +296,13 @@ def distribution_matching(
         On the data's device, float32 (float64 for float64 real images). With ``init_set``: its labels
         and order. Otherwise the classes of ``y_real`` in increasing order, ``cfg.ipc`` images each.
 
-    Under a batched runner (``clients_in_parallel``) the prepared request may be run together with other
-    clients' (:mod:`fedskew.core.handoff`, :mod:`fedskew.components.batched_condensation`): the same
-    draws, the same result up to float rounding.
+    Under a batched runner (``clients_in_parallel``) each client's matching runs here, one client at a time,
+    and the runner says so once (:data:`DM_UNBATCHED`).
     """
     device = x_real.device
     precision = Precision(device, cfg.amp)  # refuses fp16 off CUDA in one line
     request = prepare_dm(x_real, y_real, model_sampler, cfg, generator, init_set, extra_loss)
-    handed = hand_off(request)
-    if handed is not None:
-        assert isinstance(handed, SyntheticSet)
-        return handed
+    say_unbatched(DM_UNBATCHED)
     real_indices, syn_indices, labels = request.real_indices, request.syn_indices, request.labels
     images = request.start.requires_grad_(True)
     optimizer = torch.optim.SGD([images], lr=cfg.image_lr, momentum=cfg.momentum)
@@ -342,7 +338,7 @@ def prepare_dm(
     extra_loss: ExtraLoss | None = None,
 ) -> DMRequest:
     """What :func:`distribution_matching` does before its steps (the start set drawn from ``generator``
-    unless given, the classes' rows found), as a request that it runs, or a batched runner runs."""
+    unless given, the classes' rows found), as a request that it (or the private matching) runs."""
     device = x_real.device
     if init_set is None:
         init_set = start_set(x_real, y_real, cfg.ipc, cfg.init, generator)
@@ -374,14 +370,12 @@ def prepared(model: nn.Module, device: torch.device) -> nn.Module:
 
 @dataclass
 class DMRequest:
-    """One client's distribution matching, prepared (its start drawn) and offered to a hand-off
-    (:mod:`fedskew.core.handoff`) before its steps.
+    """One client's distribution matching, prepared (its start drawn) before its steps.
 
-    Whoever runs it must draw from ``generator``, at every step, what :func:`distribution_matching`
-    draws: the step's network (``sampler(step, generator)``), then for each class in turn its real
-    batch (:func:`~fedskew.condense.synthetic.sample_indices` of ``real_indices[j]``) and its DSA draw.
-    ``start`` holds the first images (float32, or float64 for float64 real data; not a leaf of any
-    graph), ``syn_indices[j]`` the rows of class ``classes[j]`` in it.
+    At every step the matching draws from ``generator`` the step's network (``sampler(step, generator)``),
+    then for each class in turn its real batch (:func:`~fedskew.condense.synthetic.sample_indices` of
+    ``real_indices[j]``) and its DSA draw. ``start`` holds the first images (float32, or float64 for float64
+    real data; not a leaf of any graph), ``syn_indices[j]`` the rows of class ``classes[j]`` in it.
     """
 
     x_real: torch.Tensor

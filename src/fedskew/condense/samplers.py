@@ -1,13 +1,11 @@
 """The networks distribution matching embeds with, one a step: a fresh random network (DM), the global model
 perturbed within a ball of radius rho (FedDM) or interpolated with a fresh network (FedAF). Each sampler draws
 from the step's generator exactly what building a new network draws, and those around a given model reuse one
-network (its weights overwritten each step), so the results are those of a new network per step, bit for bit;
-:class:`SamplerForm` tells a batched runner how to make the networks of many clients from the same draws."""
+network (its weights overwritten each step), so the results are those of a new network per step, bit for bit."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -19,30 +17,9 @@ ModelSampler = Callable[[int, torch.Generator], nn.Module]
 """``sampler(step, generator)`` returns the network used at matching step ``step``."""
 
 
-@dataclass(frozen=True)
-class SamplerForm:
-    """How a sampler makes each step's network from a given ``model``, so that a batched runner can make the
-    networks of many clients at once from the same draws: ``kind`` ``"ball"`` (FedDM: ``model`` plus an
-    offset of radius up to ``rho``, :func:`ball_offset`) or ``"interpolate"`` (FedAF: ``gamma * model +
-    (1 - gamma) * factory()``, a fresh network drawn each step). Buffers are ``model``'s in both."""
-
-    kind: str
-    model: nn.Module
-    factory: ModelFactory
-    rho: float = 0.0
-    gamma: float = 0.0
-
-
-def _with_template(sampler: ModelSampler, form: SamplerForm) -> ModelSampler:
-    sampler.template = form.model  # type: ignore[attr-defined]
-    sampler.form = form  # type: ignore[attr-defined]
+def _with_template(sampler: ModelSampler, model: nn.Module) -> ModelSampler:
+    sampler.template = model  # type: ignore[attr-defined]
     return sampler
-
-
-def sampler_form(sampler: ModelSampler) -> SamplerForm | None:
-    """The :class:`SamplerForm` of :func:`perturbed_model_sampler` and :func:`interpolated_model_sampler`."""
-    found = getattr(sampler, "form", None)
-    return found if isinstance(found, SamplerForm) else None
 
 
 def sampler_template(sampler: ModelSampler) -> nn.Module | None:
@@ -109,7 +86,7 @@ def perturbed_model_sampler(model: nn.Module, model_factory: ModelFactory, rho: 
                 p.copy_(p.contiguous().add_(d.to(p.device, non_blocking=True), alpha=scale))
         return out
 
-    return _with_template(sample, SamplerForm("ball", model, model_factory, rho=rho))
+    return _with_template(sample, model)
 
 
 def ball_offset(
@@ -150,4 +127,4 @@ def interpolated_model_sampler(model: nn.Module, model_factory: ModelFactory, ga
                 p.copy_(gamma * source[name].detach() + (1.0 - gamma) * r)
         return out
 
-    return _with_template(sample, SamplerForm("interpolate", model, model_factory, gamma=gamma))
+    return _with_template(sample, model)

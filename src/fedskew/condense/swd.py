@@ -105,8 +105,7 @@ class ClassSWD:
     ``u_c`` are the logits of the set's class-c images under the step's network in evaluation mode (one
     point an image; ``local = "mean"``: their mean, one point), ``targets[c]`` a ``(m, L)`` point set;
     ``generator`` draws ``projections`` new directions per class at every call, the classes in increasing
-    order. A batched runner computes the same term for many clients at once
-    (:func:`sliced_wasserstein_stacked`, :mod:`fedskew.components.batched_condensation`).
+    order.
     """
 
     def __init__(
@@ -127,11 +126,6 @@ class ClassSWD:
                 self._rows[c] = torch.nonzero(labels == c).flatten()
         return self._rows
 
-    def draw(self, dims: int, dtype: torch.dtype) -> torch.Tensor:
-        """The next class's raw directions ``(dims, projections)`` on the CPU: what :func:`sliced_wasserstein`
-        draws from ``generator`` for logits of ``dims`` values in ``dtype``."""
-        return torch.randn((dims, self.projections), generator=self.generator, dtype=dtype)
-
     def __call__(self, model: torch.nn.Module, syn: SyntheticSet) -> torch.Tensor:
         rows = self.rows(syn.labels)
         was_training = model.training
@@ -145,24 +139,3 @@ class ClassSWD:
                 u = u.mean(dim=0, keepdim=True)
             total = total + sliced_wasserstein(u, self.targets[c], self.projections, self.generator, self.p)
         return self.weight * total
-
-
-def sliced_wasserstein_stacked(a: torch.Tensor, b: torch.Tensor, theta: torch.Tensor, p: int = 2) -> torch.Tensor:
-    """:func:`sliced_wasserstein` of G pairs of point sets at once, with given directions.
-
-    ``a`` (G, n, d) and ``b`` (G, m, d) are the pairs (each of the same sizes), ``theta`` (G, d, P) the raw
-    directions of each pair (as drawn, before normalising). Returns the G distances, equal to
-    :func:`sliced_wasserstein` of each pair with those directions up to float rounding.
-    """
-    dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
-    with torch.autocast(a.device.type, enabled=False):
-        theta = theta.to(dtype)
-        theta = theta / theta.norm(dim=1, keepdim=True)
-        pa = torch.sort(torch.bmm(a.to(dtype), theta), dim=1).values
-        pb = torch.sort(torch.bmm(b.to(dtype), theta), dim=1).values
-        ia, ib, w = _quantile_pairs_on(a.shape[1], b.shape[1], a.device)
-        cost = ((pa[:, ia] - pb[:, ib]).abs() ** p * w.to(dtype)[None, :, None]).sum(dim=1)
-        mean = cost.mean(dim=1)
-        positive = mean > 0
-        safe = torch.where(positive, mean, torch.ones_like(mean))
-        return torch.where(positive, safe ** (1.0 / p), torch.zeros_like(mean))

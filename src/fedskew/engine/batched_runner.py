@@ -10,14 +10,12 @@ after another, to their next training or their reply. Any method's client half t
 batched form, running statistics, mixed precision) runs in its job as it does without this runner, and
 the runner says so once in the log.
 
-Condensations are handed over the same way: a FedDM or FedAF job's distribution matching
-(:func:`~fedskew.condense.distribution_matching.distribution_matching`) gives the runner its prepared
-request and waits, and the runner condenses the waiting clients together
-(:func:`~fedskew.components.batched_condensation.condense_batched`: one batched matching step of every
-client at a time). Waiting requests are grouped by kind (training, condensation), then by compatible
-settings. HFLDD's KIP (with its NTK kernel) is batched the same way
-(:func:`~fedskew.components.batched_kip.kip_batched`); FedDC's gradient matching runs in its jobs, as without
-this runner, and the runner says so once.
+HFLDD's KIP (with its NTK kernel) is handed over the same way: a job gives the runner its prepared request
+and waits, and the runner distils the waiting clients together
+(:func:`~fedskew.components.batched_kip.kip_batched`). Waiting requests are grouped by kind (training,
+distillation), then by compatible settings. FedDM's and FedAF's distribution matching and FedDC's gradient
+matching run in their jobs, one client at a time as without this runner, and the runner says so once (on a
+GPU, worker processes run them side by side: ``workers_per_device``).
 
 Replies come back in job order. Each job gets a model cache of its own (the sequential runner shares
 one), so the jobs of a group never touch one another's model. Results equal the sequential runner's up
@@ -36,10 +34,9 @@ import torch
 import torch.nn.functional as F
 
 from fedskew.algorithms.base import EVALUATE, ModelSpec
-from fedskew.components import batched, batched_condensation, batched_kip
+from fedskew.components import batched, batched_kip
 from fedskew.components.batching import BatchRequest, Request, batching, install_hand_off
 from fedskew.components.trainer import LocalResult
-from fedskew.condense.distribution_matching import DMRequest
 from fedskew.condense.kip import KIPRequest
 from fedskew.condense.synthetic import SyntheticSet
 from fedskew.core.device import current_compute, use_compute
@@ -251,11 +248,9 @@ class BatchedClients:
         return [j.outcome for j in group if j.outcome is not None]
 
     def _serve(self, requests: list[Request | None]) -> list[Result | BaseException]:
-        """The waiting requests run together, by kind (trainings, distribution matchings, KIPs); their results in
-        order."""
+        """The waiting requests run together, by kind (trainings, KIPs); their results in order."""
         replies: list[Result | BaseException | None] = [None] * len(requests)
         trainings = [i for i, r in enumerate(requests) if isinstance(r, BatchRequest)]
-        condensations = [i for i, r in enumerate(requests) if isinstance(r, DMRequest)]
         distillations = [i for i, r in enumerate(requests) if isinstance(r, KIPRequest)]
         try:
             if trainings:
@@ -263,11 +258,6 @@ class BatchedClients:
                 self.batched_trainings += len(trainings)
                 for i, res in zip(trainings, trained, strict=True):
                     replies[i] = res
-            if condensations:
-                made = batched_condensation.condense_batched([r for r in requests if isinstance(r, DMRequest)])
-                self.batched_condensations += len(condensations)
-                for i, syn in zip(condensations, made, strict=True):
-                    replies[i] = syn
             if distillations:
                 made = batched_kip.kip_batched([r for r in requests if isinstance(r, KIPRequest)])
                 self.batched_condensations += len(distillations)

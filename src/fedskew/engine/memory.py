@@ -169,7 +169,9 @@ def estimate(config: RunConfig) -> Estimate:
     if images or each:
         wire = WIRE_BYTES.get(str(getattr(params, "wire_dtype", "float32")), FLOAT)
         server = images * shape.values * (wire + FLOAT)  # the pool as it arrived, decoded as float32
-        condensing = max(trainers, batched) * each * shape.values * FLOAT * 2  # sets and their gradients
+        # a batched runner distils HFLDD's clients together; every other condensation runs one client at a time
+        together = batched if config.algorithm.name == "hfldd" else 1
+        condensing = max(trainers, together) * each * shape.values * FLOAT * 2  # sets and their gradients
         parts["condensed sets"] = max(server, condensing)
         notes["condensed sets"] = (f"{images:,} images of {shape.channels}x{shape.size}x{shape.size}" if server >=
                                    condensing else f"{each:,} images a client")
