@@ -7,10 +7,11 @@ seconds of 10 steps on a CPU (wall seconds on a GPU). KIP is the only condensati
 together; distribution matching (FedDM, FedAF) ran no faster batched than in worker processes on an H200 and
 slower on a CPU, so it runs one client at a time in its job (docs/performance.md, "Batched condensation").
 
-The last line printed is one JSON object.
+``--quick``: a synthetic stand-in (3 clients of 400 images, 2 images a class), the GPU check's dry run. The last
+line printed is one JSON object.
 
-    FEDSKEW_DATA=../shared/datasets python benchmarks/batched_kip.py                  # CPU, about 1 min
-    python benchmarks/batched_kip.py --device cuda
+    FEDSKEW_DATA=../shared/datasets python benchmarks/batched_kip.py                  # CPU, about 10 s
+    python benchmarks/batched_kip.py --device cuda        # or: benchmarks/gpu_check.py --parts kip
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from condensation_round import QUICK, run_specs
+
+DRY_RUN = {"dataset.name": "synthetic", "dataset.num_train": 400, "dataset.num_test": 100, "dataset.image_size": 28,
+           "dataset.channels": 1, "partition.num_clients": 3, "algorithm.clients_per_round": 3}
+"""``--quick``'s overrides of the quick FedAF config: a synthetic stand-in of 3 clients."""
 
 
 def _sync(device: str) -> None:
@@ -101,14 +106,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--ipc", type=int, default=10, help="images a class (default 10, HFLDD's)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--quick", action="store_true", help="a synthetic stand-in of 3 clients (a dry run)")
     args = ap.parse_args(argv)
+    if args.ipc < 1:
+        ap.error(f"--ipc {args.ipc}: expected a positive number of images a class")
     import torch
 
-    [spec] = run_specs(QUICK, ["FedDM"], {"seeds": [0], "device": args.device})
+    [spec] = run_specs(QUICK, ["FedDM"], {"seeds": [0], "device": args.device, **(DRY_RUN if args.quick else {})})
+    ipc = 2 if args.quick else args.ipc
     out: dict[str, Any] = {"device": args.device, "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda")
                            else None, "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
                            "load_before": [round(v, 2) for v in os.getloadavg()]}
-    out["kip_step_ops"] = ops = kip_step_ops(spec, args, args.ipc)
+    out["ipc"] = ipc
+    out["kip_step_ops"] = ops = kip_step_ops(spec, args, ipc)
     print(f"KIP: aten ops of one step of {ops['clients']} clients: sequential {ops['sequential']:.0f}, "
           f"batched {ops['batched']:.0f}; 10 steps, {ops['seconds_kind']} s: {ops['seconds_10_steps']}", flush=True)
     out["load_after"] = [round(v, 2) for v in os.getloadavg()]

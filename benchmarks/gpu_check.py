@@ -14,6 +14,9 @@ such in the JSON and the check goes on):
   operators a round (launches in worker processes are not seen: null for ``workers_per_device``);
 - ``steps`` and ``compile``: benchmarks/step_options.py's variants on the device, those without and those with
   ``torch.compile`` (whose compiling takes tens of seconds: its own part, left out by ``--quick``);
+- ``kip`` (not run unless named in ``--parts``): ``benchmarks/batched_kip.py`` on the device, HFLDD's KIP of ten
+  clients one after another and batched (aten operations of a step, seconds of 10 steps), which decides whether
+  the batched KIP stays (docs/performance.md, "Batched condensation");
 - ``paper``: one real paper-scale round of FedDM and of FedAF (``experiments/fedaf/fmnist_paper.toml``:
   all 60,000 images, ConvNet width 128, ipc 50, 1000 condensation steps, 500 server epochs), with the best
   runner the code has; a round cut off by its cap reports how far it got;
@@ -53,7 +56,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 CAPS = {"suite": 135, "w.plain": 25, "w.sequential": 30, "w.workers_per_device": 35, "w.clients_in_parallel": 30,
-        "steps": 25, "compile": 40, "paper.FedDM": 65, "paper.FedAF": 65, "inner": 90}
+        "steps": 25, "compile": 40, "paper.FedDM": 65, "paper.FedAF": 65, "inner": 90, "kip": 60}
 """Seconds each part may take on the GPU (the default parts' sum fits the 450 s budget; on an H200 on 2026-11-28
 they took suite 128, W 17/21/24/15, steps 15, compile 33, and a paper round of 100 steps 49-59 s); --quick uses
 --quick-cap for all."""
@@ -402,9 +405,20 @@ def run_suite(cap: float) -> dict[str, Any]:
 def run_inner(device: str, quick: bool, cap: float) -> dict[str, Any]:
     """``benchmarks/inner_loops.py`` on the device (issue 45, point 4: each inner loop's FLOPs, seconds and
     fraction of the device's matrix-product peak) in a subprocess: its JSON line. --quick: W's SGD step only."""
+    return run_script("inner_loops.py", ["--device", device, "--steps", "1" if quick else "2",
+                                         *(["--loops", "sgd"] if quick else [])], cap)
+
+
+def run_kip(device: str, quick: bool, data_dir: str | None, cap: float) -> dict[str, Any]:
+    """``benchmarks/batched_kip.py`` on the device in a subprocess: its JSON line. --quick: its synthetic stand-in."""
+    return run_script("batched_kip.py", ["--device", device, *(["--quick"] if quick else []),
+                                         *(["--data-dir", data_dir] if data_dir else [])], cap)
+
+
+def run_script(script: str, script_args: list[str], cap: float) -> dict[str, Any]:
+    """A benchmark of this folder in a subprocess, cut off after ``cap`` seconds: its last line's JSON."""
     t0 = time.perf_counter()
-    cmd = [sys.executable, str(HERE / "inner_loops.py"), "--device", device, "--steps", "1" if quick else "2",
-           *(["--loops", "sgd"] if quick else [])]
+    cmd = [sys.executable, str(HERE / script), *script_args]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=cap)
     except subprocess.TimeoutExpired as e:
@@ -438,7 +452,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          "1000 do not fit a cap on an H200), the round also given extrapolated to 1000; "
                          "--quick keeps its own 2 steps")
     ap.add_argument("--parts", nargs="+", default=["suite", "w", "steps", "compile", "paper"],
-                    help="parts to run (default: suite w steps compile paper; also inner)")
+                    help="parts to run (default: suite w steps compile paper; also inner, kip)")
     ap.add_argument("--data-dir", default=os.environ.get("FEDSKEW_DATA"), help="datasets folder ($FEDSKEW_DATA)")
     ap.add_argument("--out", type=Path, help="also write the JSON here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -489,6 +503,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         plan += [(f"paper.{m}", {**base, "kind": "paper", "label": m, "runner": best}) for m in ("FedDM", "FedAF")]
     if "inner" in args.parts:
         plan.append(("inner", {"kind": "inner"}))
+    if "kip" in args.parts:
+        plan.append(("kip", {"kind": "kip"}))
     results: dict[str, Any] = {}
     for i, (name, spec) in enumerate(plan):
         runner_keys = absent_keys(RUNNERS.get(name.split(".", 1)[-1], {})) if name.startswith("w.") else []
@@ -504,6 +520,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             res = run_suite(cap)
         elif spec["kind"] == "inner":
             res = run_inner(args.device, args.quick, cap)
+        elif spec["kind"] == "kip":
+            res = run_kip(args.device, args.quick, args.data_dir, cap)
         else:
             res = run_child(spec, cap)
             if name.startswith("w.") and res["status"] == "ok":

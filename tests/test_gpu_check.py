@@ -23,7 +23,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
         # (two test workers on two cores) took over the default 60 s a part.
         [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--quick", "--out", str(out),
          "--quick-cap", "400", "--budget", "1500", "--paper-set", "algorithm.condense_iterations=3",
-         "--parts", "suite", "w", "steps", "compile", "paper", "inner"],
+         "--parts", "suite", "w", "steps", "compile", "paper", "inner", "kip"],
         cwd=ROOT, capture_output=True, text=True, timeout=1800,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -46,6 +46,14 @@ def test_the_inner_loops_part_reports_flops_against_the_peak(report: dict) -> No
     assert inner["status"] == "ok" and inner["device"] == "cpu" and inner["peak_gflops_f32"] > 0
     [row] = inner["rows"]
     assert row["loop"].startswith("sgd") and row["gflop"] > 0 and 0 < row["of_peak"] < 5
+
+
+def test_the_kip_part_counts_a_step_one_client_after_another_and_batched(report: dict) -> None:
+    kip = report["kip"]  # --quick: the synthetic stand-in's 3 clients
+    assert kip["status"] == "ok" and kip["device"] == "cpu" and kip["ipc"] == 2
+    ops = kip["kip_step_ops"]
+    assert ops["clients"] == 3 and 0 < ops["batched"] < ops["sequential"]
+    assert set(ops["seconds_10_steps"]) == {"sequential", "batched"} and ops["seconds_kind"] == "CPU"
 
 
 def test_the_gpu_suite_ran_and_skipped_without_cuda(report: dict) -> None:
