@@ -2,14 +2,13 @@
 batches many clients' work together.
 
 The trainer and the condensations know nothing of runners. :func:`~fedskew.components.trainer.train_local`
-(a :class:`~fedskew.components.trainer.LocalTraining`),
-:func:`~fedskew.condense.distribution_matching.distribution_matching` (a ``DMRequest``) and
+(a :class:`~fedskew.components.trainer.LocalTraining`) and
 :func:`~fedskew.condense.kip.kip` (a ``KIPRequest``) offer their prepared request to the installed hand-off
 (:func:`hand_off`) and do the work themselves when it declines (None: no runner batches this thread, or the
 request cannot be batched). A runner that batches clients (``clients_in_parallel``,
 :mod:`fedskew.engine.batched_runner`) installs its hand-off when it is made
 (:func:`fedskew.components.batching.install_hand_off`); no import installs anything. Work that has no batched
-form (gradient matching) says so once (:func:`say_unbatched`), so a run under ``clients_in_parallel`` tells
+form (distribution matching, gradient matching) says so once (:func:`say_unbatched`), so a run under ``clients_in_parallel`` tells
 which of its work ran one client at a time.
 """
 
