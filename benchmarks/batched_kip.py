@@ -106,10 +106,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--ipc", type=int, default=10, help="images a class (default 10, HFLDD's)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--data-dir", default=None)
-    ap.add_argument("--quick", action="store_true", help="a synthetic stand-in of 3 clients (a dry run)")
+    ap.add_argument("--quick", action="store_true", help="a synthetic stand-in of 3 clients, 2 images a class (a dry "
+                                                         "run; --ipc does not apply)")
     args = ap.parse_args(argv)
     if args.ipc < 1:
         ap.error(f"--ipc {args.ipc}: expected a positive number of images a class")
+    if args.quick and args.ipc != 10:
+        ap.error(f"--ipc {args.ipc} with --quick: the dry run uses 2 images a class; give one of them")
     import torch
 
     [spec] = run_specs(QUICK, ["FedDM"], {"seeds": [0], "device": args.device, **(DRY_RUN if args.quick else {})})

@@ -55,6 +55,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
+PARTS = ["suite", "w", "steps", "compile", "paper", "inner", "kip"]
+"""The parts ``--parts`` may name."""
 CAPS = {"suite": 135, "w.plain": 25, "w.sequential": 30, "w.workers_per_device": 35, "w.clients_in_parallel": 30,
         "steps": 25, "compile": 40, "paper.FedDM": 65, "paper.FedAF": 65, "inner": 90, "kip": 60}
 """Seconds each part may take on the GPU (the default parts' sum fits the 450 s budget; on an H200 on 2026-11-28
@@ -451,7 +453,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help=f"condensation steps of the paper parts' round (default {PAPER_STEPS}; the paper's "
                          "1000 do not fit a cap on an H200), the round also given extrapolated to 1000; "
                          "--quick keeps its own 2 steps")
-    ap.add_argument("--parts", nargs="+", default=["suite", "w", "steps", "compile", "paper"],
+    ap.add_argument("--parts", nargs="+", default=["suite", "w", "steps", "compile", "paper"], choices=PARTS,
                     help="parts to run (default: suite w steps compile paper; also inner, kip)")
     ap.add_argument("--data-dir", default=os.environ.get("FEDSKEW_DATA"), help="datasets folder ($FEDSKEW_DATA)")
     ap.add_argument("--out", type=Path, help="also write the JSON here")
@@ -475,6 +477,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     import torch
 
+    for item in args.cap:  # refused in one line before anything runs
+        key, eq, value = item.partition("=")
+        try:
+            if key not in CAPS or not eq or float(value) <= 0:
+                raise ValueError(key)
+        except ValueError:
+            ap.error(f"--cap {item!r}: expected PART=SECONDS with PART one of {', '.join(CAPS)} and SECONDS > 0")
     caps = {**CAPS, **{k: float(v) for k, _, v in (c.partition("=") for c in args.cap)}}
     cuda = args.device.startswith("cuda")
     start, deadline = time.time(), time.perf_counter() + args.budget

@@ -92,3 +92,17 @@ def test_bad_paper_overrides_are_refused_in_one_line_before_anything_runs(capsys
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and proc.stdout == ""
         assert f"--paper-set {bad!r}: expected KEY=VALUE with a TOML value" in proc.stderr
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--parts", "paper_batched"], "argument --parts: invalid choice: 'paper_batched'"),
+    (["--cap", "paper_batched.FedDM=88"], "--cap 'paper_batched.FedDM=88': expected PART=SECONDS with PART one of"),
+    (["--cap", "kip=-1"], "--cap 'kip=-1': expected PART=SECONDS"),
+])
+def test_unknown_parts_and_caps_are_refused_in_one_line_before_anything_runs(args: list[str], words: str) -> None:
+    """A part that no longer exists (paper_batched, removed with the batched distribution matching) is refused, not
+    silently left out of the run."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), *args],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert words in proc.stderr

@@ -128,6 +128,19 @@ def test_auto_on_one_gpu_batches_the_whole_round() -> None:
     assert clients_in_parallel(two) == 1  # several GPUs: one worker process each, as today
 
 
+@pytest.mark.parametrize(("name", "width"), [("feddm", 1), ("fedaf", 1), ("feddc", 1), ("hfldd", 0), ("fedprox", 0)])
+def test_auto_keeps_the_sequential_runner_for_methods_whose_client_work_does_not_batch(name: str, width: int) -> None:
+    """On one GPU, ``"auto"`` batches a method's clients only where their work batches: FedDM's and FedAF's
+    distribution matching and FedDC's gradient matching run one client at a time in a batched runner, so they
+    keep the sequential runner (its worker processes); HFLDD's KIP and FedProx's training batch."""
+    cfg = config_for(name, clients_in_parallel="auto")
+    config = typed_config(cfg)
+    fed = build_federation(config.dataset, config.partition, config.model, 0)
+    ctx = EngineContext(fed, config.algorithm.name, config.algorithm.params, config,
+                        Compute("cuda:0", workers=("cuda:0",)))
+    assert clients_in_parallel(ctx) == width
+
+
 def test_a_failing_batch_fails_the_round(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(requests: Any) -> Any:
         raise RuntimeError("out of memory in the batched step")

@@ -421,20 +421,22 @@ def test_the_estimate_counts_what_a_run_holds() -> None:
     assert (total_ram() or 0) > 2**28
 
 
-@pytest.mark.parametrize(("algorithm", "together"), [("hfldd", 4), ("fedaf", 1)])
+@pytest.mark.parametrize(("algorithm", "extra", "together"), [
+    ("hfldd", [], 4), ("hfldd", ["algorithm.kip_kernel=rf_convnet"], 1), ("fedaf", [], 1)])
 def test_the_estimate_counts_condensing_clients_as_the_batched_runner_runs_them(
-    tmp_path: Path, algorithm: str, together: int
+    tmp_path: Path, algorithm: str, extra: list[str], together: int
 ) -> None:
-    """Under ``clients_in_parallel = 4`` HFLDD's four clients distil together (four sets held at once), while
-    FedAF's distribution matching runs one client at a time (one set: 8 clients, 4 a round, 8-bit uploads, so
-    that four sets at once would outweigh the server's pool)."""
+    """Under ``clients_in_parallel = 4`` HFLDD's four clients distil together (four sets held at once) with KIP's
+    NTK kernel, one at a time with its random ConvNet kernel; FedAF's distribution matching runs one client at a
+    time (one set: 8 clients, 4 a round, 8-bit uploads, so that four sets at once would outweigh the server's
+    pool)."""
     from fedskew.config import parse_overrides, read_config, resolve
     from fedskew.engine.memory import estimate
 
     def sets(width: int) -> int:
         over = [f"algorithm.name={algorithm}", f"clients_in_parallel={width}", "workers=1", "partition.num_clients=8",
                 "dataset.image_size=64", "dataset.channels=3",
-                "algorithm.kip_images=100000" if algorithm == "hfldd" else "algorithm.ipc=50"]
+                "algorithm.kip_images=100000" if algorithm == "hfldd" else "algorithm.ipc=50", *extra]
         [run] = resolve(read_config(str(_syn(tmp_path))), parse_overrides(over))
         return estimate(run.typed).parts["condensed sets"]
 

@@ -231,6 +231,11 @@ class Algorithm:
     paper: ClassVar[str] = ""
     """The paper the method follows (authors, venue and year, title), which ``fedskew list`` cites."""
     has_global_model: ClassVar[bool] = True
+    unbatched_client_work: ClassVar[str] = ""
+    """Set where most of a client's work has no batched form (the condensations by distribution or gradient
+    matching), as what that work is: ``clients_in_parallel = "auto"`` then keeps the sequential runner, whose worker
+    processes (``workers_per_device``) run clients side by side, instead of one process that would run them one
+    after another."""
     own_model: ClassVar[str] = "the global model"
     """What this method evaluates as a client's own model (``personal_accuracy``), in a few words for the report
     and docs/configuration.md; a method that overrides :meth:`personal_state` says what it returns."""

@@ -108,6 +108,7 @@ class FedDC(FedAvg):
         'Kim & Choi 2022, "Stable Federated Learning with Dataset Condensation" (dataset condensation; not the '
         'drift-correcting FedDC of Gao et al., CVPR 2022)'
     )
+    unbatched_client_work = "gradient matching"
 
     class Params(CondensationParams, FedAvg.Params):
         # Local training, Sec. V-A: SGD, lr 0.01 (FedAvg's default), weight decay 1e-3.

@@ -1,5 +1,5 @@
-"""The hand-off between a client's work (:func:`~fedskew.components.trainer.train_local`, distribution
-matching, KIP) and a batched runner.
+"""The hand-off between a client's work (:func:`~fedskew.components.trainer.train_local`, KIP) and a batched
+runner.
 
 A batched runner (``clients_in_parallel``, :mod:`fedskew.engine.batched_runner`) installs this module's
 hand-off into :mod:`fedskew.core.handoff` when it is made (:func:`install_hand_off`; no import installs
@@ -208,7 +208,7 @@ _HAND_OFF = _RunnerHandOff()
 
 
 def install_hand_off() -> None:
-    """Let ``train_local`` and the condensations offer their work to a batched runner (once per process,
+    """Let ``train_local`` and KIP offer their work to a batched runner (once per process,
     idempotent). The batched runner calls it when it is made, so that no import installs anything; outside a
     :func:`batching` block the hand-off declines."""
     handoff.install_hand_off(_HAND_OFF)

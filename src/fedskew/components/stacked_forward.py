@@ -1,6 +1,6 @@
 """The forward pass of K clients' models at once, on their stacked parameters.
 
-Two ways, one interface (:class:`StackedForward`): ``gather`` picks the K clients' batches out of their
+Two ways, one interface (:class:`StackedForward`): ``gather_bk`` picks the K clients' batches out of their
 concatenated data, ``forward`` maps the stacked parameters (name -> ``(K, ...)``) and that batch to the
 logits ``(K, B, classes)``.
 
@@ -97,12 +97,9 @@ class StackedForward(Protocol):
     layouts: dict[str, Layout]
     """Parameters (and buffers) the forward wants in a layout other than their natural stack."""
 
-    def gather(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """The batch of K clients: ``x[index]`` for ``index`` of shape ``(K, B)``, in this forward's layout."""
-        ...
-
     def gather_bk(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """:meth:`gather` of ``index.t()``: the same batch from its ``(B, K)`` (batch-major) index."""
+        """The batch of K clients, ``x[index.t()]`` for the ``(B, K)`` (batch-major) ``index``, in this forward's
+        layout."""
         ...
 
     def forward(self, params: Params, batch: torch.Tensor, k: int) -> torch.Tensor:
@@ -119,9 +116,6 @@ class LayeredForward:
     def __init__(self, steps: list[Step], layouts: dict[str, Layout], grouped_input: bool, channels_last: bool) -> None:
         self.steps, self.layouts = steps, layouts
         self.grouped_input, self.channels_last = grouped_input, channels_last
-
-    def gather(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        return x[index] if not self.grouped_input else self.gather_bk(x, index.t())
 
     def gather_bk(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         if not self.grouped_input:
@@ -232,9 +226,6 @@ class VmapForward:
             return functional_call(self.model, params, (x,), strict=False)
 
         self._batched: Callable[..., Any] = vmap(one)
-
-    def gather(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        return x[index]
 
     def gather_bk(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         return x[index.t()]

@@ -301,10 +301,10 @@ def distribution_matching(
     """
     device = x_real.device
     precision = Precision(device, cfg.amp)  # refuses fp16 off CUDA in one line
-    request = prepare_dm(x_real, y_real, model_sampler, cfg, generator, init_set, extra_loss)
+    plan = dm_start(x_real, y_real, cfg, generator, init_set)
     say_unbatched(DM_UNBATCHED)
-    real_indices, syn_indices, labels = request.real_indices, request.syn_indices, request.labels
-    images = request.start.requires_grad_(True)
+    real_indices, syn_indices, labels = plan.real_indices, plan.syn_indices, plan.labels
+    images = plan.start.requires_grad_(True)
     optimizer = torch.optim.SGD([images], lr=cfg.image_lr, momentum=cfg.momentum)
     bar = progress_bar(range(cfg.iterations), desc="distribution matching", enabled=progress)
     for step in bar:
@@ -321,24 +321,22 @@ def distribution_matching(
         with precision.autocast():
             loss = dm_loss(model_features(model), real, syn, cfg.bn_statistics)
             if extra_loss is not None:
-                loss = loss + extra_loss(model, SyntheticSet(images, labels, request.soft_labels))
+                loss = loss + extra_loss(model, SyntheticSet(images, labels, plan.soft_labels))
         image_step(loss, images, optimizer, precision, cfg.clip_norm)
         if progress:  # reading the loss waits for the device
             bar.set_postfix(loss=float(loss.detach()), refresh=False)
-    return request.result(images)
+    return plan.result(images)
 
 
-def prepare_dm(
+def dm_start(
     x_real: torch.Tensor,
     y_real: torch.Tensor,
-    model_sampler: ModelSampler,
     cfg: DMConfig,
     generator: torch.Generator,
     init_set: SyntheticSet | None = None,
-    extra_loss: ExtraLoss | None = None,
-) -> DMRequest:
-    """What :func:`distribution_matching` does before its steps (the start set drawn from ``generator``
-    unless given, the classes' rows found), as a request that it (or the private matching) runs."""
+) -> DMStart:
+    """What :func:`distribution_matching` (and the private matching) does before its steps: the start set drawn
+    from ``generator`` unless given, the classes' rows found."""
     device = x_real.device
     if init_set is None:
         init_set = start_set(x_real, y_real, cfg.ipc, cfg.init, generator)
@@ -351,8 +349,7 @@ def prepare_dm(
     labels = init_set.labels.to(device).clone()
     syn_indices = [torch.nonzero(labels == c).flatten() for c in classes]
     start = init_set.images.detach().to(device).clone().to(image_dtype(x_real))
-    return DMRequest(x_real, y_real, model_sampler, cfg, generator, extra_loss, classes, real_indices,
-                     syn_indices, labels, start, init_set.soft_labels)
+    return DMStart(real_indices, syn_indices, labels, start, init_set.soft_labels)
 
 
 def prepared(model: nn.Module, device: torch.device) -> nn.Module:
@@ -369,22 +366,15 @@ def prepared(model: nn.Module, device: torch.device) -> nn.Module:
 
 
 @dataclass
-class DMRequest:
-    """One client's distribution matching, prepared (its start drawn) before its steps.
+class DMStart:
+    """One client's distribution matching before its steps (:func:`dm_start`).
 
-    At every step the matching draws from ``generator`` the step's network (``sampler(step, generator)``),
-    then for each class in turn its real batch (:func:`~fedskew.condense.synthetic.sample_indices` of
-    ``real_indices[j]``) and its DSA draw. ``start`` holds the first images (float32, or float64 for float64
-    real data; not a leaf of any graph), ``syn_indices[j]`` the rows of class ``classes[j]`` in it.
+    At every step the matching draws from its generator the step's network, then for each class in turn its real
+    batch (:func:`~fedskew.condense.synthetic.sample_indices` of ``real_indices[j]``) and its DSA draw. ``start``
+    holds the first images (float32, or float64 for float64 real data; not a leaf of any graph),
+    ``syn_indices[j]`` the rows of the j-th class in it.
     """
 
-    x_real: torch.Tensor
-    y_real: torch.Tensor
-    sampler: ModelSampler
-    cfg: DMConfig
-    generator: torch.Generator
-    extra_loss: ExtraLoss | None
-    classes: list[int]
     real_indices: list[torch.Tensor]
     syn_indices: list[torch.Tensor]
     labels: torch.Tensor

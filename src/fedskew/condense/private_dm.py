@@ -39,13 +39,14 @@ from torch import nn
 
 from fedskew.condense.augment import apply_dsa, sample_dsa_params
 from fedskew.condense.distribution_matching import (
+    DM_UNBATCHED,
     REAL_CHUNK,
     DMConfig,
     ExtraLoss,
     at_least_float32,
     couples_batch,
+    dm_start,
     image_step,
-    prepare_dm,
     prepared,
     segment_means,
 )
@@ -53,6 +54,7 @@ from fedskew.condense.samplers import ModelSampler
 from fedskew.condense.synthetic import SyntheticSet, model_features
 from fedskew.core.device import Precision
 from fedskew.core.errors import ConfigError, DataError
+from fedskew.core.handoff import say_unbatched
 from fedskew.models.layout import as_model_format, is_channels_last
 from fedskew.privacy.mechanisms import add_gaussian_noise, clip_rows
 from fedskew.progress import progress_bar
@@ -199,14 +201,15 @@ def private_distribution_matching(
         raise ConfigError(REAL_START)
     device = x_real.device
     precision = Precision(device, cfg.amp)
-    request = prepare_dm(x_real, y_real, model_sampler, cfg, generator, init_set, extra_loss)
-    sizes = [int(r.numel()) for r in request.real_indices]
+    say_unbatched(DM_UNBATCHED)
+    plan = dm_start(x_real, y_real, cfg, generator, init_set)
+    sizes = [int(r.numel()) for r in plan.real_indices]
     rates = class_sample_rates(sizes, cfg.real_batch, sample_rate)
     if sample_rate is None:  # q_c n_c exactly, without the rounding of real_batch / n_c * n_c
         denominators = torch.tensor([min(cfg.real_batch, n) for n in sizes], dtype=torch.float64)
     else:
         denominators = torch.tensor([q * n for q, n in zip(rates, sizes, strict=True)], dtype=torch.float64)
-    images = request.start.requires_grad_(True)
+    images = plan.start.requires_grad_(True)
     optimizer = torch.optim.SGD([images], lr=cfg.image_lr, momentum=cfg.momentum)
     bar = progress_bar(range(cfg.iterations), desc="private distribution matching", enabled=progress)
     for step in bar:
@@ -215,7 +218,7 @@ def private_distribution_matching(
             raise ConfigError(COUPLED)
         cl = is_channels_last(model)
         real, syn = [], []
-        for r_idx, s_idx, rate in zip(request.real_indices, request.syn_indices, rates, strict=True):
+        for r_idx, s_idx, rate in zip(plan.real_indices, plan.syn_indices, rates, strict=True):
             x_r, x_s = x_real[poisson_rows(r_idx, rate, generator)], images[s_idx]
             if cfg.dsa is not None:
                 draw = sample_dsa_params(cfg.dsa, None, generator)
@@ -227,8 +230,8 @@ def private_distribution_matching(
             loss = private_dm_loss(model_features(model), real, syn, clip, noise_multiplier, denominators,
                                    noise_generator)
             if extra_loss is not None:
-                loss = loss + extra_loss(model, SyntheticSet(images, request.labels, request.soft_labels))
+                loss = loss + extra_loss(model, SyntheticSet(images, plan.labels, plan.soft_labels))
         image_step(loss, images, optimizer, precision, cfg.clip_norm)
         if progress:
             bar.set_postfix(loss=float(loss.detach()), refresh=False)
-    return request.result(images)
+    return plan.result(images)

@@ -17,18 +17,6 @@ ModelSampler = Callable[[int, torch.Generator], nn.Module]
 """``sampler(step, generator)`` returns the network used at matching step ``step``."""
 
 
-def _with_template(sampler: ModelSampler, model: nn.Module) -> ModelSampler:
-    sampler.template = model  # type: ignore[attr-defined]
-    return sampler
-
-
-def sampler_template(sampler: ModelSampler) -> nn.Module | None:
-    """The model a sampler draws its networks around (each step's network has its layers, with other
-    weights), or None where the sampler does not say (:func:`random_model_sampler`)."""
-    found = getattr(sampler, "template", None)
-    return found if isinstance(found, nn.Module) else None
-
-
 def random_model_sampler(model_factory: ModelFactory) -> ModelSampler:
     """DM's sampler: a freshly initialised network ``model_factory()`` at every step (built on the CPU;
     :func:`distribution_matching` moves it to the data's device)."""
@@ -86,7 +74,7 @@ def perturbed_model_sampler(model: nn.Module, model_factory: ModelFactory, rho: 
                 p.copy_(p.contiguous().add_(d.to(p.device, non_blocking=True), alpha=scale))
         return out
 
-    return _with_template(sample, model)
+    return sample
 
 
 def ball_offset(
@@ -127,4 +115,4 @@ def interpolated_model_sampler(model: nn.Module, model_factory: ModelFactory, ga
                 p.copy_(gamma * source[name].detach() + (1.0 - gamma) * r)
         return out
 
-    return _with_template(sample, model)
+    return sample

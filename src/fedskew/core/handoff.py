@@ -8,8 +8,8 @@ The trainer and the condensations know nothing of runners. :func:`~fedskew.compo
 request cannot be batched). A runner that batches clients (``clients_in_parallel``,
 :mod:`fedskew.engine.batched_runner`) installs its hand-off when it is made
 (:func:`fedskew.components.batching.install_hand_off`); no import installs anything. Work that has no batched
-form (distribution matching, gradient matching) says so once (:func:`say_unbatched`), so a run under ``clients_in_parallel`` tells
-which of its work ran one client at a time.
+form (distribution matching, gradient matching) says so once (:func:`say_unbatched`), so a run under
+``clients_in_parallel`` tells which of its work ran one client at a time.
 """
 
 from __future__ import annotations

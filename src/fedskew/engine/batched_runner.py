@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedskew.algorithms.base import EVALUATE, ModelSpec
+from fedskew.algorithms.base import ALGORITHMS, EVALUATE, ModelSpec
 from fedskew.components import batched, batched_kip
 from fedskew.components.batching import BatchRequest, Request, batching, install_hand_off
 from fedskew.components.trainer import LocalResult
@@ -110,10 +110,15 @@ def _evaluate_span(
 
 def clients_in_parallel(ctx: EngineContext) -> int:
     """How many clients the run trains at once: the config's ``clients_in_parallel``; ``"auto"``: all of a
-    round's (0) on one CUDA device in one process, else 1 (the sequential runner)."""
+    round's (0) on one CUDA device in one process, else 1 (the sequential runner). A method whose clients' work
+    has no batched form (:attr:`~fedskew.algorithms.base.Algorithm.unbatched_client_work`: FedDM's, FedAF's and
+    FedDC's condensations) keeps the sequential runner under ``"auto"``, whose worker processes run its clients
+    side by side."""
     setting = ctx.config.run.clients_in_parallel
     if setting != "auto":
         return int(setting)
+    if ALGORITHMS.get(ctx.algorithm).unbatched_client_work:
+        return 1
     one_gpu = ctx.compute.torch_device.type == "cuda" and len(ctx.compute.workers or (ctx.compute.device,)) == 1
     return 0 if one_gpu and ctx.config.run.workers <= 1 else 1
 
@@ -183,20 +188,12 @@ class BatchedClients:
     evaluation chunks run inline. The runtime's device is the run's (the first of several GPUs)."""
 
     def __init__(self, runtime: _Runtime, width: int) -> None:
-        install_hand_off()  # train_local and the condensations offer a batching thread's work to its runner
+        install_hand_off()  # train_local and KIP offer a batching thread's work to its runner
         self.runtime, self.width = runtime, width
         self.caches: list[dict[ModelSpec, torch.nn.Module]] = []
         self._said: set[tuple[str, str]] = set()
-        self.batched_trainings = 0
-        self.sequential_trainings = 0
-        self.batched_condensations = 0
-        self.sequential_condensations = 0
 
     def note_sequential(self, reason: str, kind: str = "training") -> None:
-        if kind == "training":
-            self.sequential_trainings += 1
-        else:
-            self.sequential_condensations += 1
         if (kind, reason) not in self._said:
             self._said.add((kind, reason))
             log.warning("clients_in_parallel: %s runs some clients' %s one at a time: %s",
@@ -255,12 +252,10 @@ class BatchedClients:
         try:
             if trainings:
                 trained = batched.train_batched([r for r in requests if isinstance(r, BatchRequest)])
-                self.batched_trainings += len(trainings)
                 for i, res in zip(trainings, trained, strict=True):
                     replies[i] = res
             if distillations:
                 made = batched_kip.kip_batched([r for r in requests if isinstance(r, KIPRequest)])
-                self.batched_condensations += len(distillations)
                 for i, syn in zip(distillations, made, strict=True):
                     replies[i] = syn
         except BaseException as e:  # every waiting job fails with it, the first one raises it

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedskew.algorithms.base import ModelSpec
+from fedskew.algorithms.base import ALGORITHMS, ModelSpec
 from fedskew.config.schema import RunConfig
 from fedskew.core.errors import ConfigError
 
@@ -155,8 +155,9 @@ def estimate(config: RunConfig) -> Estimate:
     per_round = max(1, min(int(getattr(params, "clients_per_round", clients)), clients))
     trainers = max(1, min(run.workers, per_round)) if run.workers >= 2 else 1  # 0 (auto): not known yet
     width = run.clients_in_parallel
-    if width == "auto":
-        width = per_round if config.compute.torch_device.type == "cuda" else 1
+    if width == "auto":  # as engine/batched_runner.clients_in_parallel resolves it
+        batches = not ALGORITHMS.get(config.algorithm.name).unbatched_client_work
+        width = per_round if config.compute.torch_device.type == "cuda" and batches else 1
     batched = max(1, min(int(width), per_round))
     count = model_parameters(config, shape)
     if count is not None:
@@ -169,8 +170,10 @@ def estimate(config: RunConfig) -> Estimate:
     if images or each:
         wire = WIRE_BYTES.get(str(getattr(params, "wire_dtype", "float32")), FLOAT)
         server = images * shape.values * (wire + FLOAT)  # the pool as it arrived, decoded as float32
-        # a batched runner distils HFLDD's clients together; every other condensation runs one client at a time
-        together = batched if config.algorithm.name == "hfldd" else 1
+        # a batched runner distils HFLDD's clients together (KIP with its NTK kernel, without amp); every other
+        # condensation runs one client at a time
+        kip_batches = getattr(params, "kip_kernel", None) == "ntk" and config.compute.amp == "off"
+        together = batched if kip_batches else 1
         condensing = max(trainers, together) * each * shape.values * FLOAT * 2  # sets and their gradients
         parts["condensed sets"] = max(server, condensing)
         notes["condensed sets"] = (f"{images:,} images of {shape.channels}x{shape.size}x{shape.size}" if server >=

@@ -88,6 +88,8 @@ class AggregationFree(Algorithm):
     clients.
     """
 
+    unbatched_client_work = "distribution matching"
+
     class Params(CondensationParams, Algorithm.Params):
         # Condensation (FedAF Sec. 5.1 and App. A; FedDM is run with the same settings there).
         ipc: int = 50  # FedAF's label-skew setting (Table 7)
