@@ -94,7 +94,7 @@ class RunSettings(Options):
         "models, datasets, partitioners"))
     clients_in_parallel: int | str = option(1, resumable=True, help=(  # engine/batched_runner.py
         "clients trained together on one device, batched: 1 (one at a time), N, or auto "
-        "(all of a round's on one GPU, else 1)"))
+        "(all of a round's on one GPU, else 1; 1 for FedDM, FedAF and FedDC, whose condensation does not batch)"))
 
     at_least = minimums(rounds=1, seed=0, workers=0, workers_per_device=1, server_threads=0, eval_every=1,
                         checkpoint_every=0)
