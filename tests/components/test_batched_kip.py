@@ -22,15 +22,23 @@ def test_stacked_ntk_equals_one_pair_at_a_time(float64: None) -> None:
         assert (ntk_fc_relu(a[i], b[i], depth=2) - together[i]).abs().max().item() <= TOL
 
 
-def test_batched_kip_equals_each_client_alone(float64: None) -> None:
+def test_batched_kip_equals_each_client_alone(float64: None, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = KIPConfig(iterations=5, ipc=3, lr=0.05, target_batch=16, init="real")
     clients = kip_clients()
     alone = [kip(x, y, 4, cfg, torch.Generator().manual_seed(10 + k)) for k, (x, y) in enumerate(clients)]
     requests = [prepare_kip(x, y, 4, cfg, torch.Generator().manual_seed(10 + k)) for k, (x, y) in enumerate(clients)]
     assert all(why_kip_sequential(r) is None for r in requests)
-    stacked = _StackedKIP(requests)
-    assert (stacked.s_width, stacked.t_width, stacked.n_t) == (12, 16, [16, 11, 16])  # padded
+    groups: list[tuple[int, int]] = []
+    init = _StackedKIP.__init__
+
+    def spy(self: _StackedKIP, members: list[Any]) -> None:
+        init(self, members)
+        groups.append((self.k, self.s))
+
+    monkeypatch.setattr(_StackedKIP, "__init__", spy)
     together = kip_batched(requests)
+    # only equal sizes step together (nothing padded): clients 0 and 2 (12 images, targets of 16), then client 1
+    assert groups == [(2, 12), (1, 9)]
     for a, b, r in zip(alone, together, requests, strict=True):
         assert b.images.dtype == torch.float64 and torch.equal(a.labels, b.labels) and b.soft_labels is None
         assert (a.images - b.images).abs().max().item() <= TOL
