@@ -421,6 +421,31 @@ def test_the_estimate_counts_what_a_run_holds() -> None:
     assert (total_ram() or 0) > 2**28
 
 
+@pytest.mark.parametrize(("algorithm", "devices", "workers", "batched"), [
+    ("fedprox", ("cuda:0",), 0, 3),  # one GPU, one process: the whole round together
+    ("fedprox", ("cuda:0", "cuda:1"), 0, 1),  # several GPUs: one worker process each
+    ("fedprox", ("cuda:0",), 2, 1),  # worker processes asked for
+    ("feddm", ("cuda:0",), 0, 1),  # its clients' condensation has no batched form
+    ("fedprox", ("cpu",), 0, 1),
+])
+def test_the_estimate_resolves_auto_as_the_runner_does(algorithm: str, devices: tuple[str, ...], workers: int,
+                                                        batched: int) -> None:
+    """``clients_in_parallel = "auto"`` counts batched clients exactly where the runner batches them (one rule,
+    ``engine/batched_runner.width_of``); the devices are set on the config (this machine has no GPU)."""
+    from fedskew.config.schema import typed_config
+    from fedskew.core.device import Compute
+    from fedskew.engine.batched_runner import width_of
+    from fedskew.engine.memory import estimate
+    from tests.helpers.configs import config_for
+
+    config = typed_config(config_for(algorithm, clients_in_parallel="auto", workers=workers))
+    config.__dict__["compute"] = Compute(devices[0], workers=devices)  # what resolving these devices gives
+    assert int(config.algorithm.params.clients_per_round) == 3
+    note = estimate(config).notes.get("batched clients")
+    assert note == (f"{batched} models and their gradients" if batched > 1 else None)
+    assert (width_of("auto", algorithm, devices, workers) == 0) == (batched > 1)
+
+
 @pytest.mark.parametrize(("algorithm", "extra", "together"), [
     ("hfldd", [], 4), ("hfldd", ["algorithm.kip_kernel=rf_convnet"], 1), ("fedaf", [], 1)])
 def test_the_estimate_counts_condensing_clients_as_the_batched_runner_runs_them(

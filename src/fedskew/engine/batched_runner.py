@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -109,18 +110,24 @@ def _evaluate_span(
 
 
 def clients_in_parallel(ctx: EngineContext) -> int:
-    """How many clients the run trains at once: the config's ``clients_in_parallel``; ``"auto"``: all of a
-    round's (0) on one CUDA device in one process, else 1 (the sequential runner). A method whose clients' work
-    has no batched form (:attr:`~fedskew.algorithms.base.Algorithm.unbatched_client_work`: FedDM's, FedAF's and
-    FedDC's condensations) keeps the sequential runner under ``"auto"``, whose worker processes run its clients
-    side by side."""
-    setting = ctx.config.run.clients_in_parallel
+    """How many clients the run trains at once (:func:`width_of` of the run's settings)."""
+    compute = ctx.compute
+    return width_of(ctx.config.run.clients_in_parallel, ctx.algorithm, compute.workers or (compute.device,),
+                    ctx.config.run.workers)
+
+
+def width_of(setting: int | str, algorithm: str, devices: Sequence[str], workers: int) -> int:
+    """The config's ``clients_in_parallel``; ``"auto"``: all of a round's (0) on one CUDA device (``devices``: the
+    run's devices, one worker process each) in one process (``workers`` 0 or 1), else 1 (the sequential runner).
+    A method whose clients' work has no batched form (:attr:`~fedskew.algorithms.base.Algorithm.unbatched_client_work`:
+    FedDM's, FedAF's and FedDC's condensations) keeps the sequential runner under ``"auto"``, whose worker
+    processes run its clients side by side. The memory estimate (:mod:`fedskew.engine.memory`) resolves it here too."""
     if setting != "auto":
         return int(setting)
-    if ALGORITHMS.get(ctx.algorithm).unbatched_client_work:
+    if ALGORITHMS.get(algorithm).unbatched_client_work:
         return 1
-    one_gpu = ctx.compute.torch_device.type == "cuda" and len(ctx.compute.workers or (ctx.compute.device,)) == 1
-    return 0 if one_gpu and ctx.config.run.workers <= 1 else 1
+    one_gpu = len(devices) == 1 and devices[0].startswith("cuda")
+    return 0 if one_gpu and workers <= 1 else 1
 
 
 def batched_runner(ctx: EngineContext) -> BatchedClients | None:

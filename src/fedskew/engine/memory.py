@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedskew.algorithms.base import ALGORITHMS, ModelSpec
+from fedskew.algorithms.base import ModelSpec
 from fedskew.config.schema import RunConfig
 from fedskew.core.errors import ConfigError
 
@@ -154,11 +154,11 @@ def estimate(config: RunConfig) -> Estimate:
     clients = int(config.partition.params.num_clients)
     per_round = max(1, min(int(getattr(params, "clients_per_round", clients)), clients))
     trainers = max(1, min(run.workers, per_round)) if run.workers >= 2 else 1  # 0 (auto): not known yet
-    width = run.clients_in_parallel
-    if width == "auto":  # as engine/batched_runner.clients_in_parallel resolves it
-        batches = not ALGORITHMS.get(config.algorithm.name).unbatched_client_work
-        width = per_round if config.compute.torch_device.type == "cuda" and batches else 1
-    batched = max(1, min(int(width), per_round))
+    from fedskew.engine.batched_runner import width_of
+
+    compute = config.compute
+    width = width_of(run.clients_in_parallel, config.algorithm.name, compute.workers or (compute.device,), run.workers)
+    batched = per_round if width == 0 else max(1, min(width, per_round))  # 0: every client of the round
     count = model_parameters(config, shape)
     if count is not None:
         parts["model"] = count * FLOAT * (1 + 2 * trainers)  # the global model; weights and gradients a trainer
