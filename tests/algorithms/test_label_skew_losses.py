@@ -182,3 +182,17 @@ def test_the_batched_trainer_says_why_it_runs_them_one_at_a_time() -> None:
         adjust = make(name, fed_info(num_classes=4), **params).logit_adjust(client)  # type: ignore[attr-defined]
         assert "logit" in str(why_sequential(model, client.x, [], [], adjust))
     assert why_sequential(model, client.x, [], []) is None
+
+
+def test_fedetf_counts_a_lacking_class_as_one_sample_by_default_as_its_authors_code() -> None:
+    """FedETF's balanced loss clamps a lacking class's count to 1 (ZexiLee/ICCV-2023-FedETF, nodes.py line 157):
+    its logit stays in the softmax unshifted (log 1 = 0) while a held class gets + log n_c; FedRoD keeps the
+    formula's limit (-inf), which ``absent_count = 0`` gives FedETF too."""
+    client = client_with_labels([0] * 16 + [1] + [3] * 81)
+    logits = torch.tensor([[1.0, 2.0, 0.5, 3.0]])
+    etf = make("fedetf", fed_info(num_classes=4))
+    assert etf.params.absent_count == 1.0 and make("fedrod", fed_info(num_classes=4)).params.absent_count == 0.0
+    got = etf.logit_adjust(client)(logits, torch.tensor([0]))  # type: ignore[attr-defined]
+    torch.testing.assert_close(got, logits + torch.tensor([[math.log(16), 0.0, 0.0, math.log(81)]]))
+    limit = make("fedetf", fed_info(num_classes=4), absent_count=0.0).logit_adjust(client)  # type: ignore[attr-defined]
+    assert limit(logits, torch.tensor([0]))[0, 2] == float("-inf")

@@ -163,3 +163,10 @@ def test_the_authors_penalty_is_the_papers_rescaled_and_runs_as_an_option(tmp_pa
     assert len(records) == 1 and records[0]["accuracy"] is not None
     with pytest.raises(ConfigError, match=r"algorithm\.penalty must be one of 'paper', 'authors', got 'code'"):
         typed_config(tiny_config(algorithm={"name": "feddecorr", "penalty": "code"}))
+
+
+def test_feddecorr_defaults_to_the_authors_penalty_with_their_beta() -> None:
+    """The paper's beta = 0.1 ran under the authors' normalisation (bytedance/FedDecorr loss.py), so that pair is
+    the default; the paper's formula is ``penalty = "paper"``."""
+    params = typed_config(tiny_config(algorithm={"name": "feddecorr"})).algorithm.params
+    assert (params.beta, params.penalty) == (0.1, "authors")  # type: ignore[attr-defined]

@@ -78,6 +78,10 @@ class FedETF(FedAvg):
         finetune_etf_lr: float = 0.1
         # Learning rate of the projection phase (client_funct.py line 194: 0.05, with the local momentum and decay).
         finetune_projection_lr: float = 0.05
+        # A class the client lacks counts as one sample in the balanced loss (log 1 = 0: it stays in the softmax):
+        # the authors' nodes.py line 157, torch.where(sample_per_class > 0, sample_per_class, 1). FedRoD's 0 (the
+        # formula's limit) was FedETF's default before 2026-11-28.
+        absent_count: float = 1.0
 
         at_least = minimums(etf_dim=0, finetune_rounds=0, finetune_epochs=1, absent_count=0)
         positive = ("temperature_init", "finetune_etf_lr", "finetune_projection_lr")
