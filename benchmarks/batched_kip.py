@@ -7,7 +7,7 @@ seconds of 10 steps on a CPU (wall seconds on a GPU). KIP is the only condensati
 together; distribution matching (FedDM, FedAF) ran no faster batched than in worker processes on an H200 and
 slower on a CPU, so it runs one client at a time in its job (docs/performance.md, "Batched condensation").
 
-``--quick``: a synthetic stand-in (3 clients of 400 images, 2 images a class), the GPU check's dry run. The last
+``--quick``: a synthetic stand-in (3 IID clients of 100 images, 2 images a class), the GPU check's dry run. The last
 line printed is one JSON object.
 
     FEDSKEW_DATA=../shared/datasets python benchmarks/batched_kip.py                  # CPU, about 10 s
@@ -29,9 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from condensation_round import QUICK, run_specs
 
-DRY_RUN = {"dataset.name": "synthetic", "dataset.num_train": 400, "dataset.num_test": 100, "dataset.image_size": 28,
-           "dataset.channels": 1, "partition.num_clients": 3, "algorithm.clients_per_round": 3}
-"""``--quick``'s overrides of the quick FedAF config: a synthetic stand-in of 3 clients."""
+DRY_RUN = {"dataset.name": "synthetic", "dataset.num_train": 3000, "dataset.num_test": 100, "dataset.image_size": 28,
+           "dataset.channels": 1, "partition": {"name": "iid", "num_clients": 3}, "algorithm.clients_per_round": 3}
+"""``--quick``'s overrides of the quick FedAF config: a synthetic stand-in of 3 IID clients of 100 images (every
+class held, so their support sets and target batches are the same sizes and they step together)."""
 
 
 def _sync(device: str) -> None:
