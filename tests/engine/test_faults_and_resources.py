@@ -431,11 +431,11 @@ def test_the_estimate_counts_what_a_run_holds() -> None:
 def test_the_estimate_resolves_auto_as_the_runner_does(algorithm: str, devices: tuple[str, ...], workers: int,
                                                         batched: int) -> None:
     """``clients_in_parallel = "auto"`` counts batched clients exactly where the runner batches them (one rule,
-    ``engine/batched_runner.width_of``); the devices are set on the config (this machine has no GPU)."""
+    ``engine/runner.width_of``); the devices are set on the config (this machine has no GPU)."""
     from fedskew.config.schema import typed_config
     from fedskew.core.device import Compute
-    from fedskew.engine.batched_runner import width_of
     from fedskew.engine.memory import estimate
+    from fedskew.engine.runner import width_of
     from tests.helpers.configs import config_for
 
     config = typed_config(config_for(algorithm, clients_in_parallel="auto", workers=workers))
@@ -443,7 +443,7 @@ def test_the_estimate_resolves_auto_as_the_runner_does(algorithm: str, devices: 
     assert int(config.algorithm.params.clients_per_round) == 3
     note = estimate(config).notes.get("batched clients")
     assert note == (f"{batched} models and their gradients" if batched > 1 else None)
-    assert (width_of("auto", algorithm, devices, workers) == 0) == (batched > 1)
+    assert (width_of("auto", algorithm, config.compute, workers) == 0) == (batched > 1)
 
 
 @pytest.mark.parametrize(("algorithm", "extra", "together"), [

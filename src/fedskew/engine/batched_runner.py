@@ -27,14 +27,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedskew.algorithms.base import ALGORITHMS, EVALUATE, ModelSpec
+from fedskew.algorithms.base import EVALUATE, ModelSpec
 from fedskew.components import batched, batched_kip
 from fedskew.components.batching import BatchRequest, Request, batching, install_hand_off
 from fedskew.components.trainer import LocalResult
@@ -43,7 +42,7 @@ from fedskew.condense.synthetic import SyntheticSet
 from fedskew.core.device import current_compute, use_compute
 from fedskew.core.message import Message
 from fedskew.core.threads import num_threads
-from fedskew.engine.runner import ClientJob, EngineContext
+from fedskew.engine.runner import ClientJob, EngineContext, width_of
 from fedskew.engine.workers import _Runtime, client_step_on
 from fedskew.models.evaluation import EvalCounts
 from fedskew.models.layout import as_model_format, is_channels_last, use_channels_last
@@ -111,23 +110,7 @@ def _evaluate_span(
 
 def clients_in_parallel(ctx: EngineContext) -> int:
     """How many clients the run trains at once (:func:`width_of` of the run's settings)."""
-    compute = ctx.compute
-    return width_of(ctx.config.run.clients_in_parallel, ctx.algorithm, compute.workers or (compute.device,),
-                    ctx.config.run.workers)
-
-
-def width_of(setting: int | str, algorithm: str, devices: Sequence[str], workers: int) -> int:
-    """The config's ``clients_in_parallel``; ``"auto"``: all of a round's (0) on one CUDA device (``devices``: the
-    run's devices, one worker process each) in one process (``workers`` 0 or 1), else 1 (the sequential runner).
-    A method whose clients' work has no batched form (:attr:`~fedskew.algorithms.base.Algorithm.unbatched_client_work`:
-    FedDM's, FedAF's and FedDC's condensations) keeps the sequential runner under ``"auto"``, whose worker
-    processes run its clients side by side. The memory estimate (:mod:`fedskew.engine.memory`) resolves it here too."""
-    if setting != "auto":
-        return int(setting)
-    if ALGORITHMS.get(algorithm).unbatched_client_work:
-        return 1
-    one_gpu = len(devices) == 1 and devices[0].startswith("cuda")
-    return 0 if one_gpu and workers <= 1 else 1
+    return width_of(ctx.config.run.clients_in_parallel, ctx.algorithm, ctx.compute, ctx.config.run.workers)
 
 
 def batched_runner(ctx: EngineContext) -> BatchedClients | None:

@@ -38,6 +38,7 @@ from pathlib import Path
 from fedskew.algorithms.base import ModelSpec
 from fedskew.config.schema import RunConfig
 from fedskew.core.errors import ConfigError
+from fedskew.engine.runner import width_of
 
 FLOAT = 4
 """Bytes of a float32 value."""
@@ -154,10 +155,7 @@ def estimate(config: RunConfig) -> Estimate:
     clients = int(config.partition.params.num_clients)
     per_round = max(1, min(int(getattr(params, "clients_per_round", clients)), clients))
     trainers = max(1, min(run.workers, per_round)) if run.workers >= 2 else 1  # 0 (auto): not known yet
-    from fedskew.engine.batched_runner import width_of
-
-    compute = config.compute
-    width = width_of(run.clients_in_parallel, config.algorithm.name, compute.workers or (compute.device,), run.workers)
+    width = width_of(run.clients_in_parallel, config.algorithm.name, config.compute, run.workers)
     batched = per_round if width == 0 else max(1, min(width, per_round))  # 0: every client of the round
     count = model_parameters(config, shape)
     if count is not None:

@@ -155,3 +155,21 @@ def make_runner(ctx: EngineContext, clients: ClientSide | None = None) -> Runner
     """The run's runner: its engine's, with ``clients`` (a deployment's nodes) in front when given."""
     local: Runner = engine_builder(ctx.config.run.engine)(ctx)
     return local if clients is None else RemoteClients(clients, local)
+
+
+def width_of(setting: int | str, algorithm: str, compute: Compute, workers: int) -> int:
+    """The config's ``clients_in_parallel``; ``"auto"``: all of a round's (0) on one CUDA device (``compute``'s
+    devices, one worker process each) in one process (``workers`` 0 or 1), else 1 (the sequential runner).
+    A method whose clients' work has no batched form (:attr:`~fedskew.algorithms.base.Algorithm.unbatched_client_work`:
+    FedDM's, FedAF's and FedDC's condensations) keeps the sequential runner under ``"auto"``, whose worker
+    processes run its clients side by side. The batched runner and the memory estimate (:mod:`fedskew.engine.memory`)
+    both resolve it here."""
+    from fedskew.algorithms.base import ALGORITHMS  # the registry, filled by the time a run is configured
+
+    if setting != "auto":
+        return int(setting)
+    if ALGORITHMS.get(algorithm).unbatched_client_work:
+        return 1
+    devices = compute.workers or (compute.device,)
+    one_gpu = len(devices) == 1 and devices[0].startswith("cuda")
+    return 0 if one_gpu and workers <= 1 else 1
