@@ -96,8 +96,24 @@ def kip_step_ops(spec: Any, args: argparse.Namespace, ipc: int = 10) -> dict[str
         _sync(args.device)
         return round((time.process_time() if args.device == "cpu" else time.perf_counter()) - t0, 3)
 
+    def flops(together: bool) -> float:
+        """FLOPs of 2 steps (``FlopCounterMode``: the products; the solves it leaves out)."""
+        from torch.utils.flop_counter import FlopCounterMode
+
+        cfg = KIPConfig(iterations=2, ipc=ipc, target_batch=256)
+        n = fed.info.num_classes
+        with FlopCounterMode(display=False) as counter:
+            if together:
+                kip_batched([prepare_kip(x, y, n, cfg, torch.Generator().manual_seed(c), s)
+                             for c, (x, y, s) in enumerate(data)])
+            else:
+                for c, (x, y, s) in enumerate(data):
+                    kip(x, y, n, cfg, torch.Generator().manual_seed(c), start=s)
+        return float(counter.get_total_flops())
+
     run(1, False), run(1, True)  # warm-up
     return {"sequential": (run(3, False) - run(1, False)) / 2, "batched": (run(3, True) - run(1, True)) / 2,
+            "flops_2_steps": {"sequential": flops(False), "batched": flops(True)},
             "clients": len(clients), "seconds_10_steps": {"sequential": seconds(False), "batched": seconds(True)},
             "seconds_kind": "CPU" if args.device == "cpu" else "wall"}
 
@@ -124,7 +140,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out["ipc"] = ipc
     out["kip_step_ops"] = ops = kip_step_ops(spec, args, ipc)
     print(f"KIP: aten ops of one step of {ops['clients']} clients: sequential {ops['sequential']:.0f}, "
-          f"batched {ops['batched']:.0f}; 10 steps, {ops['seconds_kind']} s: {ops['seconds_10_steps']}", flush=True)
+          f"batched {ops['batched']:.0f}; 10 steps, {ops['seconds_kind']} s: {ops['seconds_10_steps']}; FLOPs of 2 "
+          f"steps: {ops['flops_2_steps']}", flush=True)
     out["load_after"] = [round(v, 2) for v in os.getloadavg()]
     print(json.dumps(out))
     return out
