@@ -141,6 +141,13 @@ def test_paper_scale_is_not_run_unless_given(archive: Path) -> None:
     assert "Method A [a]: **91.0 ± 0.5** (3 seeds: 0, 1, 2; recorded)" in last and "**holds**" in last
 
 
+def test_a_measurement_without_scale_downs_is_its_own_paper_scale(archive: Path) -> None:
+    text = claim_text().replace('scale_downs = "3 rounds (paper 20)"', 'scale_downs = "none: the paper\'s setting"')
+    row = row_line(ft.render(manifest(archive, text), archive), "a-beats-b")
+    assert row.endswith("| the measured column (no scale-down) |")
+    assert "not run" not in row.rsplit("|", 2)[1]
+
+
 @pytest.mark.slow
 def test_check_detects_drift(archive: Path) -> None:
     (archive / "claims.toml").write_text(claim_text(), encoding="utf-8")
