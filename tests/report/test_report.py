@@ -227,6 +227,14 @@ def test_the_best_value_of_each_column_is_bold_and_figures_have_captions(experim
     assert 'href="../fedavg_s0/config.toml"' in page and 'href="../feddc_s1/metrics.jsonl"' in page
 
 
+def test_a_partition_title_names_what_the_partition_is_not_how_it_is_drawn() -> None:
+    from fedskew.core.figures import partition_title
+
+    options = {"classes": 2, "assignment": "niid_bench", "min_size": 10}
+    assert partition_title("classes_per_client", 10, options) == "classes per client #C=2, 10 clients"
+    assert partition_title("dirichlet", None, {"alpha": 0.5, "min_size": 10}) == "Dirichlet α=0.5"
+
+
 def test_plot_titles_name_the_experiment_and_centralised_is_a_reference_line(tmp_path: Path) -> None:
     from fedskew.report.plots import experiment_title, plot_curves
 

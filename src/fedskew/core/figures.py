@@ -47,7 +47,7 @@ PARTITION_TITLES = {
     "mixed": "mixed",
 }
 """How figure titles name the built-in partitioners."""
-PARTITION_OPTIONS = {"alpha": "α", "sigma": "σ", "shards_per_client": "shards/client", "classes": "classes"}
+PARTITION_OPTIONS = {"alpha": "α", "sigma": "σ", "shards_per_client": "shards/client", "classes": "#C"}
 """The partition options a title shows, and how (the others, such as ``min_size`` and ``max_retries``, are
 how the partition is drawn, not what it is)."""
 
