@@ -83,16 +83,20 @@ def kip_step_ops(spec: Any, args: argparse.Namespace, ipc: int = 10) -> dict[str
         return count(lambda: [kip(x, y, n, cfg, torch.Generator().manual_seed(c), start=s)
                               for c, (x, y, s) in enumerate(data)])
 
-    def seconds(together: bool, iterations: int = 10) -> float:
+    def distil(together: bool, iterations: int) -> None:
+        """Every client's KIP for ``iterations`` steps, batched or one client after another."""
         cfg = KIPConfig(iterations=iterations, ipc=ipc, target_batch=256)
         n = fed.info.num_classes
-        t0 = time.process_time() if args.device == "cpu" else time.perf_counter()
         if together:
             kip_batched([prepare_kip(x, y, n, cfg, torch.Generator().manual_seed(c), s)
                          for c, (x, y, s) in enumerate(data)])
         else:
             for c, (x, y, s) in enumerate(data):
                 kip(x, y, n, cfg, torch.Generator().manual_seed(c), start=s)
+
+    def seconds(together: bool, iterations: int = 10) -> float:
+        t0 = time.process_time() if args.device == "cpu" else time.perf_counter()
+        distil(together, iterations)
         _sync(args.device)
         return round((time.process_time() if args.device == "cpu" else time.perf_counter()) - t0, 3)
 
@@ -100,15 +104,8 @@ def kip_step_ops(spec: Any, args: argparse.Namespace, ipc: int = 10) -> dict[str
         """FLOPs of 2 steps (``FlopCounterMode``: the products; the solves it leaves out)."""
         from torch.utils.flop_counter import FlopCounterMode
 
-        cfg = KIPConfig(iterations=2, ipc=ipc, target_batch=256)
-        n = fed.info.num_classes
         with FlopCounterMode(display=False) as counter:
-            if together:
-                kip_batched([prepare_kip(x, y, n, cfg, torch.Generator().manual_seed(c), s)
-                             for c, (x, y, s) in enumerate(data)])
-            else:
-                for c, (x, y, s) in enumerate(data):
-                    kip(x, y, n, cfg, torch.Generator().manual_seed(c), start=s)
+            distil(together, 2)
         return float(counter.get_total_flops())
 
     run(1, False), run(1, True)  # warm-up
