@@ -1,10 +1,11 @@
 """Mean +- std over seeds of finished runs, grouped by a name: the table rows of docs/results.md.
 
-    python benchmarks/run_table.py NAME=GLOB [NAME=GLOB ...]
+    python benchmarks/run_table.py [--rounds R [R ...]] NAME=GLOB [NAME=GLOB ...]
 
 Each GLOB matches run folders (finished ones: holding ``metrics.jsonl`` and ``summary.json``), e.g.
 ``"FedAF mean KL=runs/fedaf/fmnist_klmean/s*/FedAF-seed*"``. Prints one Markdown row per name: the number of
-seeds, the accuracy (%) at rounds 1, 5, 10 and 20, the best and the last round's, each mean +- sample std.
+seeds, the accuracy (%) at the given rounds (default 1, 5, 10 and 20; NIID-Bench's tables use
+``--rounds 10 25``), the best and the last round's, each mean +- sample std over the seeds.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def _stat(values: list[float]) -> str:
     return f"{statistics.mean(values):.2f} ± {std:.2f}"
 
 
-def row(name: str, pattern: str) -> str:
+def row(name: str, pattern: str, rounds: tuple[int, ...] = (1, 5, 10, 20)) -> str:
     curves = []
     for folder in sorted(glob.glob(pattern)):
         path = Path(folder) / "metrics.jsonl"
@@ -33,20 +34,38 @@ def row(name: str, pattern: str) -> str:
             curves.append({int(r["round"]): 100 * float(r["accuracy"]) for r in evaluated})
     if not curves:
         raise SystemExit(f"no finished run folder (metrics.jsonl and summary.json) matches {pattern!r}")
-    at = [_stat([c[r] for c in curves if r in c]) for r in (1, 5, 10, 20)]
+    at = [_stat([c[r] for c in curves if r in c]) for r in rounds]
     best = _stat([max(c.values()) for c in curves])
     last = _stat([c[max(c)] for c in curves])
     return f"| {name} | {len(curves)} | " + " | ".join(at) + f" | {best} | {last} |"
 
 
-def main(argv: list[str]) -> None:
+def _parse(argv: list[str]) -> tuple[tuple[int, ...], list[str]]:
+    """The rounds (``--rounds R ...``, positive integers) and the NAME=GLOB arguments."""
+    rounds: tuple[int, ...] = (1, 5, 10, 20)
+    if argv[:1] == ["--rounds"]:
+        values = []
+        argv = argv[1:]
+        while argv and "=" not in argv[0]:
+            value = argv.pop(0)
+            if not value.isdigit() or int(value) < 1:
+                raise SystemExit(f"--rounds: {value!r} is not a round number (a positive integer)")
+            values.append(int(value))
+        if not values:
+            raise SystemExit("--rounds needs at least one round number (a positive integer)")
+        rounds = tuple(values)
     if not argv or any("=" not in a for a in argv):
         raise SystemExit(__doc__)
-    print("| runs | seeds | acc @1 | acc @5 | acc @10 | acc @20 | best | last |")
-    print("|---|---|---|---|---|---|---|---|")
-    for arg in argv:
+    return rounds, argv
+
+
+def main(argv: list[str]) -> None:
+    rounds, pairs = _parse(argv)
+    print("| runs | seeds | " + " | ".join(f"acc @{r}" for r in rounds) + " | best | last |")
+    print("|" + "---|" * (len(rounds) + 4))
+    for arg in pairs:
         name, pattern = arg.split("=", 1)
-        print(row(name, pattern))
+        print(row(name, pattern, rounds))
 
 
 if __name__ == "__main__":
