@@ -130,7 +130,8 @@ def test_wire_counts_the_correction_both_ways(tmp_path: Path) -> None:
         assert p["bytes_server_to_client"] == a["bytes_server_to_client"]
 
 
-@pytest.mark.parametrize("bad", [{"alpha": -0.1}, {"momentum": 0.9}, {"aggregation": {"rule": "median"}}])
+@pytest.mark.parametrize("bad", [{"alpha": -0.1}, {"momentum": 0.9}, {"aggregation": {"rule": "median"}},
+                                 {"evaluate": "selected"}])
 def test_bad_parameters_are_refused_in_one_line(bad: dict[str, Any]) -> None:
     with pytest.raises(ConfigError) as err:
         make("feddc_drift", fed_info(), **bad)
@@ -143,3 +144,60 @@ def test_the_two_feddcs_cite_each_other_as_not_this_one() -> None:
     assert "Local Drift Decoupling and Correction" in ours
     assert "not the dataset-condensation FedDC of Kim & Choi" in ours
     assert "not the drift-correcting FedDC of Gao et al." in ALGORITHMS.get("feddc").paper
+
+
+def test_evaluate_mean_keeps_the_mean_of_the_thetas_and_sends_it_plus_the_drift() -> None:
+    """The same replies under evaluate = "cloud" and "mean": the cloud model (mean theta + H) is what both
+    send next; "mean" keeps (and so evaluates) the plain mean of the thetas."""
+    fed = fed_info(num_clients=4)
+    algos = {e: make("feddc_drift", fed, evaluate=e) for e in ("cloud", "mean")}
+    servers = {e: server_of(a, fill=1.0) for e, a in algos.items()}
+    for e, server in servers.items():
+        for v in server.state["H"].values():
+            v.fill_(0.5)
+        if e == "mean":  # the same sent model w = 1 as the cloud server's: the mean server's model is w - H
+            for k, v in server.model.named_parameters():
+                v.data.fill_(0.5)
+    for e, server in servers.items():
+        (_, msg), *_ = algos[e].configure(server)
+        assert all(torch.allclose(v, torch.ones_like(v)) for k, v in msg.arrays.items() if k.startswith("w."))
+    shapes = servers["cloud"].state["g"]
+    r1 = reply({**{f"theta.{k}": torch.full_like(v, 2.0) for k, v in shapes.items()},
+                **{f"dg.{k}": torch.full_like(v, 1.0) for k, v in shapes.items()}}, 5)
+    r2 = reply({**{f"theta.{k}": torch.full_like(v, 4.0) for k, v in shapes.items()},
+                **{f"dg.{k}": torch.full_like(v, 3.0) for k, v in shapes.items()}}, 50)
+    for e, server in servers.items():
+        algos[e].aggregate(server, [(0, r1), (3, r2)])
+    # both: H = 0.5 + ((2 - 1) + (4 - 1)) / 4 = 1.5, next w = 3 + 1.5 = 4.5; "mean" keeps 3
+    for k, p in servers["mean"].model.named_parameters():
+        assert torch.allclose(p, torch.full_like(p, 3.0))
+        assert torch.equal(servers["mean"].state["H"][k], servers["cloud"].state["H"][k])
+    sent = {e: algos[e].configure(s)[0][1].arrays for e, s in servers.items()}
+    for k, v in sent["cloud"].items():
+        assert torch.allclose(sent["mean"][k], v)
+        if k.startswith("w."):
+            assert torch.allclose(v, torch.full_like(v, 4.5))
+
+
+def test_evaluate_mean_trains_as_cloud_bit_for_bit() -> None:
+    """Two rounds with real local training: under both readings the clients get the same model and send the
+    same replies, bit for bit; the servers' models differ by H (non-zero after round 1)."""
+    fed = fed_info(image_size=2, num_clients=4)
+    algos = {e: make("feddc_drift", fed, evaluate=e, batch_size=4) for e in ("cloud", "mean")}
+    servers = {e: server_of(a) for e, a in algos.items()}
+    states: dict[str, list[dict[str, Any]]] = {e: [{}, {}] for e in algos}
+    for rnd in (1, 2):
+        replies = {}
+        for e, algo in algos.items():
+            servers[e].round = rnd
+            (_, msg), *_ = algo.configure(servers[e])
+            replies[e] = [(c, algo.client_step("train", msg, client_of(fed, cid=c, rnd=rnd, state=states[e][c])))
+                          for c in (0, 1)]
+            algo.aggregate(servers[e], replies[e])
+        for (_, a), (_, b) in zip(replies["cloud"], replies["mean"], strict=True):
+            assert set(a.arrays) == set(b.arrays)
+            assert all(torch.equal(a.arrays[k], b.arrays[k]) for k in a.arrays)
+    H = servers["mean"].state["H"]
+    assert any(float(v.abs().sum()) > 0 for v in H.values())
+    for k, p in servers["mean"].model.named_parameters():
+        assert torch.allclose(p + H[k], servers["cloud"].model.state_dict()[k], atol=1e-6)

@@ -29,13 +29,19 @@ the drift-corrected model theta_i + h_i never travels. The terms act on paramete
 statistics) take the plain mean of the round's clients. ``correction = False`` drops the <theta, g - g_i>
 term and g altogether (an ablation; the drift and its penalty stay).
 
+Which model is evaluated is a reading the paper's text (not available here) leaves to its code, and the
+code records both (``utils_methods_FedDC.py``: ``avg_model_sel``, the mean of the round's theta_i, and
+``cur_cld_model``, that mean plus H): ``evaluate = "cloud"`` (default) evaluates the model the clients get
+next, w = mean theta_i + H; ``evaluate = "mean"`` evaluates the mean of the round's theta_i, the server
+keeping it as its model and sending it plus H. Training is the same under both, bit for bit.
+
 Wire: down w and g, up theta_i and Delta g_i: twice FedAvg each way for models without buffers (buffers
 travel once); with ``correction = False``, FedAvg's.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 
@@ -65,6 +71,8 @@ class FedDCDrift(FedAvg):
         # alpha_coef of the authors' CIFAR-10 and CIFAR-100 scripts (MNIST: 0.1, synthetic: 0.005)
         alpha: float = 0.01
         correction: bool = True  # the gradient-correction term <theta, g - g_i> (False: drift only)
+        # the model evaluated: "cloud" = mean theta_i + H (sent next), "mean" = mean theta_i (the code records both)
+        evaluate: Literal["cloud", "mean"] = "cloud"
 
         at_least = minimums(alpha=0)
 
@@ -86,8 +94,17 @@ class FedDCDrift(FedAvg):
         if self.params.correction:
             server.state["g"] = zeros_like(zero)
 
+    def sent_model(self, server: ServerContext) -> dict[str, torch.Tensor]:
+        """The model the clients get, w: the server's model, plus H when the server keeps the mean of the
+        theta_i as its (evaluated) model (``evaluate = "mean"``)."""
+        w = server.model.state_dict()
+        if self.params.evaluate == "mean":
+            H: dict[str, torch.Tensor] = server.state["H"]
+            w = {k: v + H[k] if k in H else v for k, v in w.items()}
+        return w
+
     def configure(self, server: ServerContext) -> list[tuple[int, Message]]:
-        arrays = state_to_arrays(server.model.state_dict(), "w.")
+        arrays = state_to_arrays(self.sent_model(server), "w.")
         if self.params.correction:
             arrays.update(state_to_arrays(server.state["g"], "g."))
         msg = Message(arrays=arrays)
@@ -107,13 +124,15 @@ class FedDCDrift(FedAvg):
             return
         n = self.fed.num_clients
         equal = [1.0] * len(replies)
-        w = server.model.state_dict()
+        w = self.sent_model(server)
         mean = weighted_mean([arrays_with_prefix(m.arrays, "theta.") for _, m in replies], equal)
         H: dict[str, torch.Tensor] = server.state["H"]
         share = len(replies) / n  # sum_{i in S} Delta_i / N = (|S|/N) (mean theta - w)
+        cloud = self.params.evaluate == "cloud"
         for k in H:
             H[k].add_(mean[k] - w[k], alpha=share)
-            mean[k] = mean[k] + H[k]
+            if cloud:
+                mean[k] = mean[k] + H[k]
         server.model.load_state_dict(mean)
         if self.params.correction:
             dg = weighted_mean([arrays_with_prefix(m.arrays, "dg.") for _, m in replies], equal)
