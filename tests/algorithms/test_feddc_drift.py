@@ -156,7 +156,7 @@ def test_evaluate_mean_keeps_the_mean_of_the_thetas_and_sends_it_plus_the_drift(
         for v in server.state["H"].values():
             v.fill_(0.5)
         if e == "mean":  # the same sent model w = 1 as the cloud server's: the mean server's model is w - H
-            for k, v in server.model.named_parameters():
+            for v in server.model.parameters():
                 v.data.fill_(0.5)
     for e, server in servers.items():
         (_, msg), *_ = algos[e].configure(server)
