@@ -137,6 +137,25 @@ def test_fedrs_client_restricts_by_its_own_labels() -> None:
     assert one.logit_adjust(client_with_labels([0, 0, 2])) is None  # type: ignore[attr-defined]
 
 
+def test_fedrs_proportional_scaling_is_the_authors_soft_scale_by_hand() -> None:
+    """scaling = "proportional": alpha + (1 - alpha) n_c / max n for every class (the authors' code)."""
+    counts = torch.tensor([4, 0, 1, 2])
+    logits = torch.tensor([[2.0, -1.0, 4.0, 0.5]])
+    scaled = restricted_logits(logits, counts, 0.2, "proportional")
+    # scales: 1, 0.2, 0.2 + 0.8 / 4 = 0.4, 0.2 + 0.8 * 2 / 4 = 0.6
+    torch.testing.assert_close(scaled, torch.tensor([[2.0, -0.2, 1.6, 0.3]]))
+    algo = make("fedrs", fed_info(num_classes=4), alpha=0.2, scaling="proportional")
+    adjust = algo.logit_adjust(client_with_labels([0, 0, 0, 0, 2, 3, 3]))  # type: ignore[attr-defined]
+    assert adjust is not None
+    torch.testing.assert_close(adjust(logits, torch.tensor([0])), torch.tensor([[2.0, -0.2, 1.6, 0.3]]))
+
+
+def test_fedrs_bad_scaling_is_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError) as err:
+        typed_config(tiny_config(algorithm={"name": "fedrs", "scaling": "soft"}))
+    assert "\n" not in str(err.value) and "algorithm.scaling" in str(err.value) and "proportional" in str(err.value)
+
+
 def test_fedrs_with_alpha_one_is_fedavg_byte_for_byte(tmp_path: Path) -> None:
     avg = run(tiny_config(rounds=2), tmp_path / "avg")
     rs1 = run(tiny_config(rounds=2, algorithm={"name": "fedrs", "alpha": 1.0}), tmp_path / "rs1")

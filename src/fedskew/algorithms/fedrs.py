@@ -2,11 +2,14 @@
 Non-IID Data"): FedAvg whose clients train with a restricted softmax, p_c proportional to
 exp(alpha_c * z_c), where alpha_c = 1 for a class the client has samples of and alpha_c = alpha (< 1) for a
 missing class (the method's restricted softmax), so that local training pushes the missing classes' weights
-less. The client's classes come from its own labels and stay on the client: the wire is FedAvg's."""
+less. ``scaling = "proportional"`` is the authors' code's softer scale, alpha + (1 - alpha) n_c / max_c' n_c'
+for every class (1 for the client's most frequent class, alpha for a missing one). The client's classes come
+from its own labels and stay on the client: the wire is FedAvg's."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Literal
 
 import torch
 
@@ -15,18 +18,25 @@ from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.trainer import LogitAdjust
 from fedskew.privacy.uploads import WEIGHTS
 
+Scaling = Literal["absent", "proportional"]
 
-def restriction(counts: torch.Tensor, alpha: float) -> torch.Tensor:
-    """FedRS's per-class scale (``(C,)``, float32) for a client's class ``counts``: 1 where the client has
-    samples of the class, ``alpha`` where it has none."""
+
+def restriction(counts: torch.Tensor, alpha: float, scaling: Scaling = "absent") -> torch.Tensor:
+    """FedRS's per-class scale (``(C,)``, float32) for a client's class ``counts``. ``"absent"`` (the paper):
+    1 where the client has samples of the class, ``alpha`` where it has none. ``"proportional"`` (the
+    authors' code): alpha + (1 - alpha) n_c / max_c' n_c'."""
+    if scaling == "proportional":
+        share = counts.to(torch.float32) / counts.max().clamp(min=1).to(torch.float32)
+        return alpha + (1.0 - alpha) * share
     scale = torch.full(counts.shape, alpha, dtype=torch.float32, device=counts.device)
     return scale.masked_fill(counts > 0, 1.0)
 
 
-def restricted_logits(logits: torch.Tensor, counts: torch.Tensor, alpha: float) -> torch.Tensor:
-    """A batch of ``logits`` (``(B, C)``) with the logits of the client's missing classes scaled by ``alpha``
-    and the others untouched."""
-    return logits * restriction(counts, alpha).to(logits.dtype)
+def restricted_logits(logits: torch.Tensor, counts: torch.Tensor, alpha: float,
+                      scaling: Scaling = "absent") -> torch.Tensor:
+    """A batch of ``logits`` (``(B, C)``) scaled per class by :func:`restriction`: by default the logits of the
+    client's missing classes by ``alpha`` and the others untouched."""
+    return logits * restriction(counts, alpha, scaling).to(logits.dtype)
 
 
 @register_algorithm("fedrs")
@@ -42,6 +52,9 @@ class FedRS(FedAvg):
         # The missing classes' scale alpha in [0, 1]. The authors' code (lxcnju/FedRepo) runs
         # alpha in {0.9, 0.5, 0.1} (train_lab.py, line 166, commit 617ee015); 0.5 is its middle value.
         alpha: float = 0.5
+        # "absent": the paper's restricted softmax (alpha for a missing class, 1 for the others);
+        # "proportional": the authors' code (algorithms/fedrs.py lines 185-189), alpha + (1 - alpha) n_c / max n.
+        scaling: Scaling = "absent"
 
         unit = ("alpha",)
 
@@ -54,7 +67,7 @@ class FedRS(FedAvg):
         alpha = self.params.alpha
         if alpha == 1:
             return None  # no restriction: FedAvg's cross-entropy, bit for bit
-        scale = restriction(client.class_counts(), alpha)  # from the client's own labels; never sent
+        scale = restriction(client.class_counts(), alpha, self.params.scaling)  # the client's own labels; never sent
 
         def adjust(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             return logits * scale.to(logits.dtype)
