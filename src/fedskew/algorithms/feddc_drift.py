@@ -25,7 +25,9 @@ departures: K is the client's own step count (the code uses one K for all, from 
 the undecayed lr, line 175), and gradient norms are not clipped (the code clips every method at 10).
 ``H`` is exactly the code's mean of every client's h_i (absent clients' drifts included), which the
 server can follow because h_i changes only by Delta_i = theta_i - w, known from the uploaded theta_i; so
-the drift-corrected model theta_i + h_i never travels. The terms act on parameters; buffers (BatchNorm
+the drift-corrected model theta_i + h_i never travels. That holds while every reply is accepted: a client
+whose reply is lost or rejected has already updated its h_i and g_i (as SCAFFOLD's c_i), which H and g then
+leave out. The terms act on parameters; buffers (BatchNorm
 statistics) take the plain mean of the round's clients. ``correction = False`` drops the <theta, g - g_i>
 term and g altogether (an ablation; the drift and its penalty stay).
 
