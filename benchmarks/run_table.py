@@ -3,7 +3,8 @@
     python benchmarks/run_table.py [--rounds R [R ...]] NAME=GLOB [NAME=GLOB ...]
 
 Each GLOB matches run folders (finished ones: holding ``metrics.jsonl`` and ``summary.json``), e.g.
-``"FedAF mean KL=runs/fedaf/fmnist_klmean/s*/FedAF-seed*"``. Prints one Markdown row per name: the number of
+``"FedAF mean KL=runs/fedaf/fmnist_klmean/s*/FedAF-seed*"`` (split at the last ``=``, so a NAME may hold one,
+``"FedAvg #C=2=..."``). Prints one Markdown row per name: the number of
 seeds, the accuracy (%) at the given rounds (default 1, 5, 10 and 20; NIID-Bench's tables use
 ``--rounds 10 25``), the best and the last round's, each mean +- sample std over the seeds.
 """
@@ -64,7 +65,7 @@ def main(argv: list[str]) -> None:
     print("| runs | seeds | " + " | ".join(f"acc @{r}" for r in rounds) + " | best | last |")
     print("|" + "---|" * (len(rounds) + 4))
     for arg in pairs:
-        name, pattern = arg.split("=", 1)
+        name, pattern = arg.rsplit("=", 1)  # the last "=": a name may hold one ("#C=2"), a path seldom does
         print(row(name, pattern, rounds))
 
 

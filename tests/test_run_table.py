@@ -21,12 +21,12 @@ def test_rows_are_mean_and_sample_std_over_seeds_at_the_asked_rounds(tmp_path: P
     _run(tmp_path / "A-seed0", [0.10, 0.50, 0.40])
     _run(tmp_path / "A-seed1", [0.20, 0.30, 0.60])
     (tmp_path / "A-seed2").mkdir()  # unfinished: no summary.json, left out
-    run_table.main(["--rounds", "2", "3", f"A={tmp_path}/A-seed*"])
+    run_table.main(["--rounds", "2", "3", f"A #C=2={tmp_path}/A-seed*"])  # a name may hold "="
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "| runs | seeds | acc @2 | acc @3 | best | last |"
     assert out[1] == "|---|---|---|---|---|---|"
     # round 2: 50 and 30 -> 40 +- 14.14; round 3: 40 and 60; best 50 and 60; last = round 3
-    assert out[2] == "| A | 2 | 40.00 ± 14.14 | 50.00 ± 14.14 | 55.00 ± 7.07 | 50.00 ± 14.14 |"
+    assert out[2] == "| A #C=2 | 2 | 40.00 ± 14.14 | 50.00 ± 14.14 | 55.00 ± 7.07 | 50.00 ± 14.14 |"
 
 
 def test_default_rounds_are_1_5_10_20(tmp_path: Path, capsys) -> None:
