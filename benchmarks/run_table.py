@@ -17,6 +17,8 @@ import statistics
 import sys
 from pathlib import Path
 
+DEFAULT_ROUNDS = (1, 5, 10, 20)
+
 
 def _stat(values: list[float]) -> str:
     if not values:
@@ -25,7 +27,7 @@ def _stat(values: list[float]) -> str:
     return f"{statistics.mean(values):.2f} ± {std:.2f}"
 
 
-def row(name: str, pattern: str, rounds: tuple[int, ...] = (1, 5, 10, 20)) -> str:
+def row(name: str, pattern: str, rounds: tuple[int, ...] = DEFAULT_ROUNDS) -> str:
     curves = []
     for folder in sorted(glob.glob(pattern)):
         path = Path(folder) / "metrics.jsonl"
@@ -43,7 +45,7 @@ def row(name: str, pattern: str, rounds: tuple[int, ...] = (1, 5, 10, 20)) -> st
 
 def _parse(argv: list[str]) -> tuple[tuple[int, ...], list[str]]:
     """The rounds (``--rounds R ...``, positive integers) and the NAME=GLOB arguments."""
-    rounds: tuple[int, ...] = (1, 5, 10, 20)
+    rounds: tuple[int, ...] = DEFAULT_ROUNDS
     if argv[:1] == ["--rounds"]:
         values = []
         argv = argv[1:]
