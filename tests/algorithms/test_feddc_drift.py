@@ -201,3 +201,98 @@ def test_evaluate_mean_trains_as_cloud_bit_for_bit() -> None:
     assert any(float(v.abs().sum()) > 0 for v in H.values())
     for k, p in servers["mean"].model.named_parameters():
         assert torch.allclose(p + H[k], servers["cloud"].model.state_dict()[k], atol=1e-6)
+
+
+def census_server(algo: Any, clients: list[Any]) -> Any:
+    """A toy server whose exchange answers from the toy clients (only the census is asked in setup)."""
+    from fedskew.algorithms.base import ServerContext
+
+    def exchange(task: str, messages: list[tuple[int, Any]], **_: Any) -> list[tuple[int, Any]]:
+        return [(cid, algo.client_step(task, msg, clients[cid])) for cid, msg in messages]
+
+    server = ServerContext(fed=algo.fed, model=algo.init_model(), exchange=exchange, round=1)
+    algo.setup(server)
+    return server
+
+
+def test_shard_scaling_asks_each_shard_size_once_and_sends_v_i_and_the_mean() -> None:
+    """scaling = "shard": the census before round 1 gives n_i = 4, 8, 12, 16 (mean 10); client i gets
+    v_i = n_i / 10 and the mean with w and g."""
+    fed = fed_info(image_size=2)
+    algo = make("feddc_drift", fed, scaling="shard")
+    clients = [client_of(fed, n=4 * (c + 1), cid=c) for c in range(4)]
+    server = census_server(algo, clients)
+    assert server.state["shards"] == [4.0, 8.0, 12.0, 16.0]
+    sent = dict(algo.configure(server))
+    for c in range(4):
+        assert sent[c].config == {"v": (4 * (c + 1)) / 10, "mean_n": 10.0}
+    assert algo.reply_spec("census", server) == {}
+    assert algo.reply_scalars("census", server) == {"num_samples": (1.0, None)}
+
+
+def test_shard_scaling_client_step_by_hand() -> None:
+    """n_i = 8 against a mean of 16 (v_i = 0.5), batch 4: two SGD steps on CE + (alpha/(2 v_i))||theta + h - w||^2
+    + <theta, g/v_i - g_i>; g_i+ = g_i - g/v_i - (theta - w)/(K eta) with the mean shard's K = 16/4 = 4 (not the
+    client's own 2); the reply's dg is v_i (g_i+ - g_i)."""
+    fed = fed_info(image_size=2)
+    lr, alpha, v = 0.1, 0.5, 0.5
+    algo = make("feddc_drift", fed, lr=lr, batch_size=4, alpha=alpha, scaling="shard")
+    server = census_server(algo, [client_of(fed, n=n, cid=c) for c, n in enumerate((8, 24, 16, 16))])
+    g = {k: torch.full_like(t, 0.3) for k, t in server.state["g"].items()}
+    server.state["g"] = g
+    msg = dict(algo.configure(server))[0]
+    assert msg.config == {"v": v, "mean_n": 16.0}
+    h = {k: torch.full_like(t, 0.2) for k, t in g.items()}
+    g_i = {k: torch.full_like(t, -0.1) for k, t in g.items()}
+    client = client_of(fed, n=8, state={"h": h, "g_i": g_i})
+    out = algo.client_step("train", msg, client)
+
+    w = {k: t.clone() for k, t in server.model.state_dict().items()}
+    theta, own_steps = sgd_by_hand(fed, w, client, lr, 4,
+                                   lambda name, p: alpha / v * (p + h[name] - w[name]) + g[name] / v - g_i[name])
+    assert own_steps == 2 and out.metrics["steps"] == 2
+    for k in g:
+        assert torch.allclose(out.arrays[f"theta.{k}"], theta[k], atol=1e-6)
+        g_new = g_i[k] - g[k] / v - (theta[k] - w[k]) / (4 * lr)
+        assert torch.allclose(client.state["g_i"][k], g_new, atol=1e-5)
+        assert torch.allclose(out.arrays[f"dg.{k}"], v * (g_new - g_i[k]), atol=1e-5)
+
+
+def test_shard_scaling_on_equal_shards_is_equal_scaling_bit_for_bit() -> None:
+    """Equal shards make v_i = 1 and the mean shard's K every client's own: the two readings send the same
+    replies, bit for bit, over two rounds."""
+    fed = fed_info(image_size=2, num_clients=4)
+    algos = {s: make("feddc_drift", fed, scaling=s, batch_size=4) for s in ("equal", "shard")}
+    servers = {"equal": server_of(algos["equal"]),
+               "shard": census_server(algos["shard"], [client_of(fed, cid=c) for c in range(4)])}
+    states: dict[str, list[dict[str, Any]]] = {s: [{}, {}] for s in algos}
+    for rnd in (1, 2):
+        replies = {}
+        for s, algo in algos.items():
+            servers[s].round = rnd
+            msgs = dict(algo.configure(servers[s]))
+            replies[s] = [(c, algo.client_step("train", msgs[c], client_of(fed, cid=c, rnd=rnd, state=states[s][c])))
+                          for c in (0, 1)]
+            algo.aggregate(servers[s], replies[s])
+        for (_, a), (_, b) in zip(replies["equal"], replies["shard"], strict=True):
+            assert set(a.arrays) == set(b.arrays)
+            assert all(torch.equal(a.arrays[k], b.arrays[k]) for k in a.arrays)
+    for k, t in servers["equal"].state["g"].items():
+        assert torch.equal(t, servers["shard"].state["g"][k])
+
+
+def test_shard_scaling_runs_with_its_census_and_refuses_a_bad_value(tmp_path: Path) -> None:
+    """Two rounds through the engine: the census before round 1 gives every client's real shard size, and the
+    run trains."""
+    loop = RoundLoop(typed_config(tiny_config(rounds=2, algorithm={"name": "feddc_drift", "scaling": "shard"})),
+                     tmp_path / "shard", progress=False)
+    loop.run()
+    offsets = loop.fed.offsets
+    assert loop.server.state["shards"] == [float(offsets[c + 1] - offsets[c]) for c in range(len(offsets) - 1)]
+    assert len(set(loop.server.state["shards"])) > 1  # unequal shards: v_i is not 1 everywhere
+    rows = [json.loads(line) for line in (tmp_path / "shard" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2]
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in rows)
+    with pytest.raises(ConfigError) as err:
+        make("feddc_drift", fed_info(), scaling="weighted")
+    assert "\n" not in str(err.value) and "weighted" in str(err.value)

@@ -20,9 +20,13 @@ clients, and g (``server.state``, zero at first):
 
 This is the authors' code (gaoliang13/FedDC, ``utils_methods_FedDC.py`` lines 163-189 and
 ``utils_general.py`` lines 428 and 467-471) for clients of equal size: the code divides alpha and g by
-v_i = n_i / mean n and weights Delta g_i by v_i (lines 26-27, 164-165, 178), and v_i is 1 then. Two more
-departures: K is the client's own step count (the code uses one K for all, from the mean shard size, and
-the undecayed lr, line 175), and gradient norms are not clipped (the code clips every method at 10).
+v_i = n_i / mean n and weights Delta g_i by v_i (lines 26-27, 164-165, 178), and v_i is 1 then; and the
+code's K is one for all clients, the steps of a mean-sized shard, with the undecayed lr (line 175), where
+the default here uses each client's own K. ``scaling = "shard"`` follows the code on both: a census before
+round 1 asks each client its n_i (one number up each, checked against its shard), client i then trains with
+alpha / v_i and g / v_i, takes K = ceil(mean n / B) * E, and sends v_i Delta g_i, so the server's g gains
+(1/N) sum_S v_i Delta g_i. ``scaling = "equal"`` (default) is v_i = 1 and each client's own K. Gradient
+norms are not clipped under either (the code clips every method at 10).
 ``H`` is exactly the code's mean of every client's h_i (absent clients' drifts included), which the
 server can follow because h_i changes only by Delta_i = theta_i - w, known from the uploaded theta_i; so
 the drift-corrected model theta_i + h_i never travels. That holds while every reply is accepted: a client
@@ -43,6 +47,7 @@ travel once); with ``correction = False``, FedAvg's.
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar, Literal
 
 import torch
@@ -53,7 +58,7 @@ from fedskew.components.aggregate import weighted_mean
 from fedskew.components.server_opt import param_keys, zeros_like
 from fedskew.components.terms import linear_term, proximal_term
 from fedskew.components.trainer import LossTerm
-from fedskew.core.message import Message, arrays_with_prefix, state_to_arrays
+from fedskew.core.message import Message, Scalar, arrays_with_prefix, state_to_arrays
 from fedskew.core.params import check, minimums
 from fedskew.privacy.uploads import Upload
 
@@ -75,6 +80,8 @@ class FedDCDrift(FedAvg):
         correction: bool = True  # the gradient-correction term <theta, g - g_i> (False: drift only)
         # the model evaluated: "cloud" = mean theta_i + H (sent next), "mean" = mean theta_i (the code records both)
         evaluate: Literal["cloud", "mean"] = "cloud"
+        # "equal": v_i = 1 and each client's own K; "shard": the code's v_i = n_i / mean n and one K (see above)
+        scaling: Literal["equal", "shard"] = "equal"
 
         at_least = minimums(alpha=0)
 
@@ -95,6 +102,26 @@ class FedDCDrift(FedAvg):
         server.state["H"] = zero
         if self.params.correction:
             server.state["g"] = zeros_like(zero)
+        if self.params.scaling == "shard":
+            server.state["shards"] = self.shard_census(server)
+
+    def shard_census(self, server: ServerContext) -> list[float]:
+        """``scaling = "shard"``: every client's shard size n_i, asked once before round 1 (a ``census``: no
+        arrays down, one number up, checked against the shard the engine knows). A client that does not answer
+        counts as a mean-sized one (v_i = 1); the mean is over those that answered."""
+        replies = server.exchange("census", [(cid, Message()) for cid in range(self.fed.num_clients)])
+        sizes = {cid: float(m.metrics["num_samples"]) for cid, m in replies}
+        mean = sum(sizes.values()) / len(sizes) if sizes else 1.0
+        return [sizes.get(cid, mean) for cid in range(self.fed.num_clients)]
+
+    def shard_config(self, cid: int, server: ServerContext) -> dict[str, Scalar]:
+        """What client ``cid`` needs under ``scaling = "shard"``: v_i = n_i / mean n and the mean shard size
+        (its step count is K for every client); nothing under ``"equal"``."""
+        if self.params.scaling != "shard":
+            return {}
+        shards: list[float] = server.state["shards"]
+        mean = sum(shards) / len(shards)
+        return {"v": shards[cid] / mean, "mean_n": mean}
 
     def sent_model(self, server: ServerContext) -> dict[str, torch.Tensor]:
         """The model the clients get, w: the server's model, plus H when the server keeps the mean of the
@@ -109,11 +136,15 @@ class FedDCDrift(FedAvg):
         arrays = state_to_arrays(self.sent_model(server), "w.")
         if self.params.correction:
             arrays.update(state_to_arrays(server.state["g"], "g."))
-        msg = Message(arrays=arrays)
-        return [(cid, msg) for cid in self.select(server)]
+        if self.params.scaling == "equal":
+            msg = Message(arrays=arrays)
+            return [(cid, msg) for cid in self.select(server)]
+        return [(cid, Message(arrays=arrays, config=self.shard_config(cid, server))) for cid in self.select(server)]
 
     def reply_spec(self, task: str, server: ServerContext) -> dict[str, tuple[tuple[int, ...], torch.dtype]] | None:
         """A ``train`` reply holds theta_i (the model's keys) and, with the correction, Delta g_i (parameters)."""
+        if task == "census":
+            return {}  # the shard size travels as the reply's num_samples, checked against the shard
         if task != "train":
             return None
         spec = {f"theta.{k}": (tuple(v.shape), v.dtype) for k, v in server.model.state_dict().items()}
@@ -141,29 +172,50 @@ class FedDCDrift(FedAvg):
             for k, d in dg.items():
                 server.state["g"][k].add_(d, alpha=share)
 
+    def reply_scalars(self, task: str, server: ServerContext) -> dict[str, tuple[float, float | None]]:
+        """A census reply says the client's shard size (at least one sample, at most its shard)."""
+        return {"num_samples": (1.0, None)} if task == "census" else super().reply_scalars(task, server)
+
     # ---- client ------------------------------------------------------------------------------
     def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
+        if task == "census":
+            return Message(metrics={"num_samples": float(client.y.shape[0])})
         if task != "train":
             return super().client_step(task, msg, client)
         p = self.params
+        shard = p.scaling == "shard"
+        v = float(msg.config["v"]) if shard else 1.0  # v_i = n_i / mean n ("shard"), 1 ("equal")
         w = arrays_with_prefix(msg.arrays, "w.")
         keys = param_keys(client.model())
         h: dict[str, torch.Tensor] = client.state.get("h") or {k: torch.zeros_like(w[k]) for k in keys}
         terms: list[LossTerm] = []
-        if p.alpha > 0:  # (alpha/2)||theta - (w - h_i)||^2
-            terms.append(proximal_term({k: w[k] - h[k] for k in keys}, p.alpha))
+        if p.alpha > 0:  # (alpha_i/2)||theta - (w - h_i)||^2, alpha_i = alpha / v_i
+            terms.append(proximal_term({k: w[k] - h[k] for k in keys}, p.alpha / v if shard else p.alpha))
         if p.correction:
             g = arrays_with_prefix(msg.arrays, "g.")
+            if shard:  # the code's global_update_last = g / v_i
+                g = {k: t / v for k, t in g.items()}
             g_i: dict[str, torch.Tensor] = client.state.get("g_i") or zeros_like(g)
             terms.append(linear_term({k: g_i[k] - g[k] for k in keys}))  # -<g_i - g, theta> = <theta, g - g_i>
         res, reply = self.local_train(Message(arrays=w), client, terms=terms)
         theta = reply.arrays
         delta = {k: theta[k] - w[k] for k in keys}
         client.state["h"] = {k: h[k] + delta[k] for k in keys}
-        arrays = {f"theta.{k}": v for k, v in theta.items()}
+        arrays = {f"theta.{k}": t for k, t in theta.items()}
         if p.correction:
-            scale = 1.0 / (max(res.steps, 1) * p.lr)  # 1/(K eta)
+            steps = self.mean_shard_steps(float(msg.config["mean_n"])) if shard else res.steps
+            scale = 1.0 / (max(steps, 1) * p.lr)  # 1/(K eta)
             g_new = {k: g_i[k] - g[k] - delta[k] * scale for k in keys}
             client.state["g_i"] = g_new
-            arrays.update({f"dg.{k}": g_new[k] - g_i[k] for k in keys})
+            if shard:  # the code's delta_g_cur = (g_i+ - g_i) * v_i, summed by the server
+                arrays.update({f"dg.{k}": (g_new[k] - g_i[k]) * v for k in keys})
+            else:
+                arrays.update({f"dg.{k}": g_new[k] - g_i[k] for k in keys})
         return Message(arrays=arrays, metrics=reply.metrics)
+
+    def mean_shard_steps(self, mean_n: float) -> int:
+        """K under ``scaling = "shard"``: the steps of a mean-sized shard, ceil(mean n / B) per epoch (the
+        code's ``n_minibatch``), capped at ``max_steps`` where the local training is."""
+        cfg = self.local_config()
+        steps = math.ceil(mean_n / cfg.batch_size) * cfg.epochs
+        return steps if cfg.max_steps is None else min(steps, cfg.max_steps)
