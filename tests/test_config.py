@@ -67,6 +67,33 @@ def test_algorithm_override_goes_to_variants_that_have_the_parameter() -> None:
         resolve(raw, parse_overrides(["algorithm.zeta=1"]))
 
 
+def test_only_keeps_an_override_to_the_selected_variants(tmp_path: Path) -> None:
+    """Two methods share a parameter name with different values allowed (FedRS's and FedDC drift's ``scaling``):
+    with ``--only`` the override reaches the selected variant, and the left-out one neither refuses it nor runs;
+    an override that no selected variant has is refused instead of dropped unseen."""
+    from fedskew.api import plan
+
+    raw = {
+        "rounds": 1,
+        "algorithm": {"name": "fedavg", "momentum": 0.0},
+        "variants": [{"label": "FedAvg"}, {"label": "FedRS", "algorithm.name": "fedrs"},
+                     {"label": "FedDC drift", "algorithm.name": "feddc_drift"}],
+    }
+    over = parse_overrides(["algorithm.scaling=shard"])
+    with pytest.raises(ConfigError, match="algorithm.scaling must be one of 'absent', 'proportional', got 'shard'"):
+        resolve(raw, over)  # without --only, FedRS would run with it: refused, as before
+    runs = resolve(raw, over, only=["FedDC drift"])
+    chosen = [r for r in runs if r.label == "FedDC drift"]
+    assert len(runs) == 3 and len(chosen) == 1
+    assert chosen[0].typed.algorithm.params.scaling == "shard"
+    with pytest.raises(ConfigError, match=r"unknown key 'algorithm.scaling': no selected \(--only\) variant"):
+        resolve(raw, over, only=["FedAvg"])
+    with pytest.raises(ConfigError, match="no selected"):
+        plan(raw, {"algorithm.scaling": "shard"}, only=["FedAvg"], out=tmp_path / "a")
+    runs, _ = plan(raw, {"algorithm.scaling": "proportional"}, only=["FedRS"], out=tmp_path / "b")
+    assert [r.label for r in runs] == ["FedRS"]
+
+
 def test_a_label_gives_one_shell_safe_folder_and_collisions_are_refused(tmp_path: Path) -> None:
     raw = {
         "dataset": {"name": "synthetic"},

@@ -192,11 +192,11 @@ def plan(
             raise ConfigError("no runs given: an empty list of RunSpec objects")
     elif isinstance(config, Mapping):
         runs = resolve(copy.deepcopy(dict(config)), dict(overrides), where="config dict", imports=imports,
-                       relabelled=label is not None)
+                       relabelled=label is not None, only=only or None)
     elif config is None or isinstance(config, str | os.PathLike):
         source = None if config is None else os.fspath(config)
         runs = resolve(read_config(source), dict(overrides), where=source or "default", imports=imports,
-                       relabelled=label is not None)
+                       relabelled=label is not None, only=only or None)
     else:
         raise ConfigError(f"config must be a TOML file, a built-in config name, a dict or RunSpec objects, "
                           f"got {type(config).__name__}")

@@ -51,7 +51,7 @@ class RunSpec:
 
 def resolve(
     raw: dict[str, Any], overrides: dict[str, Any] | None = None, where: str = "config", imports: Sequence[str] = (),
-    *, relabelled: bool = False,
+    *, relabelled: bool = False, only: Sequence[str] | None = None,
 ) -> list[RunSpec]:
     """Expand a parsed config into its runs (variants x grid points x seeds), each validated.
 
@@ -67,6 +67,10 @@ def resolve(
     The grid (a ``[sweep]`` table, list values on the command line) is decided in one place,
     :mod:`fedskew.config.grid`. ``relabelled``: the caller relabels the runs it keeps (``--label``, after
     ``--only``), so a grid point's own label is not refused for its length (it is what ``--only`` selects by).
+    ``only`` (the labels ``--only`` names, selected by the caller afterwards): the runs it does not select are
+    returned unvalidated, and a command-line ``algorithm.<param>`` must fit a method among the selected runs, so
+    an override meant for one variant is neither refused by another (``--only "FedDC drift"
+    algorithm.scaling=shard`` beside FedRS, whose ``scaling`` takes other values) nor dropped unseen.
     """
     _check_top(raw, where)
     overrides = dict(overrides or {})
@@ -81,8 +85,11 @@ def resolve(
     taken: set[str] = set()
     runs: list[RunSpec] = []
     folders: set[str] = set()
+    wanted = None if only is None else set(only)
+    any_selected = False
     for point in points:
-        cfg = _point_config(point, base, overrides, algo_overrides if len(points) > 1 else set(), taken)
+        point_taken: set[str] = set()
+        cfg = _point_config(point, base, overrides, algo_overrides if len(points) > 1 else set(), point_taken)
         label, selectors = _label(point, cfg, overrides, grid, where, relabelled)
         folder = folder_label(label)
         if folder in folders:  # equal labels have equal folder names
@@ -90,10 +97,15 @@ def resolve(
                 f"{where}: two variants share the label {label!r} or its folder name; give each a distinct label"
             )
         folders.add(folder)
-        runs.extend(_seeded(cfg, label, selectors, seeds))
-    if len(points) > 1 and algo_overrides - taken:
+        selected = wanted is None or label in wanted or any(s in wanted for s in selectors)
+        if selected:
+            taken |= point_taken
+            any_selected = True
+        runs.extend(_seeded(cfg, label, selectors, seeds, validate=selected))
+    if len(points) > 1 and any_selected and algo_overrides - taken:
         key = sorted(algo_overrides - taken)[0]
-        raise ConfigError(f"unknown key {key!r}: no variant's algorithm has this parameter")
+        whose = "no variant's algorithm" if wanted is None else "no selected (--only) variant's algorithm"
+        raise ConfigError(f"unknown key {key!r}: {whose} has this parameter")
     return runs
 
 
@@ -188,8 +200,11 @@ def _label(
     return label, tuple(dict.fromkeys(s for s in (own, point.variant_label) if s))
 
 
-def _seeded(cfg: dict[str, Any], label: str, selectors: tuple[str, ...], seeds: list[int]) -> list[RunSpec]:
-    """Step 5, one run per seed, each validated now (its typed form kept for the run)."""
+def _seeded(
+    cfg: dict[str, Any], label: str, selectors: tuple[str, ...], seeds: list[int], validate: bool = True
+) -> list[RunSpec]:
+    """Step 5, one run per seed, each validated now (its typed form kept for the run) unless ``validate`` is
+    false (a run ``--only`` leaves out)."""
     runs = []
     for seed in seeds:
         run = copy.deepcopy(cfg)
@@ -197,9 +212,9 @@ def _seeded(cfg: dict[str, Any], label: str, selectors: tuple[str, ...], seeds: 
         run["label"] = label
         run.pop("seeds", None)
         spec = RunSpec(label, run, selectors)
-        if len(label) > MAX_LABEL:  # a long point label, to be relabelled: validate the rest of the run now
+        if validate and len(label) > MAX_LABEL:  # a long point label, to be relabelled: validate the rest now
             typed_config({**run, "label": ""})
-        else:
+        elif validate:
             spec.typed  # noqa: B018 (validates the run now, and keeps the typed form for the run)
         runs.append(spec)
     return runs
