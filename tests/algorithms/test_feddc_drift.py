@@ -296,3 +296,31 @@ def test_shard_scaling_runs_with_its_census_and_refuses_a_bad_value(tmp_path: Pa
     with pytest.raises(ConfigError) as err:
         make("feddc_drift", fed_info(), scaling="weighted")
     assert "\n" not in str(err.value) and "weighted" in str(err.value)
+
+
+def test_max_grad_norm_clips_each_step_and_a_loose_bound_changes_nothing() -> None:
+    """max_grad_norm bounds each step's whole gradient: with a tiny bound theta moves at most K eta bound from w;
+    a bound no gradient reaches leaves training bit for bit as without clipping (the default)."""
+    fed = fed_info(image_size=2)
+    lr = 0.1
+    replies = {}
+    for name, bound in (("none", None), ("tight", 1e-4), ("loose", 1e9)):
+        algo = make("feddc_drift", fed, lr=lr, batch_size=4, max_grad_norm=bound)
+        server = server_of(algo)
+        (_, msg), *_ = algo.configure(server)
+        replies[name] = (msg, algo.client_step("train", msg, client_of(fed, n=8)))
+    for k, t in replies["none"][1].arrays.items():
+        assert torch.equal(replies["loose"][1].arrays[k], t)
+    msg, out = replies["tight"]
+    moved = sum(float(((out.arrays[f"theta.{k[2:]}"] - v) ** 2).sum()) for k, v in msg.arrays.items()
+                if k.startswith("w.")) ** 0.5
+    untouched = sum(float(((replies["none"][1].arrays[f"theta.{k[2:]}"] - v) ** 2).sum())
+                    for k, v in msg.arrays.items() if k.startswith("w.")) ** 0.5
+    assert 0 < moved <= 2 * lr * 1e-4 * (1 + 1e-5) < untouched  # two steps of at most lr * bound each
+
+
+@pytest.mark.parametrize("bad", [0, -1.0])
+def test_max_grad_norm_must_be_positive(bad: float) -> None:
+    with pytest.raises(ConfigError) as err:
+        make("feddc_drift", fed_info(), max_grad_norm=bad)
+    assert "\n" not in str(err.value) and "max_grad_norm" in str(err.value)

@@ -26,7 +26,7 @@ the default here uses each client's own K. ``scaling = "shard"`` follows the cod
 round 1 asks each client its n_i (one number up each, checked against its shard), client i then trains with
 alpha / v_i and g / v_i, takes K = ceil(mean n / B) * E, and sends v_i Delta g_i, so the server's g gains
 (1/N) sum_S v_i Delta g_i. ``scaling = "equal"`` (default) is v_i = 1 and each client's own K. Gradient
-norms are not clipped under either (the code clips every method at 10).
+norms are not clipped unless ``max_grad_norm`` is set (the code clips every method's steps at 10).
 ``H`` is exactly the code's mean of every client's h_i (absent clients' drifts included), which the
 server can follow because h_i changes only by Delta_i = theta_i - w, known from the uploaded theta_i; so
 the drift-corrected model theta_i + h_i never travels. That holds while every reply is accepted: a client
@@ -57,7 +57,7 @@ from fedskew.algorithms.fedavg import FedAvg
 from fedskew.components.aggregate import weighted_mean
 from fedskew.components.server_opt import param_keys, zeros_like
 from fedskew.components.terms import linear_term, proximal_term
-from fedskew.components.trainer import LossTerm
+from fedskew.components.trainer import GradHook, LossTerm
 from fedskew.core.message import Message, Scalar, arrays_with_prefix, state_to_arrays
 from fedskew.core.params import check, minimums
 from fedskew.privacy.uploads import Upload
@@ -82,6 +82,8 @@ class FedDCDrift(FedAvg):
         evaluate: Literal["cloud", "mean"] = "cloud"
         # "equal": v_i = 1 and each client's own K; "shard": the code's v_i = n_i / mean n and one K (see above)
         scaling: Literal["equal", "shard"] = "equal"
+        # clip each local step's gradient (loss and both terms) to this norm; None: no clipping (the code: 10)
+        max_grad_norm: float | None = None
 
         at_least = minimums(alpha=0)
 
@@ -89,6 +91,8 @@ class FedDCDrift(FedAvg):
             super().__post_init__()
             # g_i+ reads -(theta_i - w)/(K eta) as the mean local gradient: plain SGD only (as SCAFFOLD's option II).
             check(self.momentum == 0, "momentum", self.momentum, "0 for feddc_drift (its correction assumes plain SGD)")
+            check(self.max_grad_norm is None or self.max_grad_norm > 0, "max_grad_norm", self.max_grad_norm,
+                  "a positive number, or unset for no clipping")
 
     params: Params
     upload = Upload(measured_from=(("theta.", "w."), ("dg.", None)))  # the model from w, and the change of g
@@ -197,7 +201,8 @@ class FedDCDrift(FedAvg):
                 g = {k: t / v for k, t in g.items()}
             g_i: dict[str, torch.Tensor] = client.state.get("g_i") or zeros_like(g)
             terms.append(linear_term({k: g_i[k] - g[k] for k in keys}))  # -<g_i - g, theta> = <theta, g - g_i>
-        res, reply = self.local_train(Message(arrays=w), client, terms=terms)
+        hooks = [] if p.max_grad_norm is None else [clip_gradients(p.max_grad_norm)]
+        res, reply = self.local_train(Message(arrays=w), client, terms=terms, grad_hooks=hooks)
         theta = reply.arrays
         delta = {k: theta[k] - w[k] for k in keys}
         client.state["h"] = {k: h[k] + delta[k] for k in keys}
@@ -219,3 +224,13 @@ class FedDCDrift(FedAvg):
         cfg = self.local_config()
         steps = math.ceil(mean_n / cfg.batch_size) * cfg.epochs
         return steps if cfg.max_steps is None else min(steps, cfg.max_steps)
+
+
+def clip_gradients(max_norm: float) -> GradHook:
+    """A gradient hook that scales the step's whole gradient down to norm ``max_norm`` when it is larger (the
+    authors' ``torch.nn.utils.clip_grad_norm_`` after every backward pass, ``utils_methods_FedDC.py``)."""
+
+    def hook(model: torch.nn.Module) -> None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+
+    return hook
