@@ -148,6 +148,8 @@ FAST: dict[str, dict[str, Any]] = {
         "pretrain_epochs": 1, "public_size": 50, "num_homogeneous": 2, "kmeans_n_init": 1, "kip_ipc": 1,
         "kip_iterations": 2,
     },
+    # FedDC drift with its authors' shard scaling (a census of shard sizes before round 1) and clipped steps
+    "feddc_drift:shard": {"scaling": "shard", "max_grad_norm": 10.0},
 }
 
 
@@ -180,10 +182,12 @@ def test_per_client_evaluation_over_flower_equals_simulation(probe: str, tmp_pat
 
 
 @pytest.mark.parametrize("algorithm", ["flower_probe", "fedaf", "hfldd",
-                                       *LABEL_SKEW])
+                                       *LABEL_SKEW, "feddc_drift:shard"])
 def test_deploy_equals_simulation(probe: str, tmp_path: Path, algorithm: str) -> None:
-    """Six clients on two nodes (one reading shard files): the simulator's metrics, state kept on the nodes."""
-    cfg = tiny_config(rounds=2, algorithm={"name": algorithm, "clients_per_round": 4, **FAST.get(algorithm, {})})
+    """Six clients on two nodes (one reading shard files): the simulator's metrics, state kept on the nodes.
+    ``NAME:reading`` runs NAME with ``FAST[NAME:reading]``'s options."""
+    name = algorithm.split(":")[0]
+    cfg = tiny_config(rounds=2, algorithm={"name": name, "clients_per_round": 4, **FAST.get(algorithm, {})})
     run_dir, grid = _deploy_on_two_nodes(cfg, tmp_path)
     assert (run_dir.parent / "report" / "report.html").exists()
     if algorithm == probe:

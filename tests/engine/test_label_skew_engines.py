@@ -24,11 +24,18 @@ def test_the_family_is_registered_with_its_papers() -> None:
         assert ALGORITHMS.get(name).paper, name
 
 
+READINGS: dict[str, dict[str, Any]] = {
+    # FedDC drift with its authors' shard scaling (a census of shard sizes before round 1) and clipped steps
+    "feddc_drift:shard": {"scaling": "shard", "max_grad_norm": 10.0},
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", LABEL_SKEW)
+@pytest.mark.parametrize("name", [*LABEL_SKEW, *READINGS])
 def test_two_worker_processes_give_the_metrics_of_one(tmp_path: Path, name: str) -> None:
     def config(workers: int) -> dict[str, Any]:
-        cfg = config_for(name, rounds=2, workers=workers)
+        cfg = config_for(name.split(":")[0], rounds=2, workers=workers)
+        cfg["algorithm"].update(READINGS.get(name, {}))
         cfg["partition"]["client_test_fraction"] = 0.25  # the personal accuracies of FedRoD and FedETF too
         return cfg
 
