@@ -80,8 +80,10 @@ def test_only_keeps_an_override_to_the_selected_variants(tmp_path: Path) -> None
                      {"label": "FedDC drift", "algorithm.name": "feddc_drift"}],
     }
     over = parse_overrides(["algorithm.scaling=shard"])
-    with pytest.raises(ConfigError, match=r"algorithm\.scaling must be one of 'absent', 'proportional', got 'shard'"):
-        resolve(raw, over)  # without --only, FedRS would run with it: refused, as before
+    with pytest.raises(ConfigError) as err:
+        resolve(raw, over)  # without --only, FedRS would run with it: refused, as before, naming the run
+    assert str(err.value) == ("run 'FedRS': algorithm.scaling must be one of 'absent', 'proportional', got 'shard'; "
+                              "--only LABEL ... runs the others without it")
     runs = resolve(raw, over, only=["FedDC drift"])
     chosen = [r for r in runs if r.label == "FedDC drift"]
     assert len(runs) == 3 and len(chosen) == 1

@@ -101,7 +101,7 @@ def resolve(
         if selected:
             taken |= point_taken
             any_selected = True
-        runs.extend(_seeded(cfg, label, selectors, seeds, validate=selected))
+        runs.extend(_seeded(cfg, label, selectors, seeds, validate=selected, named=len(points) > 1))
     if len(points) > 1 and any_selected and algo_overrides - taken:
         key = sorted(algo_overrides - taken)[0]
         whose = "no variant's algorithm" if wanted is None else "no selected (--only) variant's algorithm"
@@ -201,10 +201,12 @@ def _label(
 
 
 def _seeded(
-    cfg: dict[str, Any], label: str, selectors: tuple[str, ...], seeds: list[int], validate: bool = True
+    cfg: dict[str, Any], label: str, selectors: tuple[str, ...], seeds: list[int], validate: bool = True,
+    named: bool = False,
 ) -> list[RunSpec]:
     """Step 5, one run per seed, each validated now (its typed form kept for the run) unless ``validate`` is
-    false (a run ``--only`` leaves out)."""
+    false (a run ``--only`` leaves out). ``named`` (one of several variants or grid points): an invalid run's
+    error starts with its label and says how to leave it out."""
     runs = []
     for seed in seeds:
         run = copy.deepcopy(cfg)
@@ -212,10 +214,15 @@ def _seeded(
         run["label"] = label
         run.pop("seeds", None)
         spec = RunSpec(label, run, selectors)
-        if validate and len(label) > MAX_LABEL:  # a long point label, to be relabelled: validate the rest now
-            typed_config({**run, "label": ""})
-        elif validate:
-            spec.typed  # noqa: B018 (validates the run now, and keeps the typed form for the run)
+        try:
+            if validate and len(label) > MAX_LABEL:  # a long point label, to be relabelled: validate the rest now
+                typed_config({**run, "label": ""})
+            elif validate:
+                spec.typed  # noqa: B018 (validates the run now, and keeps the typed form for the run)
+        except ConfigError as e:
+            if not named:
+                raise
+            raise ConfigError(f"run {label!r}: {e}; --only LABEL ... runs the others without it") from None
         runs.append(spec)
     return runs
 
