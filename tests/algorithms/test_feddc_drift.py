@@ -23,6 +23,13 @@ def run(cfg: dict[str, Any], path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
 
 
+def client_with_drift(fed: Any, g: dict[str, torch.Tensor]) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """A client of 8 samples whose h_i is 0.2 and g_i is -0.1 everywhere (parameter-shaped, as ``g``)."""
+    h = {k: torch.full_like(t, 0.2) for k, t in g.items()}
+    g_i = {k: torch.full_like(t, -0.1) for k, t in g.items()}
+    return h, g_i, client_of(fed, n=8, state={"h": h, "g_i": g_i})
+
+
 def test_client_step_by_hand() -> None:
     """Two SGD steps on CE + (alpha/2)||theta + h - w||^2 + <theta, g - g_i> done by hand give the reply's
     theta and Delta g, and the client's new h_i = h_i + (theta - w) and g_i+ = g_i - g - (theta - w)/(K eta)."""
@@ -33,9 +40,7 @@ def test_client_step_by_hand() -> None:
     g = {k: torch.full_like(v, 0.3) for k, v in server.state["g"].items()}
     server.state["g"] = g
     (_, msg), *_ = algo.configure(server)
-    h = {k: torch.full_like(v, 0.2) for k, v in g.items()}
-    g_i = {k: torch.full_like(v, -0.1) for k, v in g.items()}
-    client = client_of(fed, n=8, state={"h": h, "g_i": g_i})
+    h, g_i, client = client_with_drift(fed, g)
     out = algo.client_step("train", msg, client)
 
     w = {k: v.clone() for k, v in server.model.state_dict().items()}
@@ -242,9 +247,7 @@ def test_shard_scaling_client_step_by_hand() -> None:
     server.state["g"] = g
     msg = dict(algo.configure(server))[0]
     assert msg.config == {"v": v, "mean_n": 16.0}
-    h = {k: torch.full_like(t, 0.2) for k, t in g.items()}
-    g_i = {k: torch.full_like(t, -0.1) for k, t in g.items()}
-    client = client_of(fed, n=8, state={"h": h, "g_i": g_i})
+    h, g_i, client = client_with_drift(fed, g)
     out = algo.client_step("train", msg, client)
 
     w = {k: t.clone() for k, t in server.model.state_dict().items()}
