@@ -104,7 +104,7 @@ RESUMED = STATEFUL + PERSONAL + [n for n in LABEL_SKEW if n not in STATEFUL + PE
 
 
 READINGS: dict[str, dict[str, Any]] = {
-    "feddc_drift:shard": {"scaling": "shard", "max_grad_norm": 10.0},  # the census's shard sizes are server state
+    "feddc_drift:shard": {"scaling": "shard", "max_grad_norm": 10.0},  # its own client config each round
 }
 """Other readings of a method that keep more state: ``NAME:reading`` runs NAME with these options."""
 

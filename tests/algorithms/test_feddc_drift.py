@@ -12,10 +12,10 @@ import torch
 
 from fedskew.algorithms.base import ALGORITHMS
 from fedskew.config import typed_config
-from fedskew.core.errors import ConfigError
+from fedskew.core.errors import ConfigError, FedskewError
 from fedskew.engine.round_loop import RoundLoop
 from tests.helpers.configs import tiny_config
-from tests.helpers.toy_federation import client_of, fed_info, make, reply, server_of, sgd_by_hand
+from tests.helpers.toy_federation import client_of, fed_info, make, no_exchange, reply, server_of, sgd_by_hand
 
 
 def run(cfg: dict[str, Any], path: Path) -> list[dict[str, Any]]:
@@ -208,31 +208,27 @@ def test_evaluate_mean_trains_as_cloud_bit_for_bit() -> None:
         assert torch.allclose(p + H[k], servers["cloud"].model.state_dict()[k], atol=1e-6)
 
 
-def census_server(algo: Any, clients: list[Any]) -> Any:
-    """A toy server whose exchange answers from the toy clients (only the census is asked in setup)."""
+def shard_server(algo: Any, sizes: tuple[int, ...]) -> Any:
+    """A toy server whose engine gives the clients' shard sizes ``sizes``."""
     from fedskew.algorithms.base import ServerContext
 
-    def exchange(task: str, messages: list[tuple[int, Any]], **_: Any) -> list[tuple[int, Any]]:
-        return [(cid, algo.client_step(task, msg, clients[cid])) for cid, msg in messages]
-
-    server = ServerContext(fed=algo.fed, model=algo.init_model(), exchange=exchange, round=1)
+    server = ServerContext(fed=algo.fed, model=algo.init_model(), exchange=no_exchange, round=1, shard_sizes=sizes)
     algo.setup(server)
     return server
 
 
-def test_shard_scaling_asks_each_shard_size_once_and_sends_v_i_and_the_mean() -> None:
-    """scaling = "shard": the census before round 1 gives n_i = 4, 8, 12, 16 (mean 10); client i gets
-    v_i = n_i / 10 and the mean with w and g."""
+def test_shard_scaling_sends_v_i_and_the_mean_from_the_engines_shard_sizes() -> None:
+    """scaling = "shard": with shard sizes n_i = 4, 8, 12, 16 (mean 10), client i gets v_i = n_i / 10 and the mean
+    with w and g; a server that knows no shard sizes is refused in one line before round 1."""
     fed = fed_info(image_size=2)
     algo = make("feddc_drift", fed, scaling="shard")
-    clients = [client_of(fed, n=4 * (c + 1), cid=c) for c in range(4)]
-    server = census_server(algo, clients)
-    assert server.state["shards"] == [4.0, 8.0, 12.0, 16.0]
+    server = shard_server(algo, (4, 8, 12, 16))
     sent = dict(algo.configure(server))
     for c in range(4):
         assert sent[c].config == {"v": (4 * (c + 1)) / 10, "mean_n": 10.0}
-    assert algo.reply_spec("census", server) == {}
-    assert algo.reply_scalars("census", server) == {"num_samples": (1.0, None)}
+    with pytest.raises(FedskewError) as err:
+        server_of(algo)
+    assert "\n" not in str(err.value) and "shard size" in str(err.value)
 
 
 def test_shard_scaling_client_step_by_hand() -> None:
@@ -242,7 +238,7 @@ def test_shard_scaling_client_step_by_hand() -> None:
     fed = fed_info(image_size=2)
     lr, alpha, v = 0.1, 0.5, 0.5
     algo = make("feddc_drift", fed, lr=lr, batch_size=4, alpha=alpha, scaling="shard")
-    server = census_server(algo, [client_of(fed, n=n, cid=c) for c, n in enumerate((8, 24, 16, 16))])
+    server = shard_server(algo, (8, 24, 16, 16))
     g = {k: torch.full_like(t, 0.3) for k, t in server.state["g"].items()}
     server.state["g"] = g
     msg = dict(algo.configure(server))[0]
@@ -267,7 +263,7 @@ def test_shard_scaling_on_equal_shards_is_equal_scaling_bit_for_bit() -> None:
     fed = fed_info(image_size=2, num_clients=4)
     algos = {s: make("feddc_drift", fed, scaling=s, batch_size=4) for s in ("equal", "shard")}
     servers = {"equal": server_of(algos["equal"]),
-               "shard": census_server(algos["shard"], [client_of(fed, cid=c) for c in range(4)])}
+               "shard": shard_server(algos["shard"], (8, 8, 8, 8))}
     states: dict[str, list[dict[str, Any]]] = {s: [{}, {}] for s in algos}
     for rnd in (1, 2):
         replies = {}
@@ -284,15 +280,14 @@ def test_shard_scaling_on_equal_shards_is_equal_scaling_bit_for_bit() -> None:
         assert torch.equal(t, servers["shard"].state["g"][k])
 
 
-def test_shard_scaling_runs_with_its_census_and_refuses_a_bad_value(tmp_path: Path) -> None:
-    """Two rounds through the engine: the census before round 1 gives every client's real shard size, and the
-    run trains."""
+def test_shard_scaling_runs_on_the_partitions_shard_sizes_and_refuses_a_bad_value(tmp_path: Path) -> None:
+    """Two rounds through the engine: the server's shard sizes are the partition's, and the run trains."""
     loop = RoundLoop(typed_config(tiny_config(rounds=2, algorithm={"name": "feddc_drift", "scaling": "shard"})),
                      tmp_path / "shard", progress=False)
     loop.run()
     offsets = loop.fed.offsets
-    assert loop.server.state["shards"] == [float(offsets[c + 1] - offsets[c]) for c in range(len(offsets) - 1)]
-    assert len(set(loop.server.state["shards"])) > 1  # unequal shards: v_i is not 1 everywhere
+    assert loop.server.shard_sizes == tuple(int(offsets[c + 1] - offsets[c]) for c in range(len(offsets) - 1))
+    assert len(set(loop.server.shard_sizes)) > 1  # unequal shards: v_i is not 1 everywhere
     rows = [json.loads(line) for line in (tmp_path / "shard" / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2]
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in rows)

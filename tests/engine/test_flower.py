@@ -148,7 +148,7 @@ FAST: dict[str, dict[str, Any]] = {
         "pretrain_epochs": 1, "public_size": 50, "num_homogeneous": 2, "kmeans_n_init": 1, "kip_ipc": 1,
         "kip_iterations": 2,
     },
-    # FedDC drift with its authors' shard scaling (a census of shard sizes before round 1) and clipped steps
+    # FedDC drift with its authors' shard scaling (the shard sizes the nodes announced) and clipped steps
     "feddc_drift:shard": {"scaling": "shard", "max_grad_norm": 10.0},
 }
 

@@ -25,7 +25,7 @@ def test_the_family_is_registered_with_its_papers() -> None:
 
 
 READINGS: dict[str, dict[str, Any]] = {
-    # FedDC drift with its authors' shard scaling (a census of shard sizes before round 1) and clipped steps
+    # FedDC drift with its authors' shard scaling (the partition's shard sizes) and clipped steps
     "feddc_drift:shard": {"scaling": "shard", "max_grad_norm": 10.0},
 }
 

@@ -121,6 +121,10 @@ class ServerContext:
         Engine callback behind :meth:`save_artifact`.
     device
         Where the global model, ``state``'s tensors and the replies' arrays are (the run's ``device``).
+    shard_sizes
+        Each client's number of training samples, as the engine knows them (the partition in simulation, the
+        sizes the nodes announced in a deployment; what :meth:`Algorithm.sample_limit` is given); empty where
+        the engine does not say.
     """
 
     fed: FederationInfo
@@ -133,6 +137,7 @@ class ServerContext:
     artifacts: Callable[[str, dict[str, torch.Tensor]], None] | None = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     rejections: Callable[[int, str], None] | None = None
+    shard_sizes: tuple[int, ...] = ()
 
     def reject(self, cid: int, reason: str) -> None:
         """Drop client ``cid``'s reply from this round's aggregate, with a reason the round's metrics keep

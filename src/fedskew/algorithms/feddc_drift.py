@@ -22,8 +22,9 @@ This is the authors' code (gaoliang13/FedDC, ``utils_methods_FedDC.py`` lines 16
 ``utils_general.py`` lines 428 and 467-471) for clients of equal size: the code divides alpha and g by
 v_i = n_i / mean n and weights Delta g_i by v_i (lines 26-27, 164-165, 178), and v_i is 1 then; and the
 code's K is one for all clients, the steps of a mean-sized shard, with the undecayed lr (line 175), where
-the default here uses each client's own K. ``scaling = "shard"`` follows the code on both: a census before
-round 1 asks each client its n_i (one number up each, checked against its shard), client i then trains with
+the default here uses each client's own K. ``scaling = "shard"`` follows the code on both: the server takes
+each n_i from the shard sizes the engine knows (``ServerContext.shard_sizes``: the partition in simulation, the
+sizes the nodes announce in a deployment) and sends client i v_i and the mean n; the client trains with
 alpha / v_i and g / v_i, takes K = ceil(mean n / B) * E, and sends v_i Delta g_i, so the server's g gains
 (1/N) sum_S v_i Delta g_i. ``scaling = "equal"`` (default) is v_i = 1 and each client's own K. Gradient
 norms are not clipped unless ``max_grad_norm`` is set (the code clips every method's steps at 10).
@@ -58,6 +59,7 @@ from fedskew.components.aggregate import weighted_mean
 from fedskew.components.server_opt import param_keys, zeros_like
 from fedskew.components.terms import linear_term, proximal_term
 from fedskew.components.trainer import GradHook, LossTerm
+from fedskew.core.errors import FedskewError
 from fedskew.core.message import Message, Scalar, arrays_with_prefix, state_to_arrays
 from fedskew.core.params import check, minimums
 from fedskew.privacy.uploads import Upload
@@ -106,26 +108,16 @@ class FedDCDrift(FedAvg):
         server.state["H"] = zero
         if self.params.correction:
             server.state["g"] = zeros_like(zero)
-        if self.params.scaling == "shard":
-            server.state["shards"] = self.shard_census(server)
+        if self.params.scaling == "shard" and len(server.shard_sizes) != self.fed.num_clients:
+            raise FedskewError("feddc_drift: scaling = 'shard' needs every client's shard size, which this engine "
+                               "does not give; use scaling = 'equal'")
 
-    def shard_census(self, server: ServerContext) -> list[float]:
-        """``scaling = "shard"``: every client's shard size n_i, asked once before round 1 (a ``census``: no
-        arrays down, one number up, checked against the shard the engine knows). A client that does not answer
-        counts as a mean-sized one (v_i = 1); the mean is over those that answered."""
-        replies = server.exchange("census", [(cid, Message()) for cid in range(self.fed.num_clients)])
-        sizes = {cid: float(m.metrics["num_samples"]) for cid, m in replies}
-        mean = sum(sizes.values()) / len(sizes) if sizes else 1.0
-        return [sizes.get(cid, mean) for cid in range(self.fed.num_clients)]
-
-    def shard_config(self, cid: int, server: ServerContext) -> dict[str, Scalar]:
-        """What client ``cid`` needs under ``scaling = "shard"``: v_i = n_i / mean n and the mean shard size
-        (its step count is K for every client); nothing under ``"equal"``."""
-        if self.params.scaling != "shard":
-            return {}
-        shards: list[float] = server.state["shards"]
-        mean = sum(shards) / len(shards)
-        return {"v": shards[cid] / mean, "mean_n": mean}
+    def shard_configs(self, server: ServerContext) -> list[dict[str, Scalar]]:
+        """What each client needs under ``scaling = "shard"``: v_i = n_i / mean n and the mean shard size (whose
+        step count is every client's K)."""
+        sizes = server.shard_sizes
+        mean = sum(sizes) / len(sizes)
+        return [{"v": n / mean, "mean_n": mean} for n in sizes]
 
     def sent_model(self, server: ServerContext) -> dict[str, torch.Tensor]:
         """The model the clients get, w: the server's model, plus H when the server keeps the mean of the
@@ -143,12 +135,11 @@ class FedDCDrift(FedAvg):
         if self.params.scaling == "equal":
             msg = Message(arrays=arrays)
             return [(cid, msg) for cid in self.select(server)]
-        return [(cid, Message(arrays=arrays, config=self.shard_config(cid, server))) for cid in self.select(server)]
+        configs = self.shard_configs(server)
+        return [(cid, Message(arrays=arrays, config=configs[cid])) for cid in self.select(server)]
 
     def reply_spec(self, task: str, server: ServerContext) -> dict[str, tuple[tuple[int, ...], torch.dtype]] | None:
         """A ``train`` reply holds theta_i (the model's keys) and, with the correction, Delta g_i (parameters)."""
-        if task == "census":
-            return {}  # the shard size travels as the reply's num_samples, checked against the shard
         if task != "train":
             return None
         spec = {f"theta.{k}": (tuple(v.shape), v.dtype) for k, v in server.model.state_dict().items()}
@@ -176,14 +167,8 @@ class FedDCDrift(FedAvg):
             for k, d in dg.items():
                 server.state["g"][k].add_(d, alpha=share)
 
-    def reply_scalars(self, task: str, server: ServerContext) -> dict[str, tuple[float, float | None]]:
-        """A census reply says the client's shard size (at least one sample, at most its shard)."""
-        return {"num_samples": (1.0, None)} if task == "census" else super().reply_scalars(task, server)
-
     # ---- client ------------------------------------------------------------------------------
     def client_step(self, task: str, msg: Message, client: ClientContext) -> Message:
-        if task == "census":
-            return Message(metrics={"num_samples": float(client.y.shape[0])})
         if task != "train":
             return super().client_step(task, msg, client)
         p = self.params
@@ -193,8 +178,8 @@ class FedDCDrift(FedAvg):
         keys = param_keys(client.model())
         h: dict[str, torch.Tensor] = client.state.get("h") or {k: torch.zeros_like(w[k]) for k in keys}
         terms: list[LossTerm] = []
-        if p.alpha > 0:  # (alpha_i/2)||theta - (w - h_i)||^2, alpha_i = alpha / v_i
-            terms.append(proximal_term({k: w[k] - h[k] for k in keys}, p.alpha / v if shard else p.alpha))
+        if p.alpha > 0:  # (alpha_i/2)||theta - (w - h_i)||^2, alpha_i = alpha / v_i (exact for v_i = 1)
+            terms.append(proximal_term({k: w[k] - h[k] for k in keys}, p.alpha / v))
         if p.correction:
             g = arrays_with_prefix(msg.arrays, "g.")
             if shard:  # the code's global_update_last = g / v_i

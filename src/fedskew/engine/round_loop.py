@@ -95,6 +95,7 @@ class RoundLoop:
         self.server = ServerContext(
             fed=self.fed.info, model=self.algorithm.init_model().to(self.device), exchange=self.exchange,
             artifacts=self._save_artifact, device=self.device, rejections=self._reject,
+            shard_sizes=tuple(int(b - a) for a, b in zip(self.fed.offsets[:-1], self.fed.offsets[1:], strict=True)),
         )
 
     @property
